@@ -1,0 +1,60 @@
+//! Backstore errors.
+
+use std::io;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Why a backstore operation failed. The target turns each into SCSI sense
+/// (MEDIUM ERROR or HARDWARE ERROR) in one place; none is ever reported to
+/// the initiator as success.
+#[derive(Debug, Error)]
+pub enum BackstoreError {
+    /// The backing file or device could not be opened or sized.
+    #[error("cannot open backstore {path}")]
+    Open {
+        /// The path given.
+        path: PathBuf,
+        /// What the system said.
+        #[source]
+        source: io::Error,
+    },
+    /// The geometry asked for is impossible (zero size, block size other
+    /// than 512 or 4096, a size that is not a whole number of blocks).
+    #[error("invalid geometry: {0}")]
+    Geometry(&'static str),
+    /// Setting up the per-worker queue (io_uring, eventfd) failed.
+    #[error("cannot set up an I/O queue")]
+    Setup(#[source] io::Error),
+    /// The kernel failed the I/O.
+    #[error("I/O error")]
+    Io(#[source] io::Error),
+    /// Fewer bytes were transferred than asked for.
+    #[error("short transfer: {done} of {expected} bytes")]
+    ShortTransfer {
+        /// Bytes asked for.
+        expected: u32,
+        /// Bytes transferred.
+        done: u32,
+    },
+    /// The request reaches past the end of the backstore.
+    #[error("{len} bytes at offset {offset} exceed capacity {capacity}")]
+    OutOfRange {
+        /// Byte offset.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+        /// Backstore capacity in bytes.
+        capacity: u64,
+    },
+    /// A write or discard to a read-only backstore.
+    #[error("backstore is read-only")]
+    ReadOnly,
+    /// More requests than the queue was opened for, or more segments than
+    /// one request may carry.
+    #[error("queue full: {0}")]
+    QueueFull(&'static str),
+    /// The backstore cannot perform this operation.
+    #[error("operation not supported: {0}")]
+    Unsupported(&'static str),
+}

@@ -1,0 +1,91 @@
+//! The null backstore: reads return zeros, writes are dropped.
+
+use crate::slots::ImmediateCompletions;
+use crate::{
+    Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
+};
+
+/// A backstore that stores nothing, like Linux's null_blk: what it measures
+/// is the transport alone. Reads are zero-filled so that an initiator never
+/// sees stale memory.
+#[derive(Debug)]
+pub struct NullBackstore {
+    geometry: Geometry,
+}
+
+impl NullBackstore {
+    /// A null backstore of `bytes` bytes in blocks of `block_size`.
+    pub fn new(bytes: u64, block_size: u32) -> Result<Self, BackstoreError> {
+        let geometry = crate::ram::validated_geometry(bytes, block_size)?;
+        Ok(NullBackstore {
+            geometry: Geometry {
+                unmapped_reads_zero: true,
+                ..geometry
+            },
+        })
+    }
+}
+
+impl Backstore for NullBackstore {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn open_queue(&self, depth: u32) -> Result<Box<dyn BackstoreQueue>, BackstoreError> {
+        Ok(Box::new(NullQueue {
+            capacity: self.geometry.bytes(),
+            done: ImmediateCompletions::new(depth),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct NullQueue {
+    capacity: u64,
+    done: ImmediateCompletions,
+}
+
+impl BackstoreQueue for NullQueue {
+    unsafe fn submit(
+        &mut self,
+        tag: u64,
+        op: IoOp,
+        iov: &[libc::iovec],
+    ) -> Result<(), BackstoreError> {
+        let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
+        let result = match op {
+            IoOp::Read { offset } => check_range(offset, u64::from(len), self.capacity).map(|()| {
+                for v in iov {
+                    // SAFETY: `submit`'s contract: each iovec is valid for
+                    // writes of its length until completion is reaped.
+                    unsafe { std::ptr::write_bytes(v.iov_base.cast::<u8>(), 0, v.iov_len) };
+                }
+                len
+            }),
+            IoOp::Write { offset, .. } => {
+                check_range(offset, u64::from(len), self.capacity).map(|()| len)
+            }
+            IoOp::Flush => Ok(0),
+            IoOp::Discard { offset, len } | IoOp::WriteZeroes { offset, len } => {
+                check_range(offset, len, self.capacity).map(|()| 0)
+            }
+        };
+        self.done.push(tag, result)
+    }
+
+    fn commit(&mut self) -> Result<(), BackstoreError> {
+        Ok(())
+    }
+
+    fn reap(&mut self, done: Completion<'_>) {
+        self.done.reap(done);
+    }
+
+    fn in_flight(&self) -> u32 {
+        self.done.len()
+    }
+
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+}

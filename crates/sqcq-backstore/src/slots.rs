@@ -1,0 +1,127 @@
+//! Preallocated per-queue bookkeeping, so that no request allocates.
+
+use std::collections::VecDeque;
+
+use crate::{BackstoreError, Completion};
+
+/// Most data segments one request may carry. The target advertises a
+/// virtio-scsi `seg_max` below this.
+pub(crate) const MAX_SEGMENTS: usize = 128;
+
+/// Completions of a backstore that finishes requests inside `submit`
+/// (null, RAM): kept in submission order until reaped.
+#[derive(Debug)]
+pub(crate) struct ImmediateCompletions {
+    done: VecDeque<(u64, Result<u32, BackstoreError>)>,
+    depth: usize,
+}
+
+impl ImmediateCompletions {
+    pub(crate) fn new(depth: u32) -> Self {
+        let depth = usize::try_from(depth).unwrap_or(usize::MAX).max(1);
+        ImmediateCompletions {
+            done: VecDeque::with_capacity(depth),
+            depth,
+        }
+    }
+
+    /// Records a finished request; refuses more than `depth` unreaped ones.
+    pub(crate) fn push(
+        &mut self,
+        tag: u64,
+        result: Result<u32, BackstoreError>,
+    ) -> Result<(), BackstoreError> {
+        if self.done.len() >= self.depth {
+            return Err(BackstoreError::QueueFull(
+                "more requests than the queue depth",
+            ));
+        }
+        self.done.push_back((tag, result));
+        Ok(())
+    }
+
+    pub(crate) fn reap(&mut self, done: Completion<'_>) {
+        while let Some((tag, result)) = self.done.pop_front() {
+            done(tag, result);
+        }
+    }
+
+    pub(crate) fn len(&self) -> u32 {
+        u32::try_from(self.done.len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// What a request in flight in the kernel needs to be completed: its tag,
+/// its expected length, and its iovecs, which must outlive submission.
+#[derive(Debug)]
+pub(crate) struct Slots {
+    tags: Vec<u64>,
+    expected: Vec<u32>,
+    iovecs: Vec<libc::iovec>,
+    busy: Vec<bool>,
+    free: Vec<u32>,
+}
+
+// SAFETY: the iovecs are plain addresses owned by the caller of
+// `BackstoreQueue::submit`, whose contract keeps them valid until reaped;
+// `Slots` never dereferences them, the kernel does.
+unsafe impl Send for Slots {}
+
+impl Slots {
+    pub(crate) fn new(depth: u32) -> Self {
+        let n = usize::try_from(depth).unwrap_or(usize::MAX);
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        Slots {
+            tags: vec![0; n],
+            expected: vec![0; n],
+            iovecs: vec![empty; n.saturating_mul(MAX_SEGMENTS)],
+            busy: vec![false; n],
+            free: (0..depth).rev().collect(),
+        }
+    }
+
+    /// Takes a slot for `tag`, copying `iov` into it. Returns the slot index
+    /// and the address of its iovec copy.
+    pub(crate) fn take(
+        &mut self,
+        tag: u64,
+        expected: u32,
+        iov: &[libc::iovec],
+    ) -> Result<(u32, *const libc::iovec), BackstoreError> {
+        if iov.len() > MAX_SEGMENTS {
+            return Err(BackstoreError::QueueFull(
+                "more segments than one request may carry",
+            ));
+        }
+        let slot = self.free.pop().ok_or(BackstoreError::QueueFull(
+            "more requests than the queue depth",
+        ))?;
+        let i = slot as usize;
+        self.busy[i] = true;
+        self.tags[i] = tag;
+        self.expected[i] = expected;
+        let start = i * MAX_SEGMENTS;
+        self.iovecs[start..start + iov.len()].copy_from_slice(iov);
+        Ok((slot, self.iovecs[start..].as_ptr()))
+    }
+
+    /// Gives back a slot; returns its tag and expected length, or `None`
+    /// for an index that is not in flight (a kernel bug; ignored).
+    pub(crate) fn release(&mut self, slot: u64) -> Option<(u64, u32)> {
+        let i = usize::try_from(slot)
+            .ok()
+            .filter(|&i| i < self.tags.len())?;
+        if !std::mem::replace(&mut self.busy[i], false) {
+            return None;
+        }
+        self.free.push(u32::try_from(i).ok()?);
+        Some((self.tags[i], self.expected[i]))
+    }
+
+    pub(crate) fn in_flight(&self) -> u32 {
+        u32::try_from(self.tags.len() - self.free.len()).unwrap_or(u32::MAX)
+    }
+}

@@ -1,0 +1,240 @@
+//! The four roles of the NEED_WAKEUP handshake.
+//!
+//! | doorbell | producer (stores `idx`)  | consumer (stores `flags`)        |
+//! |----------|--------------------------|----------------------------------|
+//! | SQ       | driver, after avail idx  | device poll thread               |
+//! | CQ       | device, after used idx   | driver poll thread               |
+//!
+//! Each role stores its own word and then loads the other side's. That is
+//! Dekker's pattern, and like io_uring's SQPOLL (`io_sqring_wait` against
+//! `io_uring_submit`'s `IORING_SQ_NEED_WAKEUP` check) it needs a full
+//! `fence(SeqCst)` between the store and the load on *both* sides. Without
+//! it the store can sit in the CPU's store buffer while the load reads the
+//! old value: the producer sees no NEED_WAKEUP, the consumer sees no new
+//! index, and the consumer sleeps with work pending (a lost wakeup, on x86
+//! too). The four fences are:
+//!
+//! 1. SQ producer: `sq.idx` store → fence → `sq.flags` load ([`Producer::publish`]).
+//! 2. SQ consumer: `sq.flags` store → fence → `sq.idx` load ([`Consumer::prepare_sleep`]).
+//! 3. CQ producer: like 1 on the CQ doorbell.
+//! 4. CQ consumer: like 2 on the CQ doorbell.
+//!
+//! Fence 1 pairs with fence 2 and fence 3 with fence 4. Building with
+//! `--cfg sqcq_omit_fence="sq_producer"` (or `sq_consumer`, `cq_producer`,
+//! `cq_consumer`) removes exactly one of them, so the loom tests can show
+//! that each is needed.
+
+use core::fmt;
+use core::marker::PhantomData;
+
+use crate::doorbell::{DoorbellCell, NEED_WAKEUP};
+use crate::sync::{Ordering, fence};
+
+/// Which doorbell a handle works on; selects the fences it may omit in a
+/// proof build.
+pub trait Role {
+    /// "sq" or "cq", for logs.
+    const NAME: &'static str;
+    /// True only in a proof build that removes the producer's fence.
+    const OMIT_PRODUCER_FENCE: bool;
+    /// True only in a proof build that removes the consumer's fence.
+    const OMIT_CONSUMER_FENCE: bool;
+}
+
+/// The submission doorbell: the driver produces, the device consumes.
+#[derive(Debug)]
+pub enum Sq {}
+
+/// The completion doorbell: the device produces, the driver consumes.
+#[derive(Debug)]
+pub enum Cq {}
+
+impl Role for Sq {
+    const NAME: &'static str = "sq";
+    const OMIT_PRODUCER_FENCE: bool = cfg!(sqcq_omit_fence = "sq_producer");
+    const OMIT_CONSUMER_FENCE: bool = cfg!(sqcq_omit_fence = "sq_consumer");
+}
+
+impl Role for Cq {
+    const NAME: &'static str = "cq";
+    const OMIT_PRODUCER_FENCE: bool = cfg!(sqcq_omit_fence = "cq_producer");
+    const OMIT_CONSUMER_FENCE: bool = cfg!(sqcq_omit_fence = "cq_consumer");
+}
+
+/// Whether a producer must notify the consumer after publishing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a consumer that asked for a wakeup sleeps until it gets one"]
+pub enum Wake {
+    /// The consumer set NEED_WAKEUP: signal its eventfd (kick or call).
+    Owed,
+    /// The consumer is polling; no notification.
+    NotOwed,
+}
+
+/// What a consumer learned when it prepared to sleep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "sleeping after `Work` loses a request"]
+pub enum SleepCheck {
+    /// NEED_WAKEUP is set and nothing new arrived: sleep on the eventfd,
+    /// then call [`Consumer::finish_sleep`].
+    Sleep,
+    /// A new index arrived meanwhile; NEED_WAKEUP was cleared again. Process
+    /// the ring instead of sleeping.
+    Work(u16),
+}
+
+/// The producing side of a doorbell: the driver on the SQ, the device on
+/// the CQ.
+pub struct Producer<C, R> {
+    cell: C,
+    idx: u16,
+    _role: PhantomData<R>,
+}
+
+/// The SQ producer: the driver's submission path.
+pub type SqProducer<C> = Producer<C, Sq>;
+/// The CQ producer: the device's completion path.
+pub type CqProducer<C> = Producer<C, Cq>;
+
+impl<C: DoorbellCell, R: Role> Producer<C, R> {
+    /// Takes the producer role on `cell`, continuing from the index already
+    /// there (zero on a fresh queue).
+    pub fn new(cell: C) -> Self {
+        let idx = u16::from_le(cell.idx().load(Ordering::Relaxed));
+        Producer {
+            cell,
+            idx,
+            _role: PhantomData,
+        }
+    }
+
+    /// Publishes `idx` (the ring index just written, with the ring entries
+    /// before it) and says whether the consumer must be woken.
+    pub fn publish(&mut self, idx: u16) -> Wake {
+        self.idx = idx;
+        // Release: pairs with the consumer's `fence(Acquire)` after it sees
+        // this value, so the ring entries and ring index stored before are
+        // visible to it.
+        self.cell.idx().store(idx.to_le(), Ordering::Release);
+        if !R::OMIT_PRODUCER_FENCE {
+            // Fences 1 and 3 of the module docs: orders the `idx` store
+            // before the `flags` load. Pairs with the consumer's fence in
+            // `prepare_sleep`: either it sees our `idx`, or we see its
+            // NEED_WAKEUP.
+            fence(Ordering::SeqCst);
+        }
+        // Relaxed: the fence above orders it; only one bit is read.
+        let flags = u16::from_le(self.cell.flags().load(Ordering::Relaxed));
+        if flags & NEED_WAKEUP != 0 {
+            Wake::Owed
+        } else {
+            Wake::NotOwed
+        }
+    }
+
+    /// The last index published.
+    pub fn idx(&self) -> u16 {
+        self.idx
+    }
+}
+
+impl<C, R: Role> fmt::Debug for Producer<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Producer")
+            .field("role", &R::NAME)
+            .field("idx", &self.idx)
+            .finish()
+    }
+}
+
+/// The consuming side of a doorbell: the device poll thread on the SQ, the
+/// driver poll thread on the CQ.
+pub struct Consumer<C, R> {
+    cell: C,
+    seen: u16,
+    _role: PhantomData<R>,
+}
+
+/// The SQ consumer: the device's poll thread.
+pub type SqConsumer<C> = Consumer<C, Sq>;
+/// The CQ consumer: the driver's poll thread.
+pub type CqConsumer<C> = Consumer<C, Cq>;
+
+impl<C: DoorbellCell, R: Role> Consumer<C, R> {
+    /// Takes the consumer role on `cell`. `start` is the index the consumer
+    /// considers already handled: the ring position it starts from. A
+    /// doorbell holding any other value reads as new work, which at worst
+    /// costs one empty look at the ring.
+    pub fn new(cell: C, start: u16) -> Self {
+        // Start awake: a stale NEED_WAKEUP from a previous owner would only
+        // cost the producer needless notifications.
+        cell.flags().store(0, Ordering::Relaxed);
+        Consumer {
+            cell,
+            seen: start,
+            _role: PhantomData,
+        }
+    }
+
+    /// Returns the doorbell's index if it changed since the last call.
+    ///
+    /// The caller then takes work from the ring itself and validates the
+    /// value with [`check_index`](crate::check_index) against its ring
+    /// position.
+    pub fn poll(&mut self) -> Option<u16> {
+        // Relaxed: return early on the common "nothing new" path without a
+        // barrier; the Acquire fence below makes a new value's ring entries
+        // visible.
+        let idx = u16::from_le(self.cell.idx().load(Ordering::Relaxed));
+        if idx == self.seen {
+            return None;
+        }
+        // Pairs with the producer's Release store of `idx` in `publish`.
+        fence(Ordering::Acquire);
+        self.seen = idx;
+        Some(idx)
+    }
+
+    /// Sets NEED_WAKEUP and re-checks the index: the last step before
+    /// sleeping on the eventfd.
+    pub fn prepare_sleep(&mut self) -> SleepCheck {
+        self.cell
+            .flags()
+            .store(NEED_WAKEUP.to_le(), Ordering::Relaxed);
+        if !R::OMIT_CONSUMER_FENCE {
+            // Fences 2 and 4 of the module docs: orders the NEED_WAKEUP
+            // store before the `idx` re-load. Pairs with the producer's
+            // fence in `publish`.
+            fence(Ordering::SeqCst);
+        }
+        match self.poll() {
+            Some(idx) => {
+                // Cleared so the producer stops notifying; a notification
+                // it already decided on is harmless (a spurious wakeup).
+                self.cell.flags().store(0, Ordering::Relaxed);
+                SleepCheck::Work(idx)
+            }
+            None => SleepCheck::Sleep,
+        }
+    }
+
+    /// Clears NEED_WAKEUP after the consumer woke up (or gave up sleeping).
+    /// Producers stop notifying once they see it.
+    pub fn finish_sleep(&mut self) {
+        self.cell.flags().store(0, Ordering::Relaxed);
+    }
+
+    /// The index last seen.
+    pub fn seen(&self) -> u16 {
+        self.seen
+    }
+}
+
+impl<C, R: Role> fmt::Debug for Consumer<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("role", &R::NAME)
+            .field("seen", &self.seen)
+            .finish()
+    }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The project's test command (README, `.ci/run`): formatting, lints, the
+# proofs (loom with each fence removed, spin on the Promela model), and
+# every unit and integration test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== sqcq-protocol builds without std"
+cargo build --quiet -p sqcq-protocol --no-default-features
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== loom: each fence of the handshake removed in turn must lose a wakeup"
+scripts/check-fences.sh
+echo "== spin: the Promela model of NEED_WAKEUP and its fence-less variants"
+scripts/check-models.sh
+echo "== cargo test"
+cargo test --workspace
