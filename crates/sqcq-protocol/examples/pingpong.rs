@@ -13,11 +13,12 @@ use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::sync::atomic::Ordering;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use sqcq_protocol::handshake::{Cq, Role, Sq};
 use sqcq_protocol::{
-    Consumer, Doorbell, DoorbellCell, Producer, QueueStats, SleepCheck, SpinPolicy, Wake,
-    handshake::Role,
+    Consumer, Doorbell, DoorbellCell, Poll, Poller, Producer, QueueStats, SleepCheck, SpinPolicy,
+    Wake,
 };
 
 /// A blocking eventfd, as vhost-user uses for kicks and calls.
@@ -50,34 +51,38 @@ enum Mode {
     Doorbell,
 }
 
-/// Waits for the doorbell to move, spinning for the adaptive window first.
-fn wait_for<R: Role>(
-    consumer: &mut Consumer<&Doorbell, R>,
-    eventfd: &EventFd,
-    spin: &mut SpinPolicy,
-    stats: &mut QueueStats,
-) -> u16 {
-    let start = Instant::now();
-    let mut window = Duration::from_nanos(spin.window_ns());
+/// Nanoseconds since the first call: the pollers' clock.
+fn now_ns() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Waits for the doorbell to move: spin for the adaptive window, then set
+/// NEED_WAKEUP, re-check, and sleep on the eventfd.
+///
+/// While spinning it yields the CPU every few polls: on a machine with
+/// more runnable threads than CPUs, the thread that will write the doorbell
+/// may be waiting for this very CPU.
+fn wait_for<R: Role>(poller: &mut Poller<&Doorbell, R>, eventfd: &EventFd) -> u16 {
+    let mut polls = 0u32;
     loop {
-        if let Some(idx) = consumer.poll() {
-            spin.record_gap(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
-            return idx;
-        }
-        stats.spins += 1;
-        if start.elapsed() < window {
-            std::hint::spin_loop();
-            continue;
-        }
-        spin.record_miss();
-        match consumer.prepare_sleep() {
-            SleepCheck::Work(idx) => return idx,
-            SleepCheck::Sleep => {
-                stats.sleeps += 1;
-                eventfd.wait();
-                consumer.finish_sleep();
-                window = Duration::from_nanos(spin.window_ns());
+        match poller.poll(now_ns()) {
+            Poll::Work(idx) => return idx,
+            Poll::Idle => {
+                polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(16) {
+                    thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
+            Poll::Expired => match poller.prepare_sleep(now_ns()) {
+                SleepCheck::Work(idx) => return idx,
+                SleepCheck::Sleep => {
+                    eventfd.wait();
+                    poller.woke();
+                }
+            },
         }
     }
 }
@@ -95,59 +100,58 @@ fn run(mode: Mode, ops: u16) -> Outcome {
     let start = Instant::now();
     let (driver, device) = thread::scope(|s| {
         let device = s.spawn(|| {
-            let mut stats = QueueStats::default();
-            let mut spin = SpinPolicy::default();
-            let mut sq_consumer = Consumer::<_, sqcq_protocol::handshake::Sq>::new(&sq, 0);
-            let mut cq_producer = Producer::<_, sqcq_protocol::handshake::Cq>::new(&cq);
+            let mut poller = Poller::new(Consumer::<_, Sq>::new(&sq, 0), SpinPolicy::default(), 0);
+            let mut cq_producer = Producer::<_, Cq>::new(&cq);
             let mut done = 0;
             while done != ops {
+                let previous = done;
                 done = match mode {
                     Mode::Notify => {
                         kick.wait();
                         u16::from_le(sq.idx().load(Ordering::Acquire))
                     }
-                    Mode::Doorbell => wait_for(&mut sq_consumer, &kick, &mut spin, &mut stats),
+                    Mode::Doorbell => wait_for(&mut poller, &kick),
                 };
-                stats.completions = u64::from(done);
-                if mode == Mode::Notify || cq_producer.publish(done) == Wake::Owed {
-                    if mode == Mode::Notify {
+                poller.count_completions(u64::from(done.wrapping_sub(previous)));
+                let wake = match mode {
+                    Mode::Notify => {
                         cq.idx().store(done.to_le(), Ordering::Release);
+                        Wake::Owed
                     }
-                    stats.wakeups += 1;
+                    Mode::Doorbell => cq_producer.publish(done),
+                };
+                if wake == Wake::Owed {
+                    poller.count_wakeup();
                     call.signal();
                 }
             }
-            stats.ema_ns = spin.ema_ns();
-            stats.interval_ns = spin.window_ns();
-            stats
+            poller.stats()
         });
-        let mut stats = QueueStats {
-            queue: 0,
-            ..QueueStats::default()
-        };
-        let mut spin = SpinPolicy::default();
-        let mut sq_producer = Producer::<_, sqcq_protocol::handshake::Sq>::new(&sq);
-        let mut cq_consumer = Consumer::<_, sqcq_protocol::handshake::Cq>::new(&cq, 0);
+        let mut poller = Poller::new(Consumer::<_, Cq>::new(&cq, 0), SpinPolicy::default(), 0);
+        let mut sq_producer = Producer::<_, Sq>::new(&sq);
         for idx in 1..=ops {
-            if mode == Mode::Notify {
-                sq.idx().store(idx.to_le(), Ordering::Release);
-                stats.wakeups += 1;
+            let wake = match mode {
+                Mode::Notify => {
+                    sq.idx().store(idx.to_le(), Ordering::Release);
+                    Wake::Owed
+                }
+                Mode::Doorbell => sq_producer.publish(idx),
+            };
+            if wake == Wake::Owed {
+                poller.count_wakeup();
                 kick.signal();
-                while u16::from_le(cq.idx().load(Ordering::Acquire)) != idx {
-                    call.wait();
-                }
-            } else {
-                if sq_producer.publish(idx) == Wake::Owed {
-                    stats.wakeups += 1;
-                    kick.signal();
-                }
-                while wait_for(&mut cq_consumer, &call, &mut spin, &mut stats) != idx {}
             }
-            stats.completions += 1;
+            match mode {
+                Mode::Notify => {
+                    while u16::from_le(cq.idx().load(Ordering::Acquire)) != idx {
+                        call.wait();
+                    }
+                }
+                Mode::Doorbell => while wait_for(&mut poller, &call) != idx {},
+            }
+            poller.count_completions(1);
         }
-        stats.ema_ns = spin.ema_ns();
-        stats.interval_ns = spin.window_ns();
-        (stats, device.join().expect("device thread"))
+        (poller.stats(), device.join().expect("device thread"))
     });
     let secs = start.elapsed().as_secs_f64();
     let notifications = driver.wakeups + device.wakeups;

@@ -19,6 +19,8 @@
 //! - [`handshake`]: the four roles ([`SqProducer`], [`SqConsumer`],
 //!   [`CqProducer`], [`CqConsumer`]) and the four `fence(SeqCst)` points;
 //! - [`spin`]: the adaptive spin window;
+//! - [`poller`]: one consumer's poll decisions (spin, expire, sleep, wake)
+//!   and counters, shared by the device's and the driver's poll threads;
 //! - [`stats`]: per-queue counters in the RFC's log format.
 //!
 //! No library offers this protocol; it is written here, and proven by the
@@ -48,6 +50,7 @@ pub mod doorbell;
 pub mod guest;
 pub mod handshake;
 pub mod layout;
+pub mod poller;
 pub mod spin;
 pub mod stats;
 mod sync;
@@ -64,5 +67,6 @@ pub use handshake::{
 pub use layout::{
     DoorbellLocation, LayoutError, NonsenseIndex, RingAddrs, check_index, doorbell_location,
 };
+pub use poller::{Poll, Poller};
 pub use spin::{SpinConfig, SpinConfigError, SpinPolicy};
 pub use stats::QueueStats;
