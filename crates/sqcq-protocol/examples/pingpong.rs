@@ -15,10 +15,10 @@ use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::Instant;
 
-use sqcq_protocol::handshake::{Cq, Role, Sq};
+use sqcq_protocol::handshake::{Cq, Sq};
 use sqcq_protocol::{
     Consumer, Doorbell, DoorbellCell, Poll, Poller, Producer, QueueStats, SleepCheck, SpinPolicy,
-    Wake,
+    Wake, Watch,
 };
 
 /// A blocking eventfd, as vhost-user uses for kicks and calls.
@@ -63,7 +63,7 @@ fn now_ns() -> u64 {
 /// While spinning it yields the CPU every few polls: on a machine with
 /// more runnable threads than CPUs, the thread that will write the doorbell
 /// may be waiting for this very CPU.
-fn wait_for<R: Role>(poller: &mut Poller<&Doorbell, R>, eventfd: &EventFd) -> u16 {
+fn wait_for<W: Watch>(poller: &mut Poller<W>, eventfd: &EventFd) -> u16 {
     let mut polls = 0u32;
     loop {
         match poller.poll(now_ns()) {

@@ -1,6 +1,13 @@
 //! The poll loop of one consumer, without the loop: spin while the
 //! adaptive window lasts, then prepare to sleep.
 //!
+//! What is watched is a [`Watch`]: a doorbell consumer ([`Consumer`]) for
+//! VIRTIO_F_SQCQ_POLL, or, for the standard-virtio comparison, a ring
+//! index with the ring's own suppression flags (the device's avail index
+//! with VRING_USED_F_NO_NOTIFY, the driver's used index with
+//! VRING_AVAIL_F_NO_INTERRUPT). Both run the same spin policy, so a
+//! benchmark of the two compares the signalling mechanism and nothing else.
+//!
 //! The caller owns the thread, the clock and the eventfd; a [`Poller`]
 //! owns the decisions and the counters, so that the device's poll threads
 //! and the driver's poll thread behave alike. One thread may drive several
@@ -28,6 +35,33 @@
 
 use crate::doorbell::DoorbellCell;
 use crate::handshake::{Consumer, Role, SleepCheck};
+
+/// Something a poll thread watches for new work: an index it polls, and a
+/// way to ask for a notification before sleeping.
+///
+/// `prepare_sleep` must re-check for work after asking for the
+/// notification, with a full fence in between (the store-then-load
+/// handshake), or a wakeup can be lost.
+pub trait Watch {
+    /// Returns the new index if work arrived since the last call.
+    fn poll(&mut self) -> Option<u16>;
+    /// Asks the other side for a notification, then re-checks.
+    fn prepare_sleep(&mut self) -> SleepCheck;
+    /// Tells the other side notifications are no longer needed.
+    fn finish_sleep(&mut self);
+}
+
+impl<C: DoorbellCell, R: Role> Watch for Consumer<C, R> {
+    fn poll(&mut self) -> Option<u16> {
+        Consumer::poll(self)
+    }
+    fn prepare_sleep(&mut self) -> SleepCheck {
+        Consumer::prepare_sleep(self)
+    }
+    fn finish_sleep(&mut self) {
+        Consumer::finish_sleep(self)
+    }
+}
 use crate::spin::SpinPolicy;
 use crate::stats::QueueStats;
 
@@ -43,16 +77,16 @@ pub enum Poll {
     Expired,
 }
 
-/// One consumer's poll state: the handshake role, the adaptive spin
-/// window and the statistics.
-pub struct Poller<C, R> {
-    consumer: Consumer<C, R>,
+/// One consumer's poll state: what it watches, the adaptive spin window
+/// and the statistics.
+pub struct Poller<W> {
+    consumer: W,
     spin: SpinPolicy,
     stats: QueueStats,
     idle_since: Option<u64>,
 }
 
-impl<C, R: Role> core::fmt::Debug for Poller<C, R> {
+impl<W: core::fmt::Debug> core::fmt::Debug for Poller<W> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Poller")
             .field("consumer", &self.consumer)
@@ -61,9 +95,9 @@ impl<C, R: Role> core::fmt::Debug for Poller<C, R> {
     }
 }
 
-impl<C: DoorbellCell, R: Role> Poller<C, R> {
+impl<W: Watch> Poller<W> {
     /// A poller over `consumer` for virtqueue `queue`.
-    pub fn new(consumer: Consumer<C, R>, spin: SpinPolicy, queue: u16) -> Self {
+    pub fn new(consumer: W, spin: SpinPolicy, queue: u16) -> Self {
         let stats = QueueStats {
             queue,
             ..QueueStats::default()
@@ -138,9 +172,14 @@ impl<C: DoorbellCell, R: Role> Poller<C, R> {
         }
     }
 
-    /// The index last seen.
-    pub fn seen(&self) -> u16 {
-        self.consumer.seen()
+    /// What is watched.
+    pub fn watch(&self) -> &W {
+        &self.consumer
+    }
+
+    /// What is watched, mutably.
+    pub fn watch_mut(&mut self) -> &mut W {
+        &mut self.consumer
     }
 
     fn arrived(&mut self, now_ns: u64) {

@@ -1,0 +1,303 @@
+//! The command line, in fio's vocabulary.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use sqcq_driver::NotifyMode;
+use sqcq_driver::scsi::CdbSize;
+
+/// A fio-like load generator over sqcq's userspace virtio-scsi driver.
+///
+/// Without `--socket` it starts a target itself (sqcqd with a null LUN, or
+/// a RAM LUN with `--verify`; vhost-device-scsi on a sparse image when
+/// sqcqd is not found or with `--target vhost-device-scsi`), so it runs
+/// with no set-up.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sqcq-bench", version)]
+pub struct Args {
+    /// I/O pattern.
+    #[arg(long, value_enum, default_value = "randread")]
+    pub rw: Rw,
+    /// Percentage of reads for randrw.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub rwmixread: u8,
+    /// Block size of each I/O (fio suffixes: 4k, 1m; powers of 1024).
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    pub bs: u64,
+    /// I/Os in flight per job.
+    #[arg(long, default_value_t = 1)]
+    pub iodepth: u16,
+    /// Jobs, each with its own request queue and thread.
+    #[arg(long, default_value_t = 1)]
+    pub numjobs: u16,
+    /// Stop after this long (seconds, or with a suffix: 500ms, 10s, 1m);
+    /// 0 means no limit.
+    #[arg(long, default_value = "0", value_parser = parse_time)]
+    pub runtime: Duration,
+    /// Run for the whole runtime, going over the region again as needed,
+    /// instead of stopping once `--size` bytes are done.
+    #[arg(long = "time_based")]
+    pub time_based: bool,
+    /// Run this long before measuring.
+    #[arg(long = "ramp_time", default_value = "0", value_parser = parse_time)]
+    pub ramp_time: Duration,
+    /// Bytes of the region each job covers (default: the LUN from
+    /// `--offset` to its end; 1 GiB for a target started here).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Byte offset of the region.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub offset: u64,
+    /// Write, then read back and check every block. With several jobs each
+    /// job covers its own `--size` bytes after the previous job's.
+    #[arg(long, value_enum)]
+    pub verify: Option<Verify>,
+    /// Set FUA on writes.
+    #[arg(long)]
+    pub fua: bool,
+    /// Notification mode of the request queues.
+    #[arg(long, default_value = "notify", value_parser = parse_mode)]
+    pub mode: NotifyMode,
+    /// The vhost-user socket of a running target.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// The target to start when no `--socket` is given.
+    #[arg(long, value_enum, default_value = "sqcqd")]
+    pub target: TargetKind,
+    /// The target's executable (default: next to this one, then in
+    /// ../tools/bin, then in PATH).
+    #[arg(long = "target-bin")]
+    pub target_bin: Option<PathBuf>,
+    /// SCSI target id and LUN to drive.
+    #[arg(long, default_value_t = 0)]
+    pub lun: u16,
+    /// SCSI target id.
+    #[arg(long = "scsi-target", default_value_t = 0)]
+    pub scsi_target: u8,
+    /// CDB size of READ/WRITE.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub cdb: CdbChoice,
+    /// Descriptors per request queue.
+    #[arg(long = "queue-size", default_value_t = 128)]
+    pub queue_size: u16,
+    /// Do not negotiate VIRTIO_RING_F_EVENT_IDX.
+    #[arg(long = "no-event-idx")]
+    pub no_event_idx: bool,
+    /// Do not negotiate indirect descriptors.
+    #[arg(long = "no-indirect")]
+    pub no_indirect: bool,
+    /// Bound on every wait for the device, in seconds.
+    #[arg(long = "io-timeout", default_value = "30", value_parser = parse_time)]
+    pub io_timeout: Duration,
+    /// Output format.
+    #[arg(long = "output-format", value_enum, default_value = "normal")]
+    pub output_format: OutputFormat,
+    /// Progress line on stderr: auto (when stderr is a terminal), always,
+    /// never.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub eta: Eta,
+    /// Job name in the report.
+    #[arg(long, default_value = "job")]
+    pub name: String,
+}
+
+/// `--rw`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Rw {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Random reads.
+    Randread,
+    /// Random writes.
+    Randwrite,
+    /// Random mixed reads and writes (`--rwmixread`).
+    Randrw,
+}
+
+impl Rw {
+    /// Whether offsets are random.
+    pub fn random(self) -> bool {
+        matches!(self, Self::Randread | Self::Randwrite | Self::Randrw)
+    }
+
+    /// The share of reads in percent.
+    pub fn read_percent(self, rwmixread: u8) -> u8 {
+        match self {
+            Self::Read | Self::Randread => 100,
+            Self::Write | Self::Randwrite => 0,
+            Self::Randrw => rwmixread,
+        }
+    }
+
+    /// fio's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Randread => "randread",
+            Self::Randwrite => "randwrite",
+            Self::Randrw => "randrw",
+        }
+    }
+}
+
+/// `--verify`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Verify {
+    /// A header per block with its LBA and a CRC-32C of the block.
+    Crc32c,
+}
+
+/// `--target`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetKind {
+    /// The project's daemon, with a null (or RAM, for verify) LUN.
+    Sqcqd,
+    /// rust-vmm's vhost-device-scsi on a sparse image file.
+    VhostDeviceScsi,
+}
+
+impl TargetKind {
+    /// The executable's name.
+    pub fn binary(self) -> &'static str {
+        match self {
+            Self::Sqcqd => "sqcqd",
+            Self::VhostDeviceScsi => "vhost-device-scsi",
+        }
+    }
+}
+
+/// `--cdb`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CdbChoice {
+    /// 10 bytes when the LBA and length fit, 16 otherwise.
+    Auto,
+    /// READ/WRITE 10.
+    #[value(name = "10")]
+    Ten,
+    /// READ/WRITE 16.
+    #[value(name = "16")]
+    Sixteen,
+}
+
+impl From<CdbChoice> for CdbSize {
+    fn from(c: CdbChoice) -> Self {
+        match c {
+            CdbChoice::Auto => Self::Auto,
+            CdbChoice::Ten => Self::Ten,
+            CdbChoice::Sixteen => Self::Sixteen,
+        }
+    }
+}
+
+/// `--output-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// fio's human-readable summary.
+    Normal,
+    /// fio-like JSON.
+    Json,
+}
+
+/// `--eta`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Eta {
+    /// When stderr is a terminal.
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
+
+fn parse_mode(s: &str) -> Result<NotifyMode, String> {
+    s.parse()
+}
+
+/// fio sizes: a number with an optional k/m/g/t suffix (powers of 1024,
+/// an optional trailing `b`/`ib`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    let trimmed = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (digits, shift) = match trimmed.chars().last() {
+        Some('k') => (&trimmed[..trimmed.len() - 1], 10),
+        Some('m') => (&trimmed[..trimmed.len() - 1], 20),
+        Some('g') => (&trimmed[..trimmed.len() - 1], 30),
+        Some('t') => (&trimmed[..trimmed.len() - 1], 40),
+        _ => (trimmed, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 4k, 1m, 2g)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// fio times: seconds, or a number with us/ms/s/m/h.
+pub fn parse_time(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a time (e.g. 10, 500ms, 1m)"))?;
+    Ok(match unit {
+        "" | "s" => Duration::from_secs(n),
+        "us" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{s:?}: unknown time unit {unit:?}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_times_read_like_fio() {
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("99999999999t").is_err());
+        assert_eq!(parse_time("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_time("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_time("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_time("3 days").is_err());
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        let a = Args::try_parse_from([
+            "sqcq-bench",
+            "--rw",
+            "randrw",
+            "--rwmixread",
+            "70",
+            "--bs",
+            "8k",
+            "--mode",
+            "poll-queue",
+            "--ramp_time",
+            "1",
+            "--cdb",
+            "16",
+        ])
+        .unwrap();
+        assert_eq!(a.rw, Rw::Randrw);
+        assert_eq!(a.rw.read_percent(a.rwmixread), 70);
+        assert_eq!(a.bs, 8192);
+        assert_eq!(a.mode, NotifyMode::PollQueue);
+        assert_eq!(a.cdb, CdbChoice::Sixteen);
+        assert!(Args::try_parse_from(["sqcq-bench", "--mode", "sqcq"]).is_err());
+    }
+}

@@ -1,0 +1,404 @@
+//! One job: a thread with its own request queue, keeping `iodepth` I/Os
+//! in flight until its size or time is done.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sqcq_driver::scsi::{Cdb, CdbSize, Command, Completion, Data, Lun};
+use sqcq_driver::{Buffer, NotifyCounters};
+use vm_memory::{Bytes, GuestMemoryMmap};
+
+use crate::device::JobQueue;
+use crate::error::BenchError;
+use crate::stats::JobStats;
+use crate::target::{CpuTime, thread_cpu_time};
+use crate::verify;
+use crate::workload::{Dir, Workload};
+
+/// What a job does.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// Job number.
+    pub id: usize,
+    /// The LUN.
+    pub lun: Lun,
+    /// First LBA of the job's region.
+    pub first_lba: u64,
+    /// Blocks per I/O.
+    pub blocks: u32,
+    /// Bytes per I/O.
+    pub bs: u64,
+    /// CDB size of READ/WRITE.
+    pub cdb: CdbSize,
+    /// FUA on writes.
+    pub fua: bool,
+    /// The I/O order and mix over the region's units.
+    pub workload: Workload,
+    /// Write, then read back and check every unit.
+    pub verify: bool,
+    /// Stop after this many bytes (unless time based).
+    pub size: u64,
+    /// Keep going until the runtime ends.
+    pub time_based: bool,
+    /// Measured time limit.
+    pub runtime: Option<Duration>,
+    /// Unmeasured time before.
+    pub ramp: Duration,
+}
+
+/// Progress counters a job shares with the progress line.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Completed reads.
+    pub reads: AtomicU64,
+    /// Completed writes.
+    pub writes: AtomicU64,
+    /// Bytes completed.
+    pub bytes: AtomicU64,
+    /// Set when the job has finished.
+    pub done: AtomicBool,
+}
+
+/// Shared between all jobs: set when one of them failed, so that the
+/// others stop too.
+#[derive(Debug, Default)]
+pub struct Abort(AtomicBool);
+
+impl Abort {
+    fn raise(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn raised(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What an I/O in flight is.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    submitted: Instant,
+    dir: Dir,
+    lba: u64,
+    measured: bool,
+}
+
+/// Which pass a job is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// The workload of `--rw`.
+    Load,
+    /// Verify: writing every unit once.
+    Write,
+    /// Verify: reading every written unit back.
+    Check,
+}
+
+/// A job ready to run on its own thread.
+#[derive(Debug)]
+pub struct Job {
+    spec: JobSpec,
+    q: JobQueue,
+    guest: GuestMemoryMmap,
+    inflight: Vec<Option<InFlight>>,
+    free: Vec<u16>,
+    done: Vec<Completion>,
+    scratch: Vec<u8>,
+    stats: JobStats,
+    /// Units the verify write pass issued, which the check pass reads.
+    checked_limit: u64,
+}
+
+impl Job {
+    /// A job over `q`'s queue and buffers.
+    pub fn new(spec: JobSpec, q: JobQueue, guest: GuestMemoryMmap) -> Result<Self, BenchError> {
+        let depth = q.buffers.len();
+        let depth16 =
+            u16::try_from(depth).map_err(|_| BenchError::Usage("--iodepth too large".into()))?;
+        let bs =
+            usize::try_from(spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
+        Ok(Self {
+            spec,
+            q,
+            guest,
+            inflight: vec![None; depth],
+            free: (0..depth16).rev().collect(),
+            done: Vec::with_capacity(depth),
+            scratch: vec![0; bs],
+            stats: JobStats::default(),
+            checked_limit: 0,
+        })
+    }
+
+    /// Runs the job; on failure every I/O in flight has been failed and
+    /// the error says why.
+    pub fn run(mut self, progress: &Progress, abort: &Abort) -> Result<JobStats, BenchError> {
+        let result = self.run_passes(progress, abort);
+        progress.done.store(true, Ordering::Relaxed);
+        if result.is_err() {
+            abort.raise();
+            self.q.queue.abandon(|_| {});
+        }
+        result.map(|()| self.stats)
+    }
+
+    fn run_passes(&mut self, progress: &Progress, abort: &Abort) -> Result<(), BenchError> {
+        let start = Instant::now();
+        // Verify runs are measured whole: their passes are defined by the
+        // region, not by time.
+        let ramp = if self.spec.verify {
+            Duration::ZERO
+        } else {
+            self.spec.ramp
+        };
+        let measure_from = start + ramp;
+        let end = self.spec.runtime.map(|r| measure_from + r);
+        let mut clock = Clock {
+            measure_from,
+            end,
+            measuring: ramp.is_zero(),
+            since: Snapshot::take(&mut self.q.queue),
+            started: start,
+        };
+        if self.spec.verify {
+            let t = Instant::now();
+            self.pass(Pass::Write, &mut clock, progress, abort)?;
+            let t_check = Instant::now();
+            self.pass(Pass::Check, &mut clock, progress, abort)?;
+            self.stats.write.active = Some(t_check - t);
+            self.stats.read.active = Some(t_check.elapsed());
+        } else {
+            self.pass(Pass::Load, &mut clock, progress, abort)?;
+        }
+        let now = Snapshot::take(&mut self.q.queue);
+        self.stats.runtime = Instant::now().saturating_duration_since(clock.measured_since());
+        self.stats.notify = now.notify - clock.since.notify;
+        self.stats.cpu = now.cpu.since(&clock.since.cpu);
+        Ok(())
+    }
+
+    /// Runs one pass; returns how many units it issued. A verify check
+    /// pass reads back the units the write pass issued.
+    fn pass(
+        &mut self,
+        pass: Pass,
+        clock: &mut Clock,
+        progress: &Progress,
+        abort: &Abort,
+    ) -> Result<u64, BenchError> {
+        let units = self.spec.workload.units();
+        let limit = match pass {
+            Pass::Load if self.spec.time_based => u64::MAX,
+            Pass::Load => self.spec.size.div_ceil(self.spec.bs.max(1)),
+            Pass::Write => units,
+            Pass::Check => self.checked_limit,
+        };
+        let mut issued = 0u64;
+        loop {
+            let now = Instant::now();
+            clock.tick(now, &mut self.q.queue, &mut self.stats);
+            let time_up = pass != Pass::Check && clock.end.is_some_and(|end| now >= end);
+            let stop = time_up || abort.raised();
+            let mut added = false;
+            while !stop && issued < limit {
+                let Some(buf) = self.free.pop() else { break };
+                let (dir, unit) = match pass {
+                    Pass::Load => self.spec.workload.next_io(),
+                    Pass::Write => (Dir::Write, self.spec.workload.pass_unit(issued)),
+                    Pass::Check => (Dir::Read, self.spec.workload.pass_unit(issued)),
+                };
+                self.issue(buf, dir, unit, now, clock.measuring)?;
+                issued += 1;
+                added = true;
+            }
+            let done = &mut self.done;
+            if added {
+                self.q.queue.publish(|c| done.push(c))?;
+            }
+            if self.q.queue.in_flight() == 0 {
+                break;
+            }
+            let waited = self.q.queue.wait_and_reap(|c| done.push(c));
+            let completed = self.complete(Instant::now(), progress);
+            waited?;
+            completed?;
+        }
+        if pass == Pass::Write {
+            self.checked_limit = issued;
+        }
+        Ok(issued)
+    }
+
+    fn issue(
+        &mut self,
+        buf: u16,
+        dir: Dir,
+        unit: u64,
+        now: Instant,
+        measured: bool,
+    ) -> Result<(), BenchError> {
+        let lba = self.spec.first_lba + unit * u64::from(self.spec.blocks);
+        let addr = self.q.buffers[usize::from(buf)];
+        if dir == Dir::Write && self.spec.verify {
+            verify::fill(&mut self.scratch, lba, verify_seed(self.spec.id));
+            self.guest
+                .write_slice(&self.scratch, addr)
+                .map_err(BenchError::Memory)?;
+        }
+        let bs =
+            u32::try_from(self.spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
+        let data = [Buffer::new(addr, bs)];
+        let (cdb, data) = match dir {
+            Dir::Read => (
+                Cdb::read(lba, self.spec.blocks, false, self.spec.cdb),
+                Data::FromDevice(&data),
+            ),
+            Dir::Write => (
+                Cdb::write(lba, self.spec.blocks, self.spec.fua, self.spec.cdb),
+                Data::ToDevice(&data),
+            ),
+        };
+        let cdb = cdb.map_err(|e| BenchError::Usage(format!("{e}; use --cdb 16")))?;
+        self.q
+            .queue
+            .submit(&Command::new(self.spec.lun, cdb, data), u64::from(buf))?;
+        self.inflight[usize::from(buf)] = Some(InFlight {
+            submitted: now,
+            dir,
+            lba,
+            measured,
+        });
+        Ok(())
+    }
+
+    /// Accounts for the completions gathered in `self.done`.
+    fn complete(&mut self, now: Instant, progress: &Progress) -> Result<(), BenchError> {
+        let mut first_error = None;
+        let (mut reads, mut writes) = (0, 0);
+        for c in std::mem::take(&mut self.done) {
+            let buf = usize::try_from(c.token).unwrap_or(usize::MAX);
+            let Some(io) = self.inflight.get_mut(buf).and_then(Option::take) else {
+                first_error
+                    .get_or_insert(BenchError::Protocol("completion for an I/O not in flight"));
+                continue;
+            };
+            self.free.push(u16::try_from(buf).unwrap_or(u16::MAX));
+            if let Err(e) = c.result {
+                let op = if io.dir == Dir::Read { "READ" } else { "WRITE" };
+                first_error.get_or_insert(BenchError::Command {
+                    what: format!("{op} at LBA {}", io.lba),
+                    source: e,
+                });
+                continue;
+            }
+            if io.dir == Dir::Read && self.spec.verify {
+                self.guest
+                    .read_slice(&mut self.scratch, self.q.buffers[buf])
+                    .map_err(BenchError::Memory)?;
+                if let Err(m) = verify::check(&mut self.scratch, io.lba) {
+                    first_error.get_or_insert(BenchError::Verify(m));
+                }
+            }
+            let stats = match io.dir {
+                Dir::Read => {
+                    reads += 1;
+                    &mut self.stats.read
+                }
+                Dir::Write => {
+                    writes += 1;
+                    &mut self.stats.write
+                }
+            };
+            if io.measured {
+                stats.record(self.spec.bs, now.saturating_duration_since(io.submitted));
+            }
+        }
+        progress.reads.fetch_add(reads, Ordering::Relaxed);
+        progress.writes.fetch_add(writes, Ordering::Relaxed);
+        progress
+            .bytes
+            .fetch_add((reads + writes) * self.spec.bs, Ordering::Relaxed);
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The seed written into verify headers of job `id`.
+fn verify_seed(id: usize) -> u32 {
+    0x5c9c_0000 ^ u32::try_from(id).unwrap_or(u32::MAX)
+}
+
+/// Counters at one moment.
+#[derive(Debug, Clone, Copy)]
+struct Snapshot {
+    notify: NotifyCounters,
+    cpu: CpuTime,
+}
+
+impl Snapshot {
+    fn take(queue: &mut sqcq_driver::scsi::ScsiQueue) -> Self {
+        Self {
+            notify: queue.counters(),
+            cpu: thread_cpu_time(),
+        }
+    }
+}
+
+/// The job's sense of time: ramp, measured window, end.
+#[derive(Debug)]
+struct Clock {
+    measure_from: Instant,
+    end: Option<Instant>,
+    measuring: bool,
+    since: Snapshot,
+    started: Instant,
+}
+
+impl Clock {
+    /// At the end of the ramp: forget what was measured, restart the
+    /// counters.
+    fn tick(
+        &mut self,
+        now: Instant,
+        queue: &mut sqcq_driver::scsi::ScsiQueue,
+        stats: &mut JobStats,
+    ) {
+        if !self.measuring && now >= self.measure_from {
+            self.measuring = true;
+            self.since = Snapshot::take(queue);
+            *stats = JobStats::default();
+            self.started = now;
+        }
+    }
+
+    fn measured_since(&self) -> Instant {
+        self.started
+    }
+}
+
+/// Runs `jobs` on their own threads; returns each one's outcome.
+pub fn run_all(
+    jobs: Vec<Job>,
+    progress: &[Arc<Progress>],
+    abort: &Arc<Abort>,
+) -> Vec<Result<JobStats, BenchError>> {
+    let handles: Vec<_> = jobs
+        .into_iter()
+        .zip(progress)
+        .map(|(job, p)| {
+            let p = Arc::clone(p);
+            let abort = Arc::clone(abort);
+            std::thread::Builder::new()
+                .name(format!("job{}", job.spec.id))
+                .spawn(move || job.run(&p, &abort))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .enumerate()
+        .map(|(i, h)| match h {
+            Ok(h) => h.join().unwrap_or(Err(BenchError::Panic(i))),
+            Err(e) => Err(BenchError::Eventfd(e)),
+        })
+        .collect()
+}

@@ -1,0 +1,316 @@
+//! A target started by the bench: a child process serving a vhost-user
+//! socket in a private temporary directory, and its CPU time.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::args::TargetKind;
+
+/// How long a started target gets to create its socket.
+const STARTUP: Duration = Duration::from_secs(10);
+/// How long a target gets to exit on its own after we disconnect.
+const SHUTDOWN: Duration = Duration::from_secs(2);
+
+/// Errors starting a target.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// No executable found.
+    #[error(
+        "{name} not found (looked next to sqcq-bench, in ../tools/bin and in PATH); pass --target-bin, --socket, or run scripts/install-peers.sh for vhost-device-scsi"
+    )]
+    NotFound {
+        /// The executable's name.
+        name: &'static str,
+    },
+    /// Creating the directory, the image or the log failed.
+    #[error("preparing {path} failed")]
+    Prepare {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Spawning failed.
+    #[error("starting {bin} failed")]
+    Spawn {
+        /// The executable.
+        bin: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The target exited or did not create its socket in time.
+    #[error("{bin} did not come up: {why}; its stderr:\n{log}")]
+    NoSocket {
+        /// The executable.
+        bin: PathBuf,
+        /// What happened.
+        why: String,
+        /// Its stderr.
+        log: String,
+    },
+}
+
+/// A running target process.
+#[derive(Debug)]
+pub struct Target {
+    kind: TargetKind,
+    bin: PathBuf,
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+/// CPU time of a process, from /proc/PID/stat.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTime {
+    /// User seconds.
+    pub user: f64,
+    /// System seconds.
+    pub system: f64,
+}
+
+impl CpuTime {
+    /// Total seconds.
+    pub fn total(&self) -> f64 {
+        self.user + self.system
+    }
+
+    /// The time spent between `earlier` and `self`.
+    pub fn since(&self, earlier: &CpuTime) -> CpuTime {
+        CpuTime {
+            user: self.user - earlier.user,
+            system: self.system - earlier.system,
+        }
+    }
+}
+
+/// Finds `name`: `explicit`, next to this executable, in `../tools/bin`
+/// beside its directory (where scripts/install-peers.sh puts peers), in
+/// PATH.
+pub fn find_binary(name: &str, explicit: Option<&Path>) -> Option<PathBuf> {
+    if let Some(path) = explicit {
+        return Some(path.to_owned());
+    }
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_owned));
+    let mut candidates = Vec::new();
+    if let Some(dir) = exe_dir {
+        candidates.push(dir.join(name));
+        // target/debug/deps/… (tests) and target/debug/… both reach
+        // target/tools/bin.
+        for up in dir.ancestors().skip(1).take(2) {
+            candidates.push(up.join("tools/bin").join(name));
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|dir| dir.join(name)));
+    }
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+impl Target {
+    /// Starts `kind` (found at `bin`) with one LUN of `size` bytes: for
+    /// sqcqd a null LUN, or a RAM LUN when the data must read back
+    /// (`keep_data`); for vhost-device-scsi a sparse image file.
+    pub fn start(
+        kind: TargetKind,
+        bin: PathBuf,
+        size: u64,
+        keep_data: bool,
+    ) -> Result<Self, TargetError> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sqcq-bench-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let prepare = |path: &Path| {
+            let path = path.to_owned();
+            move |source| TargetError::Prepare { path, source }
+        };
+        fs::create_dir_all(&dir).map_err(prepare(&dir))?;
+        let socket = dir.join("vhost.sock");
+        let log_path = dir.join("target.log");
+        let log = File::create(&log_path).map_err(prepare(&log_path))?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--socket-path").arg(&socket);
+        match kind {
+            TargetKind::Sqcqd => {
+                let kind = if keep_data { "ram" } else { "null" };
+                cmd.arg("--lun").arg(format!("kind={kind},size={size}"));
+            }
+            TargetKind::VhostDeviceScsi => {
+                let image = dir.join("lun0.img");
+                let file = File::create(&image).map_err(prepare(&image))?;
+                file.set_len(size).map_err(prepare(&image))?;
+                cmd.arg(&image);
+            }
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|source| TargetError::Spawn {
+                bin: bin.clone(),
+                source,
+            })?;
+        let mut target = Self {
+            kind,
+            bin,
+            child,
+            dir,
+            socket,
+        };
+        target.wait_for_socket()?;
+        Ok(target)
+    }
+
+    fn wait_for_socket(&mut self) -> Result<(), TargetError> {
+        let start = Instant::now();
+        loop {
+            if self.socket.exists() {
+                return Ok(());
+            }
+            let why = match self.child.try_wait() {
+                Ok(Some(status)) => Some(format!("it exited with {status}")),
+                Ok(None) if start.elapsed() > STARTUP => {
+                    Some(format!("no socket after {STARTUP:?}"))
+                }
+                Ok(None) => None,
+                Err(e) => Some(format!("waiting for it failed: {e}")),
+            };
+            if let Some(why) = why {
+                return Err(TargetError::NoSocket {
+                    bin: self.bin.clone(),
+                    why,
+                    log: self.log(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The target's kind.
+    pub fn kind(&self) -> TargetKind {
+        self.kind
+    }
+
+    /// Its vhost-user socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its stderr so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("target.log")).unwrap_or_default()
+    }
+
+    /// Its CPU time so far (zero if /proc cannot tell).
+    pub fn cpu_time(&self) -> CpuTime {
+        proc_cpu_time(self.pid()).unwrap_or_default()
+    }
+}
+
+impl Drop for Target {
+    /// Lets the target exit on its own after the disconnect (briefly), then
+    /// kills it, and removes the temporary directory.
+    fn drop(&mut self) {
+        let start = Instant::now();
+        while start.elapsed() < SHUTDOWN {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// utime and stime of process `pid` from /proc/PID/stat.
+pub fn proc_cpu_time(pid: u32) -> Option<CpuTime> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields are
+    // counted after the last ')'. utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = u32::try_from(ticks).ok().filter(|&t| t > 0)?;
+    Some(CpuTime {
+        user: ticks_to_secs(utime, ticks),
+        system: ticks_to_secs(stime, ticks),
+    })
+}
+
+fn ticks_to_secs(ticks: u64, per_sec: u32) -> f64 {
+    Duration::from_secs(ticks / u64::from(per_sec)).as_secs_f64()
+        + f64::from(u32::try_from(ticks % u64::from(per_sec)).unwrap_or(0)) / f64::from(per_sec)
+}
+
+/// CPU time of this process (all threads), from getrusage.
+pub fn self_cpu_time() -> CpuTime {
+    rusage(libc::RUSAGE_SELF)
+}
+
+/// CPU time of the calling thread.
+pub fn thread_cpu_time() -> CpuTime {
+    rusage(libc::RUSAGE_THREAD)
+}
+
+fn rusage(who: libc::c_int) -> CpuTime {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a struct rusage into the pointer, which
+    // points at one; RUSAGE_SELF and RUSAGE_THREAD are valid `who` values.
+    let rc = unsafe { libc::getrusage(who, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return CpuTime::default();
+    }
+    // SAFETY: getrusage succeeded, so it initialised the struct (and it
+    // was zeroed before anyway).
+    let usage = unsafe { usage.assume_init() };
+    let secs = |tv: libc::timeval| {
+        Duration::from_secs(u64::try_from(tv.tv_sec).unwrap_or(0)).as_secs_f64()
+            + Duration::from_micros(u64::try_from(tv.tv_usec).unwrap_or(0)).as_secs_f64()
+    };
+    CpuTime {
+        user: secs(usage.ru_utime),
+        system: secs(usage.ru_stime),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_our_own_cpu_time() {
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        assert!(x > 0);
+        let cpu = proc_cpu_time(std::process::id()).unwrap();
+        assert!(cpu.total() >= 0.0);
+        assert!(self_cpu_time().total() >= 0.0);
+        assert!(proc_cpu_time(u32::MAX).is_none());
+    }
+}

@@ -1,0 +1,389 @@
+//! The vhost-user frontend: the process that plays the VMM for a
+//! vhost-user device, built on rust-vmm's `vhost` codec.
+//!
+//! [`Frontend::connect`] negotiates (acking only bits the device offered),
+//! reads the virtio-scsi configuration; [`Frontend::set_mem_table`] shares
+//! the [`DriverMemory`] memfd; [`Frontend::start_queue`] hands a
+//! [`Virtqueue`] to the device; [`Frontend::stop`] takes every started
+//! vring back (`GET_VRING_BASE`) and disconnects.
+//!
+//! Facts about the `vhost` crate this relies on: `get_features` must come
+//! before `get_protocol_features`; `set_vring_addr` takes this process's
+//! virtual addresses, not guest-physical ones; `set_*` messages are
+//! acknowledged only when REPLY_ACK was negotiated (we then ask for it on
+//! every message); protocol bits the crate does not know are dropped. The
+//! socket has read and write timeouts, so no reply is waited for forever.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
+use vhost::vhost_user::{
+    Frontend as VhostFrontend, VhostUserFrontend, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use vm_memory::GuestMemoryBackend;
+
+use crate::memory::{DriverMemory, MemoryError};
+use crate::scsi::config::{CONFIG_SIZE, ConfigError, ScsiConfig};
+use crate::virtqueue::Virtqueue;
+
+/// Vring index of the virtio-scsi control queue.
+pub const CONTROL_QUEUE: u16 = 0;
+/// Vring index of the virtio-scsi event queue.
+pub const EVENT_QUEUE: u16 = 1;
+/// Vring index of the first virtio-scsi request queue.
+pub const FIRST_REQUEST_QUEUE: u16 = 2;
+
+/// What the frontend asks of the device.
+#[derive(Debug, Clone)]
+pub struct FrontendConfig {
+    /// The device's vhost-user socket.
+    pub socket: PathBuf,
+    /// Ask for VIRTIO_RING_F_EVENT_IDX.
+    pub event_idx: bool,
+    /// Ask for VIRTIO_RING_F_INDIRECT_DESC.
+    pub indirect: bool,
+    /// Further virtio feature bits to ask for (device-type bits, or a
+    /// notification mode's, see
+    /// [`NotifyMode::required_features`](crate::NotifyMode::required_features)).
+    pub extra_features: u64,
+    /// Bound on every vhost-user reply.
+    pub timeout: Duration,
+}
+
+impl FrontendConfig {
+    /// EVENT_IDX and indirect descriptors when offered, 10 s per reply.
+    pub fn new(socket: impl AsRef<Path>) -> Self {
+        Self {
+            socket: socket.as_ref().to_owned(),
+            event_idx: true,
+            indirect: true,
+            extra_features: 0,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Errors of the vhost-user conversation.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    /// Connecting to the socket failed.
+    #[error("connecting to {path} failed")]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Setting up the socket (timeouts, duplicating it) failed.
+    #[error("setting up the vhost-user socket failed")]
+    Socket(#[source] io::Error),
+    /// A vhost-user request failed or got a bad reply.
+    #[error("vhost-user {request} failed")]
+    Request {
+        /// The request.
+        request: &'static str,
+        /// The vhost crate's error.
+        #[source]
+        source: vhost::Error,
+    },
+    /// The device lacks a feature the driver cannot do without.
+    #[error("the device does not offer {0}")]
+    MissingFeature(&'static str),
+    /// The device's configuration space is unusable.
+    #[error("bad virtio-scsi configuration")]
+    Config(#[source] ConfigError),
+    /// A ring address is not in the shared memory.
+    #[error("a ring is outside the shared memory")]
+    Memory(#[source] MemoryError),
+    /// A vring index past what the device offers.
+    #[error("vring {index} does not exist (the device has {count})")]
+    NoSuchQueue {
+        /// The vring index asked for.
+        index: u16,
+        /// Vrings the device has.
+        count: u64,
+    },
+}
+
+/// The outcome of negotiation.
+#[derive(Debug, Clone)]
+pub struct Negotiated {
+    /// Virtio features the device offered.
+    pub offered: u64,
+    /// Virtio features acked (a subset of `offered`).
+    pub acked: u64,
+    /// Protocol features the device offered (those the crate knows).
+    pub protocol_offered: VhostUserProtocolFeatures,
+    /// Protocol features acked.
+    pub protocol_acked: VhostUserProtocolFeatures,
+    /// Vrings the device has (GET_QUEUE_NUM with MQ, otherwise the
+    /// virtio-scsi minimum of three).
+    pub vrings: u64,
+    /// The device configuration (defaults without the CONFIG feature).
+    pub config: ScsiConfig,
+    /// Whether `config` was read from the device.
+    pub config_read: bool,
+}
+
+impl Negotiated {
+    /// Whether virtio feature `bit` was acked.
+    pub fn has(&self, bit: u32) -> bool {
+        bit < 64 && self.acked & (1 << bit) != 0
+    }
+
+    /// Request queues usable: the configuration's `num_queues`, bounded by
+    /// the vrings the device has.
+    pub fn request_queues(&self) -> u16 {
+        let by_vrings = self.vrings.saturating_sub(u64::from(FIRST_REQUEST_QUEUE));
+        let n = u64::from(self.config.num_queues).min(by_vrings);
+        u16::try_from(n).unwrap_or(u16::MAX)
+    }
+}
+
+/// A connected vhost-user frontend.
+pub struct Frontend {
+    inner: VhostFrontend,
+    socket: UnixStream,
+    negotiated: Negotiated,
+    started: Vec<u16>,
+}
+
+impl std::fmt::Debug for Frontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frontend")
+            .field("socket", &self.socket)
+            .field("negotiated", &self.negotiated)
+            .field("started", &self.started)
+            .finish_non_exhaustive()
+    }
+}
+
+fn request(name: &'static str) -> impl FnOnce(vhost::Error) -> FrontendError {
+    move |source| FrontendError::Request {
+        request: name,
+        source,
+    }
+}
+
+impl Frontend {
+    /// Connects to `config.socket` and negotiates: SET_OWNER, features
+    /// (ours that the device offers; VIRTIO_F_VERSION_1 required),
+    /// protocol features (MQ, CONFIG, REPLY_ACK when offered), the number
+    /// of vrings, the virtio-scsi configuration.
+    pub fn connect(config: &FrontendConfig) -> Result<Self, FrontendError> {
+        let socket =
+            UnixStream::connect(&config.socket).map_err(|source| FrontendError::Connect {
+                path: config.socket.clone(),
+                source,
+            })?;
+        socket
+            .set_read_timeout(Some(config.timeout))
+            .and_then(|()| socket.set_write_timeout(Some(config.timeout)))
+            .map_err(FrontendError::Socket)?;
+        let stream = socket.try_clone().map_err(FrontendError::Socket)?;
+        let mut inner =
+            VhostFrontend::from_stream(stream, vhost::vhost_user::message::VHOST_USER_MAX_VRINGS);
+
+        inner.set_owner().map_err(request("SET_OWNER"))?;
+        let offered = inner.get_features().map_err(request("GET_FEATURES"))?;
+        if offered & (1 << VIRTIO_F_VERSION_1) == 0 {
+            return Err(FrontendError::MissingFeature("VIRTIO_F_VERSION_1"));
+        }
+        let mut wanted = (1 << VIRTIO_F_VERSION_1)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | config.extra_features;
+        if config.event_idx {
+            wanted |= 1 << VIRTIO_RING_F_EVENT_IDX;
+        }
+        if config.indirect {
+            wanted |= 1 << VIRTIO_RING_F_INDIRECT_DESC;
+        }
+        let acked = wanted & offered;
+
+        let mut protocol_offered = VhostUserProtocolFeatures::empty();
+        let mut protocol_acked = VhostUserProtocolFeatures::empty();
+        if acked & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+            protocol_offered = inner
+                .get_protocol_features()
+                .map_err(request("GET_PROTOCOL_FEATURES"))?;
+            protocol_acked = protocol_offered
+                & (VhostUserProtocolFeatures::MQ
+                    | VhostUserProtocolFeatures::CONFIG
+                    | VhostUserProtocolFeatures::REPLY_ACK);
+            inner
+                .set_protocol_features(protocol_acked)
+                .map_err(request("SET_PROTOCOL_FEATURES"))?;
+            if protocol_acked.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+                inner.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+            }
+        }
+        inner.set_features(acked).map_err(request("SET_FEATURES"))?;
+
+        let vrings = if protocol_acked.contains(VhostUserProtocolFeatures::MQ) {
+            inner.get_queue_num().map_err(request("GET_QUEUE_NUM"))?
+        } else {
+            u64::from(FIRST_REQUEST_QUEUE) + 1
+        };
+        let (scsi_config, config_read) =
+            if protocol_acked.contains(VhostUserProtocolFeatures::CONFIG) {
+                let size = u32::try_from(CONFIG_SIZE).unwrap_or(u32::MAX);
+                let (_, payload) = inner
+                    .get_config(0, size, VhostUserConfigFlags::empty(), &[0; CONFIG_SIZE])
+                    .map_err(request("GET_CONFIG"))?;
+                (
+                    ScsiConfig::parse(&payload).map_err(FrontendError::Config)?,
+                    true,
+                )
+            } else {
+                (ScsiConfig::default(), false)
+            };
+        Ok(Self {
+            inner,
+            socket,
+            negotiated: Negotiated {
+                offered,
+                acked,
+                protocol_offered,
+                protocol_acked,
+                vrings,
+                config: scsi_config,
+                config_read,
+            },
+            started: Vec::new(),
+        })
+    }
+
+    /// What was negotiated.
+    pub fn negotiated(&self) -> &Negotiated {
+        &self.negotiated
+    }
+
+    /// A duplicate of the socket, for a queue's wait to notice the device
+    /// hanging up ([`QueueEvents::new`](crate::QueueEvents::new)).
+    pub fn hangup_fd(&self) -> Result<OwnedFd, FrontendError> {
+        let dup = self.socket.try_clone().map_err(FrontendError::Socket)?;
+        Ok(OwnedFd::from(dup))
+    }
+
+    /// SET_MEM_TABLE: shares `mem`'s memfd with the device.
+    pub fn set_mem_table(&self, mem: &DriverMemory) -> Result<(), FrontendError> {
+        let regions = mem
+            .guest_memory()
+            .iter()
+            .map(VhostUserMemoryRegionInfo::from_guest_region)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(request("SET_MEM_TABLE"))?;
+        self.inner
+            .set_mem_table(&regions)
+            .map_err(request("SET_MEM_TABLE"))?;
+        Ok(())
+    }
+
+    /// Hands `vq` to the device: SET_VRING_NUM, BASE, ADDR, CALL, KICK,
+    /// and ENABLE when protocol features were negotiated. `mem` must be the
+    /// memory given to [`Self::set_mem_table`], holding the ring.
+    pub fn start_queue(&mut self, mem: &DriverMemory, vq: &Virtqueue) -> Result<(), FrontendError> {
+        let index = vq.index();
+        if u64::from(index) >= self.negotiated.vrings {
+            return Err(FrontendError::NoSuchQueue {
+                index,
+                count: self.negotiated.vrings,
+            });
+        }
+        let i = usize::from(index);
+        let ring = vq.ring();
+        let [desc, avail, used] = vq.addresses();
+        let host = |gpa| mem.host_addr(gpa).map_err(FrontendError::Memory);
+        let addr = VringConfigData {
+            queue_max_size: ring.size(),
+            queue_size: ring.size(),
+            flags: 0,
+            desc_table_addr: host(desc)?,
+            used_ring_addr: host(used)?,
+            avail_ring_addr: host(avail)?,
+            log_addr: None,
+        };
+        let events = vq.events();
+        self.inner
+            .set_vring_num(i, ring.size())
+            .map_err(request("SET_VRING_NUM"))?;
+        self.inner
+            .set_vring_base(i, ring.next_avail())
+            .map_err(request("SET_VRING_BASE"))?;
+        self.inner
+            .set_vring_addr(i, &addr)
+            .map_err(request("SET_VRING_ADDR"))?;
+        self.inner
+            .set_vring_call(i, events.call_fd())
+            .map_err(request("SET_VRING_CALL"))?;
+        self.inner
+            .set_vring_kick(i, events.kick_fd())
+            .map_err(request("SET_VRING_KICK"))?;
+        if self.protocol_features() {
+            self.inner
+                .set_vring_enable(i, true)
+                .map_err(request("SET_VRING_ENABLE"))?;
+        }
+        self.started.push(index);
+        Ok(())
+    }
+
+    /// Waits until the device has processed every message sent so far.
+    /// With REPLY_ACK every `set_*` was acknowledged already; without it,
+    /// a request with a reply (GET_FEATURES) serves as the barrier, since
+    /// a backend handles its messages in order. Call it after starting the
+    /// queues: a backend may drop a kick that reaches its worker before
+    /// the SET_VRING_ENABLE it has not processed yet (vhost-user-backend
+    /// 0.10 does).
+    pub fn sync(&self) -> Result<(), FrontendError> {
+        if !self
+            .negotiated
+            .protocol_acked
+            .contains(VhostUserProtocolFeatures::REPLY_ACK)
+        {
+            self.inner.get_features().map_err(request("GET_FEATURES"))?;
+        }
+        Ok(())
+    }
+
+    /// Stops vring `index`: disables it (with protocol features) and
+    /// fetches its base with GET_VRING_BASE, after which the device no
+    /// longer touches it. Returns the base (the next avail index the device
+    /// would have read).
+    pub fn stop_queue(&mut self, index: u16) -> Result<u32, FrontendError> {
+        let i = usize::from(index);
+        self.started.retain(|&s| s != index);
+        if self.protocol_features() {
+            self.inner
+                .set_vring_enable(i, false)
+                .map_err(request("SET_VRING_ENABLE"))?;
+        }
+        self.inner
+            .get_vring_base(i)
+            .map_err(request("GET_VRING_BASE"))
+    }
+
+    /// Stops every started vring, then disconnects. Returns each vring's
+    /// base.
+    pub fn stop(mut self) -> Result<Vec<(u16, u32)>, FrontendError> {
+        let started = std::mem::take(&mut self.started);
+        let mut bases = Vec::with_capacity(started.len());
+        for index in started {
+            bases.push((index, self.stop_queue(index)?));
+        }
+        Ok(bases)
+    }
+
+    fn protocol_features(&self) -> bool {
+        self.negotiated.acked & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    }
+}

@@ -1,0 +1,413 @@
+//! How a queue tells the device about new requests and learns about
+//! completions: the notification mode, a strategy chosen once per queue.
+//!
+//! [`SplitQueue`] decides *whether* a kick is needed (EVENT_IDX
+//! `avail_event`, `VRING_USED_F_NO_NOTIFY`) and whether it is safe to wait
+//! for a call; a [`Notifier`] decides *what to do* about it: kick the
+//! eventfd, sleep on the call eventfd, or poll the used ring. The hot path
+//! calls [`Notifier::publish`] and [`Notifier::wait`] and never looks at the
+//! mode again.
+//!
+//! | [`NotifyMode`] | submission | completion |
+//! |---|---|---|
+//! | `Notify` | kick when the ring says so | sleep on the call eventfd, interrupts enabled only while waiting |
+//! | `PollQueue` | kick when the ring says so | the submitter polls the used ring, `NO_INTERRUPT` set |
+//! | `RingPoll` | kick only when the ring says so: a device polling the avail ring sets `NO_NOTIFY` (or stops moving `avail_event`) | as `PollQueue` |
+//!
+//! The doorbell modes of VIRTIO_F_SQCQ_POLL (`sqcq`, `sqcq-inline`) plug in
+//! here as further [`Notifier`]s: `publish` stores `sq.idx` through
+//! `sqcq_protocol::SqProducer` and kicks only when it answers
+//! `Wake::Owed`; `wait` either polls the used ring (inline) or sleeps until
+//! the driver's poll thread, watching the CQ doorbell at
+//! [`SplitQueue::doorbell_area`], wakes it. [`NotifyMode::required_features`]
+//! is where such a mode names the feature bit it needs.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::vring::SplitQueue;
+
+/// Polls of the used ring between two checks of the deadline and the
+/// socket (and a `yield_now`, so that a device sharing our CPU runs).
+const POLLS_PER_CHECK: u32 = 256;
+
+/// The notification mode of a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NotifyMode {
+    /// Classic virtio: kick per batch (EVENT_IDX decides), sleep on the
+    /// call eventfd (an interrupt in a VM).
+    Notify,
+    /// Kick per batch; the submitter polls the used ring with interrupts
+    /// suppressed (io_uring's hipri polling).
+    PollQueue,
+    /// Standard virtio only: the device polls the avail ring (and says so
+    /// with `NO_NOTIFY`/`avail_event`, which suppresses our kicks), the
+    /// driver polls the used ring with interrupts suppressed.
+    RingPoll,
+}
+
+impl NotifyMode {
+    /// Every mode, in the order of the product's comparison table.
+    pub const ALL: [NotifyMode; 3] = [Self::Notify, Self::PollQueue, Self::RingPoll];
+
+    /// The name used on command lines and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Notify => "notify",
+            Self::PollQueue => "poll-queue",
+            Self::RingPoll => "ring-poll",
+        }
+    }
+
+    /// Virtio feature bits the mode needs the device to offer (none for
+    /// the standard modes; VIRTIO_F_SQCQ_POLL for the doorbell modes).
+    pub fn required_features(self) -> u64 {
+        0
+    }
+
+    /// The strategy implementing this mode, for one queue.
+    pub fn notifier(self) -> Box<dyn Notifier> {
+        match self {
+            Self::Notify => Box::new(Interrupts),
+            Self::PollQueue | Self::RingPoll => Box::new(UsedRingPoll { mode: self }),
+        }
+    }
+}
+
+impl fmt::Display for NotifyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for NotifyMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|mode| mode.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown mode {s:?} (expected one of {})", names.join(", "))
+            })
+    }
+}
+
+/// Why a queue could not notify or be notified.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    /// Writing the kick eventfd failed.
+    #[error("kicking the device failed")]
+    Kick(#[source] io::Error),
+    /// Reading the call eventfd failed.
+    #[error("reading the call eventfd failed")]
+    Call(#[source] io::Error),
+    /// `poll(2)` on the call eventfd and the socket failed.
+    #[error("waiting for the device failed")]
+    Poll(#[source] io::Error),
+    /// The vhost-user socket was closed by the device.
+    #[error("the device closed the vhost-user socket")]
+    Hangup,
+    /// No completion arrived within the queue's timeout.
+    #[error("no completion from the device within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Notification counters of one queue, counted on the driver side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotifyCounters {
+    /// Kick eventfd writes (a VM exit each, in a VM).
+    pub kicks: u64,
+    /// Device writes to the call eventfd (interrupts, in a VM), from the
+    /// eventfd counter: coalesced writes all count.
+    pub calls: u64,
+    /// Publishes of the avail index.
+    pub publishes: u64,
+    /// Times the submitter slept on the call eventfd.
+    pub sleeps: u64,
+}
+
+impl std::ops::Sub for NotifyCounters {
+    type Output = Self;
+
+    fn sub(self, rhs: Self) -> Self {
+        Self {
+            kicks: self.kicks.wrapping_sub(rhs.kicks),
+            calls: self.calls.wrapping_sub(rhs.calls),
+            publishes: self.publishes.wrapping_sub(rhs.publishes),
+            sleeps: self.sleeps.wrapping_sub(rhs.sleeps),
+        }
+    }
+}
+
+/// The eventfds of one queue, the socket whose hangup ends every wait, the
+/// bound on every wait, and the counters.
+#[derive(Debug)]
+pub struct QueueEvents {
+    kick: EventFd,
+    call: EventFd,
+    hangup: Option<OwnedFd>,
+    timeout: Duration,
+    counters: NotifyCounters,
+}
+
+impl QueueEvents {
+    /// Fresh non-blocking kick and call eventfds. `hangup` (the vhost-user
+    /// socket, or a duplicate of it) ends every wait when the peer closes
+    /// it; `timeout` bounds every wait for a completion.
+    pub fn new(hangup: Option<OwnedFd>, timeout: Duration) -> io::Result<Self> {
+        Ok(Self {
+            kick: EventFd::new(EFD_NONBLOCK)?,
+            call: EventFd::new(EFD_NONBLOCK)?,
+            hangup,
+            timeout,
+            counters: NotifyCounters::default(),
+        })
+    }
+
+    /// The kick eventfd (for `SET_VRING_KICK`).
+    pub fn kick_fd(&self) -> &EventFd {
+        &self.kick
+    }
+
+    /// The call eventfd (for `SET_VRING_CALL`).
+    pub fn call_fd(&self) -> &EventFd {
+        &self.call
+    }
+
+    /// The bound on one wait for completions.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The counters, after counting calls the device made that nobody
+    /// waited for (polling modes never read the call eventfd otherwise).
+    pub fn counters(&mut self) -> NotifyCounters {
+        // A failed read leaves the count as it is; the error, if lasting,
+        // surfaces in the next wait.
+        let _ = self.drain_calls();
+        self.counters
+    }
+
+    /// Notifies the device.
+    pub fn kick(&mut self) -> Result<(), NotifyError> {
+        self.kick.write(1).map_err(NotifyError::Kick)?;
+        self.counters.kicks += 1;
+        Ok(())
+    }
+
+    /// Counts (and clears) the calls the eventfd accumulated.
+    fn drain_calls(&mut self) -> Result<(), NotifyError> {
+        match self.call.read() {
+            Ok(n) => {
+                self.counters.calls = self.counters.calls.wrapping_add(n);
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(NotifyError::Call(e)),
+        }
+    }
+
+    /// Sleeps until the device calls, the socket hangs up or `deadline`
+    /// passes.
+    fn sleep_on_call(&mut self, deadline: Instant) -> Result<(), NotifyError> {
+        self.counters.sleeps += 1;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(NotifyError::Timeout(self.timeout));
+        }
+        let ready = self.poll_fds(true, remaining)?;
+        if ready.hangup {
+            return Err(NotifyError::Hangup);
+        }
+        if ready.call {
+            self.drain_calls()?;
+        }
+        Ok(())
+    }
+
+    /// Between polls of the used ring: fails on hangup or after `deadline`.
+    fn check_alive(&mut self, deadline: Instant) -> Result<(), NotifyError> {
+        if Instant::now() >= deadline {
+            return Err(NotifyError::Timeout(self.timeout));
+        }
+        if self.hangup.is_some() && self.poll_fds(false, Duration::ZERO)?.hangup {
+            return Err(NotifyError::Hangup);
+        }
+        Ok(())
+    }
+
+    fn poll_fds(&self, with_call: bool, timeout: Duration) -> Result<Ready, NotifyError> {
+        // Only hangup events are asked of the socket (POLLHUP and POLLERR
+        // are always reported): it may carry replies to vhost-user requests
+        // that are none of our business.
+        let socket = self.hangup.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+        let mut fds = [
+            libc::pollfd {
+                fd: socket,
+                events: libc::POLLRDHUP,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if with_call { self.call.as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // Round up, so that a sub-millisecond remainder still sleeps.
+        let ms = timeout.as_micros().div_ceil(1000);
+        let ms = libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX);
+        loop {
+            // SAFETY: `fds` is a valid array of two pollfds that lives across
+            // the call; negative fds are ignored by poll(2).
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if rc >= 0 {
+                break;
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(NotifyError::Poll(err));
+            }
+        }
+        let hup = libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP | libc::POLLNVAL;
+        Ok(Ready {
+            hangup: fds[0].revents & hup != 0,
+            call: fds[1].revents & libc::POLLIN != 0,
+        })
+    }
+}
+
+struct Ready {
+    hangup: bool,
+    call: bool,
+}
+
+/// The notification strategy of one queue. Chosen once, at set-up
+/// ([`NotifyMode::notifier`]); the queue calls it on every publish and
+/// every wait.
+pub trait Notifier: Send + fmt::Debug {
+    /// The mode this strategy implements.
+    fn mode(&self) -> NotifyMode;
+
+    /// Prepares the ring before the first request (interrupt suppression
+    /// for the polling modes).
+    fn start(&mut self, ring: &mut SplitQueue);
+
+    /// Makes the requests added to `ring` visible to the device and
+    /// notifies it if needed.
+    fn publish(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+    ) -> Result<(), NotifyError>;
+
+    /// Returns once `ring` has used entries to pop (or is broken), or fails
+    /// at `deadline` or when the device hangs up. Never blocks unbounded.
+    fn wait(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+        deadline: Instant,
+    ) -> Result<(), NotifyError>;
+}
+
+/// Publishes and kicks when the ring's decision says so: common to every
+/// standard mode.
+fn publish_and_kick(ring: &mut SplitQueue, events: &mut QueueEvents) -> Result<(), NotifyError> {
+    events.counters.publishes += 1;
+    if ring.publish().needs_kick() {
+        events.kick()?;
+    }
+    Ok(())
+}
+
+/// [`NotifyMode::Notify`]: interrupts are enabled only while the submitter
+/// waits, the way Linux's virtio drivers enable callbacks only when their
+/// queue has nothing left to process.
+#[derive(Debug)]
+struct Interrupts;
+
+impl Notifier for Interrupts {
+    fn mode(&self) -> NotifyMode {
+        NotifyMode::Notify
+    }
+
+    fn start(&mut self, _ring: &mut SplitQueue) {}
+
+    fn publish(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+    ) -> Result<(), NotifyError> {
+        publish_and_kick(ring, events)
+    }
+
+    fn wait(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+        deadline: Instant,
+    ) -> Result<(), NotifyError> {
+        // Re-arm, and sleep only when the re-check after the SeqCst fence in
+        // `enable_interrupts` saw nothing new: a completion published
+        // before the device could see the re-arm is found here instead of
+        // being waited for.
+        while !ring.has_used() && !ring.enable_interrupts() {
+            events.sleep_on_call(deadline)?;
+        }
+        // While the caller processes completions and submits, the device
+        // need not interrupt.
+        ring.disable_interrupts();
+        Ok(())
+    }
+}
+
+/// [`NotifyMode::PollQueue`] and [`NotifyMode::RingPoll`]: interrupts
+/// suppressed for good, the submitter polls the used ring. The two differ
+/// on the device side only (whether it polls the avail ring, which the
+/// ring's kick decision then reflects).
+#[derive(Debug)]
+struct UsedRingPoll {
+    mode: NotifyMode,
+}
+
+impl Notifier for UsedRingPoll {
+    fn mode(&self) -> NotifyMode {
+        self.mode
+    }
+
+    fn start(&mut self, ring: &mut SplitQueue) {
+        ring.disable_interrupts();
+    }
+
+    fn publish(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+    ) -> Result<(), NotifyError> {
+        publish_and_kick(ring, events)
+    }
+
+    fn wait(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+        deadline: Instant,
+    ) -> Result<(), NotifyError> {
+        let mut polls = 0u32;
+        while !ring.has_used() {
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(POLLS_PER_CHECK) {
+                events.check_alive(deadline)?;
+                std::thread::yield_now();
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+}

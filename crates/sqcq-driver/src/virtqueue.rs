@@ -1,0 +1,106 @@
+//! One virtqueue as the frontend runs it: the driver-side ring, its
+//! eventfds and its notification strategy, bound together once at set-up.
+
+use std::time::Instant;
+
+use vm_memory::GuestAddress;
+
+use crate::memory::DriverMemory;
+use crate::notify::{Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents};
+use crate::vring::{QueueConfig, QueueError, SplitQueue};
+
+/// A [`SplitQueue`] with its kick and call eventfds and the [`Notifier`]
+/// of its notification mode.
+#[derive(Debug)]
+pub struct Virtqueue {
+    index: u16,
+    ring: SplitQueue,
+    notifier: Box<dyn Notifier>,
+    events: QueueEvents,
+}
+
+impl Virtqueue {
+    /// Lays out the ring of vring `index` in `mem` and binds it to
+    /// `events` and the strategy of `mode`.
+    pub fn new(
+        mem: &mut DriverMemory,
+        index: u16,
+        config: QueueConfig,
+        mode: NotifyMode,
+        events: QueueEvents,
+    ) -> Result<Self, QueueError> {
+        let ring = SplitQueue::new(mem, config)?;
+        Ok(Self::with_notifier(index, ring, mode.notifier(), events))
+    }
+
+    /// Binds an existing ring to a strategy of one's own (tests, and modes
+    /// that live outside this crate).
+    pub fn with_notifier(
+        index: u16,
+        mut ring: SplitQueue,
+        mut notifier: Box<dyn Notifier>,
+        events: QueueEvents,
+    ) -> Self {
+        notifier.start(&mut ring);
+        Self {
+            index,
+            ring,
+            notifier,
+            events,
+        }
+    }
+
+    /// The vring index (0 control, 1 event, 2.. requests for virtio-scsi).
+    pub fn index(&self) -> u16 {
+        self.index
+    }
+
+    /// The notification mode.
+    pub fn mode(&self) -> NotifyMode {
+        self.notifier.mode()
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &SplitQueue {
+        &self.ring
+    }
+
+    /// The ring, to add requests and pop completions.
+    pub fn ring_mut(&mut self) -> &mut SplitQueue {
+        &mut self.ring
+    }
+
+    /// The eventfds.
+    pub fn events(&self) -> &QueueEvents {
+        &self.events
+    }
+
+    /// Guest-physical addresses of the descriptor table, avail and used
+    /// rings.
+    pub fn addresses(&self) -> [GuestAddress; 3] {
+        [
+            self.ring.desc_table(),
+            self.ring.avail_ring(),
+            self.ring.used_ring(),
+        ]
+    }
+
+    /// Publishes the requests added since the last publish and notifies the
+    /// device as the mode decides.
+    pub fn publish(&mut self) -> Result<(), NotifyError> {
+        self.notifier.publish(&mut self.ring, &mut self.events)
+    }
+
+    /// Waits, bounded by the queue's timeout, until the ring has used
+    /// entries (or is broken).
+    pub fn wait(&mut self) -> Result<(), NotifyError> {
+        let deadline = Instant::now() + self.events.timeout();
+        self.notifier
+            .wait(&mut self.ring, &mut self.events, deadline)
+    }
+
+    /// The notification counters so far.
+    pub fn counters(&mut self) -> NotifyCounters {
+        self.events.counters()
+    }
+}

@@ -1,0 +1,275 @@
+//! The driver side of a split virtqueue (virtio 1.2, section 2.7).
+//!
+//! [`SplitQueue`] plays the role of the guest kernel's `virtio_ring.c`: it
+//! owns the descriptor table and the avail ring, reads the used ring, and
+//! takes the driver's half of the two notification-suppression handshakes
+//! (EVENT_IDX, and the `NO_NOTIFY` / `NO_INTERRUPT` flags). It neither kicks
+//! nor waits: [`SplitQueue::publish`] says whether a kick is needed and
+//! [`SplitQueue::enable_interrupts`] whether it is safe to wait, and the
+//! notification mode of the queue acts on that.
+//!
+//! Nothing is allocated or locked per request: descriptors come from a free
+//! list kept in driver-private memory (never read back from the shared
+//! table, which the device could have scribbled on), indirect tables are
+//! preallocated per head, and per-head bookkeeping lives in a fixed array.
+
+mod avail;
+mod config;
+mod error;
+mod layout;
+mod shared;
+#[cfg(test)]
+mod tests;
+mod used;
+
+use std::sync::atomic::Ordering;
+
+use vm_memory::GuestAddress;
+
+use crate::memory::{DriverMemory, MemoryError};
+pub use avail::{NotifyDecision, vring_need_event};
+pub use config::{MAX_QUEUE_SIZE, QueueConfig};
+pub use error::{DeviceError, QueueError};
+pub use layout::DOORBELL_RESERVE;
+use layout::{DESC_SIZE, RingLayout};
+use shared::SharedWindow;
+
+// Flag values of the virtio specification (checked against virtio-bindings
+// in the tests).
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+const DESC_F_INDIRECT: u16 = 4;
+const USED_F_NO_NOTIFY: u16 = 1;
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// One buffer of a request: guest-physical address and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buffer {
+    /// Guest-physical address of the first byte.
+    pub addr: GuestAddress,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+impl Buffer {
+    /// The buffer of `len` bytes at `addr`.
+    pub fn new(addr: GuestAddress, len: u32) -> Self {
+        Self { addr, len }
+    }
+}
+
+/// A request the device completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Used {
+    /// The token given to [`SplitQueue::add`].
+    pub token: usize,
+    /// Bytes the device reports having written into the device-writable
+    /// buffers (validated against their total length).
+    pub len: u32,
+}
+
+/// Driver-private state of one descriptor that heads a request.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    token: usize,
+    /// Total bytes of the device-writable buffers.
+    writable: u64,
+    /// Last descriptor of the chain (the head itself for an indirect one).
+    tail: u16,
+    /// Descriptors of the ring the request holds.
+    descs: u16,
+    in_flight: bool,
+}
+
+/// The driver side of a split virtqueue laid out in [`DriverMemory`].
+#[derive(Debug)]
+pub struct SplitQueue {
+    ring: SharedWindow,
+    layout: RingLayout,
+    ring_gpa: GuestAddress,
+    indirect: Option<SharedWindow>,
+    indirect_gpa: GuestAddress,
+    size: u16,
+    event_idx: bool,
+    indirect_max: u16,
+    /// Free list threaded through driver-private links: `free_next[i]` is
+    /// the descriptor after `i`. A request's chain keeps its links while in
+    /// flight, so freeing it is one splice.
+    free_next: Box<[u16]>,
+    free_head: u16,
+    num_free: u16,
+    slots: Box<[Slot]>,
+    in_flight: u16,
+    /// Next avail index to fill (the shadow of `avail->idx`).
+    avail_idx: u16,
+    /// The `avail->idx` last stored in shared memory.
+    published_idx: u16,
+    /// Next used index to consume.
+    last_used: u16,
+    /// Shadow of the interrupt suppression state.
+    interrupts_disabled: bool,
+    broken: Option<DeviceError>,
+}
+
+impl SplitQueue {
+    /// Lays out a queue in `mem`: one page-aligned block with the
+    /// descriptor table, the avail and used rings and the doorbell reserve,
+    /// and, with indirect descriptors, one table of `indirect_max` entries
+    /// per descriptor.
+    pub fn new(mem: &mut DriverMemory, config: QueueConfig) -> Result<Self, QueueError> {
+        let QueueConfig {
+            size,
+            event_idx,
+            indirect_max,
+        } = config;
+        if !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
+            return Err(QueueError::InvalidSize { size });
+        }
+        if indirect_max > size {
+            return Err(QueueError::InvalidIndirectMax { indirect_max, size });
+        }
+        let layout = RingLayout::new(size);
+        let ring_gpa = mem.alloc(layout.len(), 4096).map_err(QueueError::Memory)?;
+        let ring = SharedWindow::new(mem, ring_gpa, layout.len()).map_err(QueueError::Memory)?;
+        let (indirect, indirect_gpa) = if indirect_max > 0 {
+            // At most 32768 * 32768 * 16 bytes: fits in 64 bits; checked for
+            // 32-bit hosts.
+            let len = (usize::from(size) * DESC_SIZE)
+                .checked_mul(usize::from(indirect_max))
+                .ok_or(QueueError::Memory(MemoryError::OutOfMemory {
+                    len: usize::MAX,
+                    align: DESC_SIZE as u64,
+                    free: mem.free_bytes(),
+                }))?;
+            let gpa = mem
+                .alloc(len, DESC_SIZE as u64)
+                .map_err(QueueError::Memory)?;
+            let window = SharedWindow::new(mem, gpa, len).map_err(QueueError::Memory)?;
+            (Some(window), gpa)
+        } else {
+            (None, GuestAddress(0))
+        };
+        let mut queue = Self {
+            ring,
+            layout,
+            ring_gpa,
+            indirect,
+            indirect_gpa,
+            size,
+            event_idx,
+            indirect_max,
+            free_next: vec![0; usize::from(size)].into_boxed_slice(),
+            free_head: 0,
+            num_free: 0,
+            slots: vec![Slot::default(); usize::from(size)].into_boxed_slice(),
+            in_flight: 0,
+            avail_idx: 0,
+            published_idx: 0,
+            last_used: 0,
+            interrupts_disabled: false,
+            broken: None,
+        };
+        queue.reset();
+        Ok(queue)
+    }
+
+    /// Queue size (number of descriptors).
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Whether EVENT_IDX is in use.
+    pub fn event_idx(&self) -> bool {
+        self.event_idx
+    }
+
+    /// Entries per indirect table (0: indirect descriptors unused).
+    pub fn indirect_max(&self) -> u16 {
+        self.indirect_max
+    }
+
+    /// Guest-physical address of the descriptor table.
+    pub fn desc_table(&self) -> GuestAddress {
+        self.ring_gpa
+    }
+
+    /// Guest-physical address of the avail ring.
+    pub fn avail_ring(&self) -> GuestAddress {
+        self.gpa_of(self.layout.avail())
+    }
+
+    /// Guest-physical address of the used ring.
+    pub fn used_ring(&self) -> GuestAddress {
+        self.gpa_of(self.layout.used())
+    }
+
+    /// Guest-physical address of the [`DOORBELL_RESERVE`] bytes reserved
+    /// for the SQ/CQ doorbells, where `sqcq_protocol::doorbell_location` puts them.
+    pub fn doorbell_area(&self) -> GuestAddress {
+        self.gpa_of(self.layout.doorbells())
+    }
+
+    /// The next avail index the driver will publish (the vring base for
+    /// `SET_VRING_BASE` after a fresh start is 0).
+    pub fn next_avail(&self) -> u16 {
+        self.avail_idx
+    }
+
+    /// The next used index the driver will consume.
+    pub fn last_used(&self) -> u16 {
+        self.last_used
+    }
+
+    /// Requests added and not yet completed (published or not).
+    pub fn in_flight(&self) -> u16 {
+        self.in_flight
+    }
+
+    /// Free descriptors.
+    pub fn num_free(&self) -> u16 {
+        self.num_free
+    }
+
+    /// The device error that broke the queue, if any.
+    pub fn broken(&self) -> Option<&DeviceError> {
+        self.broken.as_ref()
+    }
+
+    fn gpa_of(&self, offset: usize) -> GuestAddress {
+        // Offsets lie inside the allocated window, whose end is a valid
+        // guest-physical address: no overflow.
+        GuestAddress(self.ring_gpa.0 + offset as u64)
+    }
+
+    /// Fails every request in flight, calling `on_failed` with each token,
+    /// and returns the queue to its initial state (all descriptors free,
+    /// indices 0, rings zeroed, interrupts enabled, not broken). For when
+    /// the device died or was reset: it must no longer be using the rings.
+    pub fn fail_in_flight(&mut self, mut on_failed: impl FnMut(usize)) {
+        for slot in self.slots.iter().filter(|slot| slot.in_flight) {
+            on_failed(slot.token);
+        }
+        self.reset();
+    }
+
+    fn reset(&mut self) {
+        for (i, next) in (1..=self.size).zip(self.free_next.iter_mut()) {
+            *next = i;
+        }
+        self.slots.fill(Slot::default());
+        self.free_head = 0;
+        self.num_free = self.size;
+        self.in_flight = 0;
+        self.avail_idx = 0;
+        self.published_idx = 0;
+        self.last_used = 0;
+        self.interrupts_disabled = false;
+        self.broken = None;
+        // Relaxed: the device is not using the rings (a precondition), and
+        // it learns of them again through vhost-user messages, which order
+        // these stores.
+        for offset in (0..self.layout.rings_len()).step_by(8) {
+            self.ring.u64(offset).store(0, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,503 @@
+//! Configuration: the command line (in the style of vhost-device-*) and
+//! the same fields in a TOML file with several `[[device]]` sections.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use clap::Parser;
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Default request queues per device.
+pub const DEFAULT_NUM_QUEUES: u16 = 1;
+/// Default (and largest accepted) virtqueue size.
+pub const DEFAULT_QUEUE_SIZE: u16 = 1024;
+
+/// A configuration that cannot be used.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// A `--lun` value could not be parsed.
+    #[error("invalid LUN spec {spec:?}: {why}")]
+    Lun {
+        /// The spec.
+        spec: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A `--queue-map` value could not be parsed.
+    #[error("invalid queue map {0:?}: expected QUEUE:WORKER[,QUEUE:WORKER...]")]
+    QueueMap(String),
+    /// The config file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for this schema.
+    #[error("invalid config file {path}")]
+    Toml {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// The configuration is inconsistent.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Where a LUN stores its blocks.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackstoreKind {
+    /// Reads zeros, drops writes (measures the transport alone).
+    Null,
+    /// Keeps data in memory.
+    Ram,
+    /// A regular file or block device through io_uring.
+    File,
+}
+
+/// One logical unit.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct LunSpec {
+    /// Backstore kind.
+    pub kind: BackstoreKind,
+    /// LUN number (default: position in the list).
+    #[serde(default)]
+    pub lun: Option<u16>,
+    /// Size in bytes (`K`, `M`, `G`, `T` suffixes accepted); required for
+    /// null and ram, optional for file (creates or grows a regular file).
+    #[serde(default, deserialize_with = "de_size")]
+    pub size: Option<u64>,
+    /// Backing file or block device.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Logical block size: 512 or 4096.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// Read-only LUN.
+    #[serde(default, alias = "ro")]
+    pub read_only: bool,
+    /// Unit serial number (VPD page 0x80).
+    #[serde(default)]
+    pub serial: Option<String>,
+    /// NAA WWN (VPD page 0x83), `0x5...`.
+    #[serde(default, deserialize_with = "de_wwn")]
+    pub wwn: Option<u64>,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+
+impl FromStr for LunSpec {
+    type Err = ConfigError;
+
+    /// Parses `kind=null|ram|file,size=..,path=..,block-size=512|4096,ro,
+    /// serial=..,wwn=0x..,lun=N`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why: String| ConfigError::Lun {
+            spec: s.to_owned(),
+            why,
+        };
+        let mut kind = None;
+        let mut spec = LunSpec {
+            kind: BackstoreKind::Null,
+            lun: None,
+            size: None,
+            path: None,
+            block_size: 512,
+            read_only: false,
+            serial: None,
+            wwn: None,
+        };
+        for part in s.split(',').filter(|p| !p.is_empty()) {
+            let (key, value) = part.split_once('=').unwrap_or((part, ""));
+            match key {
+                "kind" => {
+                    kind = Some(match value {
+                        "null" => BackstoreKind::Null,
+                        "ram" => BackstoreKind::Ram,
+                        "file" => BackstoreKind::File,
+                        _ => return Err(err(format!("unknown kind {value:?}"))),
+                    })
+                }
+                "size" => spec.size = Some(parse_size(value).map_err(err)?),
+                "path" => spec.path = Some(PathBuf::from(value)),
+                "block-size" | "block_size" => {
+                    spec.block_size = value
+                        .parse()
+                        .map_err(|_| err(format!("bad block size {value:?}")))?
+                }
+                "ro" | "read-only" => spec.read_only = value.is_empty() || value == "on",
+                "serial" => spec.serial = Some(value.to_owned()),
+                "wwn" => spec.wwn = Some(parse_wwn(value).map_err(err)?),
+                "lun" => {
+                    spec.lun = Some(
+                        value
+                            .parse()
+                            .map_err(|_| err(format!("bad LUN {value:?}")))?,
+                    )
+                }
+                _ => return Err(err(format!("unknown key {key:?}"))),
+            }
+        }
+        spec.kind = kind.ok_or_else(|| err("kind= is required".to_owned()))?;
+        if spec.block_size != 512 && spec.block_size != 4096 {
+            return Err(err("block-size must be 512 or 4096".to_owned()));
+        }
+        Ok(spec)
+    }
+}
+
+/// Parses a byte size with an optional binary suffix (K, M, G, T).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 30),
+        Some((i, 't' | 'T')) => (&s[..i], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("bad size {s:?}"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+fn parse_wwn(s: &str) -> Result<u64, String> {
+    let hex = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u64::from_str_radix(hex, 16).map_err(|_| format!("bad WWN {s:?}"))
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IntOrString {
+    Int(u64),
+    Str(String),
+}
+
+fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<IntOrString>::deserialize(d)? {
+        None => Ok(None),
+        Some(IntOrString::Int(n)) => Ok(Some(n)),
+        Some(IntOrString::Str(s)) => parse_size(&s).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+fn de_wwn<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<IntOrString>::deserialize(d)? {
+        None => Ok(None),
+        Some(IntOrString::Int(n)) => Ok(Some(n)),
+        Some(IntOrString::Str(s)) => parse_wwn(&s).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+/// An explicit request-queue-to-worker map: `(request queue, worker)`.
+/// Request queue 0 is virtqueue 2. Queues not listed go round robin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueMap(pub Vec<(u16, usize)>);
+
+impl FromStr for QueueMap {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ConfigError::QueueMap(s.to_owned());
+        s.split(',')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (q, w) = p.split_once(':').ok_or_else(err)?;
+                Ok((
+                    q.trim().parse().map_err(|_| err())?,
+                    w.trim().parse().map_err(|_| err())?,
+                ))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(QueueMap)
+    }
+}
+
+impl QueueMap {
+    /// The worker of request queue `rq`: the map's entry, else round robin
+    /// over `workers`.
+    pub fn worker_for(&self, rq: u16, workers: usize) -> usize {
+        self.0
+            .iter()
+            .find(|(q, _)| *q == rq)
+            .map_or(usize::from(rq) % workers.max(1), |(_, w)| *w)
+    }
+}
+
+/// One vhost-user SCSI device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// The vhost-user socket the device listens on.
+    pub socket_path: PathBuf,
+    /// Its logical units.
+    pub luns: Vec<LunSpec>,
+    /// Request queues announced in the config space.
+    pub num_queues: u16,
+    /// Largest virtqueue size accepted.
+    pub queue_size: u16,
+    /// Request queue to worker map.
+    pub queue_map: QueueMap,
+}
+
+/// The whole daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DaemonConfig {
+    /// Worker threads shared by all devices.
+    pub workers: usize,
+    /// The devices.
+    pub devices: Vec<DeviceConfig>,
+}
+
+/// Command line of `sqcqd`.
+#[derive(Debug, Parser)]
+#[command(name = "sqcqd", version, about = "vhost-user SCSI target daemon")]
+pub struct Cli {
+    /// vhost-user Unix socket to listen on (one device).
+    #[arg(long)]
+    pub socket_path: Option<PathBuf>,
+    /// A logical unit: kind=null|ram|file,size=..,path=..,block-size=512|4096,ro,serial=..,wwn=0x..,lun=N (repeat for more LUNs).
+    #[arg(long = "lun", value_name = "SPEC")]
+    pub luns: Vec<LunSpec>,
+    /// Request queues of the device.
+    #[arg(long, default_value_t = DEFAULT_NUM_QUEUES)]
+    pub num_queues: u16,
+    /// Largest virtqueue size accepted.
+    #[arg(long, default_value_t = DEFAULT_QUEUE_SIZE)]
+    pub queue_size: u16,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Request queue to worker map, e.g. 0:0,1:1 (default round robin).
+    #[arg(long)]
+    pub queue_map: Option<QueueMap>,
+    /// TOML config file with `[[device]]` sections (the other options then
+    /// only set defaults: --workers if the file has none).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct FileConfig {
+    workers: Option<usize>,
+    #[serde(default)]
+    device: Vec<FileDevice>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct FileDevice {
+    socket_path: PathBuf,
+    #[serde(default)]
+    lun: Vec<LunSpec>,
+    num_queues: Option<u16>,
+    queue_size: Option<u16>,
+    queue_map: Option<String>,
+}
+
+impl Cli {
+    /// Turns the command line (and the config file it names) into a
+    /// checked configuration.
+    pub fn into_config(self) -> Result<DaemonConfig, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => load_file(path, &self)?,
+            None => DaemonConfig {
+                workers: self.workers,
+                devices: Vec::new(),
+            },
+        };
+        if let Some(socket_path) = self.socket_path {
+            config.devices.push(DeviceConfig {
+                socket_path,
+                luns: self.luns,
+                num_queues: self.num_queues,
+                queue_size: self.queue_size,
+                queue_map: self.queue_map.unwrap_or_default(),
+            });
+        } else if !self.luns.is_empty() {
+            return Err(ConfigError::Invalid("--lun needs --socket-path".into()));
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn load_file(path: &Path, cli: &Cli) -> Result<DaemonConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_toml(&text, cli.workers, cli.num_queues, cli.queue_size).map_err(|e| match e {
+        ConfigError::Toml { source, .. } => ConfigError::Toml {
+            path: path.to_owned(),
+            source,
+        },
+        e => e,
+    })
+}
+
+/// Parses a TOML configuration; the other arguments are defaults for
+/// fields the file leaves out.
+pub fn parse_toml(
+    text: &str,
+    workers: usize,
+    num_queues: u16,
+    queue_size: u16,
+) -> Result<DaemonConfig, ConfigError> {
+    let file: FileConfig = toml::from_str(text).map_err(|source| ConfigError::Toml {
+        path: PathBuf::new(),
+        source,
+    })?;
+    let devices = file
+        .device
+        .into_iter()
+        .map(|d| {
+            Ok(DeviceConfig {
+                socket_path: d.socket_path,
+                luns: d.lun,
+                num_queues: d.num_queues.unwrap_or(num_queues),
+                queue_size: d.queue_size.unwrap_or(queue_size),
+                queue_map: d.queue_map.as_deref().unwrap_or("").parse()?,
+            })
+        })
+        .collect::<Result<_, ConfigError>>()?;
+    Ok(DaemonConfig {
+        workers: file.workers.unwrap_or(workers),
+        devices,
+    })
+}
+
+impl DaemonConfig {
+    /// Checks what the parsers cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |s: String| Err(ConfigError::Invalid(s));
+        if self.workers == 0 || self.workers > 256 {
+            return bad(format!("--workers {} must be 1..=256", self.workers));
+        }
+        if self.devices.is_empty() {
+            return bad("no device: give --socket-path or a --config with [[device]]".into());
+        }
+        for d in &self.devices {
+            let name = d.socket_path.display();
+            if d.num_queues == 0 || d.num_queues > crate::session::MAX_REQUEST_QUEUES {
+                return bad(format!(
+                    "{name}: num-queues must be 1..={}",
+                    crate::session::MAX_REQUEST_QUEUES
+                ));
+            }
+            if !d.queue_size.is_power_of_two() || d.queue_size < 4 {
+                return bad(format!("{name}: queue-size must be a power of two >= 4"));
+            }
+            if let Some((q, w)) = d.queue_map.0.iter().find(|(_, w)| *w >= self.workers) {
+                return bad(format!(
+                    "{name}: queue {q} mapped to worker {w}, only {} workers",
+                    self.workers
+                ));
+            }
+            if self
+                .devices
+                .iter()
+                .filter(|o| o.socket_path == d.socket_path)
+                .count()
+                > 1
+            {
+                return bad(format!("{name}: socket path used twice"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lun_spec_parses_every_key() {
+        let s: LunSpec =
+            "kind=ram,size=64M,block-size=4096,ro,serial=abc,wwn=0x5001405000000001,lun=3"
+                .parse()
+                .unwrap();
+        assert_eq!(s.kind, BackstoreKind::Ram);
+        assert_eq!(s.size, Some(64 << 20));
+        assert_eq!(s.block_size, 4096);
+        assert!(s.read_only);
+        assert_eq!(s.serial.as_deref(), Some("abc"));
+        assert_eq!(s.wwn, Some(0x5001_4050_0000_0001));
+        assert_eq!(s.lun, Some(3));
+        assert!("size=1G".parse::<LunSpec>().is_err(), "kind is required");
+        assert!("kind=ram,block-size=1000".parse::<LunSpec>().is_err());
+        assert!("kind=ram,color=red".parse::<LunSpec>().is_err());
+    }
+
+    #[test]
+    fn queue_map_and_round_robin() {
+        let m: QueueMap = "0:1,1:0".parse().unwrap();
+        assert_eq!(m.worker_for(0, 2), 1);
+        assert_eq!(m.worker_for(1, 2), 0);
+        assert_eq!(m.worker_for(3, 2), 1, "unlisted queues go round robin");
+        assert!("0-1".parse::<QueueMap>().is_err());
+    }
+
+    #[test]
+    fn toml_with_two_devices() {
+        let c = parse_toml(
+            r#"
+            workers = 2
+            [[device]]
+            socket-path = "/tmp/a.sock"
+            num-queues = 2
+            queue-map = "0:0,1:1"
+            [[device.lun]]
+            kind = "ram"
+            size = "16M"
+            [[device]]
+            socket-path = "/tmp/b.sock"
+            [[device.lun]]
+            kind = "null"
+            size = 1073741824
+            block-size = 4096
+            wwn = "0x5001405000000002"
+            "#,
+            1,
+            1,
+            128,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.workers, 2);
+        assert_eq!(c.devices.len(), 2);
+        assert_eq!(c.devices[0].num_queues, 2);
+        assert_eq!(c.devices[1].num_queues, 1);
+        assert_eq!(c.devices[1].queue_size, 128);
+        assert_eq!(c.devices[1].luns[0].block_size, 4096);
+        assert_eq!(c.devices[0].queue_map.0, vec![(0, 0), (1, 1)]);
+    }
+
+    #[test]
+    fn validation_rejects_bad_maps() {
+        let mut c = parse_toml(
+            "workers = 1\n[[device]]\nsocket-path = \"/tmp/x\"\nqueue-map = \"0:1\"\n",
+            1,
+            1,
+            128,
+        )
+        .unwrap();
+        assert!(c.validate().is_err());
+        c.devices[0].queue_map = QueueMap::default();
+        c.validate().unwrap();
+    }
+}

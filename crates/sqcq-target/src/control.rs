@@ -1,0 +1,379 @@
+//! The control queue (task management, asynchronous notification) and the
+//! event queue (hot plug and parameter change events).
+//!
+//! Both run on the device's control thread rather than on a worker: their
+//! traffic is rare and latency-insensitive, and what they do needs the
+//! state that thread owns (which worker serves which queue, the LUNs, the
+//! nexus, the negotiated features). A task management function waits for
+//! the workers to drain the device's requests; doing that on a worker
+//! would stall that worker's other queues, on the control thread it only
+//! delays the next vhost-user message.
+
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+
+use tracing::warn;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::chain::{self, ChainBuffers};
+use crate::counters::DeviceCounters;
+use crate::guest;
+use crate::guest_warn;
+use crate::lun::LunAddress;
+use crate::queue::{QueueError, RingConfig, open_ring};
+use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
+use crate::used::UsedRing;
+use crate::wire::{
+    AN_REQ_SIZE, AnReq, CTRL_AN_QUERY, CTRL_AN_SUBSCRIBE, CTRL_TMF, EVENT_SIZE, EVT_EVENTS_MISSED,
+    EVT_PARAM_CHANGE, EVT_TRANSPORT_RESET, Event, Response, TMF_REQ_SIZE, TmfReq,
+    VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG, encode_an_resp,
+};
+
+/// epoll token of the control queue's kick eventfd on the control thread.
+pub const CONTROL_KICK_TOKEN: u64 = 100;
+/// epoll token of the event queue's kick eventfd.
+pub const EVENT_KICK_TOKEN: u64 = 101;
+
+/// Events kept while the driver has no event buffer; more are dropped and
+/// the next event delivered carries VIRTIO_SCSI_T_EVENTS_MISSED.
+const MAX_PENDING_EVENTS: usize = 64;
+
+/// Task management functions (virtio 5.6.6.2).
+mod tmf {
+    pub const ABORT_TASK: u32 = 0;
+    pub const ABORT_TASK_SET: u32 = 1;
+    pub const CLEAR_ACA: u32 = 2;
+    pub const CLEAR_TASK_SET: u32 = 3;
+    pub const I_T_NEXUS_RESET: u32 = 4;
+    pub const LOGICAL_UNIT_RESET: u32 = 5;
+    pub const QUERY_TASK: u32 = 6;
+    pub const QUERY_TASK_SET: u32 = 7;
+}
+
+struct CtrlQueue {
+    queue: Queue,
+    used: UsedRing,
+    kick: EventFd,
+    call: Option<EventFd>,
+}
+
+/// The control and event queues of one connection.
+pub struct ControlPlane {
+    epoll: Epoll,
+    queues: [Option<CtrlQueue>; 2],
+    pending: VecDeque<Event>,
+    missed: bool,
+    chain: ChainBuffers,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("pending_events", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// Control queues with their own epoll set for their kicks (the
+    /// control thread watches that set's descriptor, [`Self::epoll_fd`]).
+    pub fn new() -> std::io::Result<Self> {
+        Ok(ControlPlane {
+            epoll: Epoll::new()?,
+            queues: [None, None],
+            pending: VecDeque::new(),
+            missed: false,
+            chain: ChainBuffers::with_capacity(8),
+        })
+    }
+
+    /// The epoll set of the kicks, readable when one fired.
+    pub fn epoll_fd(&self) -> std::os::fd::RawFd {
+        self.epoll.as_raw_fd()
+    }
+
+    /// The vqs (0, 1) whose kick fired.
+    pub fn fired(&self) -> [bool; 2] {
+        let mut events = [EpollEvent::default(); 2];
+        let n = self.epoll.wait(0, &mut events).unwrap_or(0);
+        let mut fired = [false; 2];
+        for e in &events[..n] {
+            match e.data() {
+                CONTROL_KICK_TOKEN => fired[CONTROL_VQ] = true,
+                EVENT_KICK_TOKEN => fired[EVENT_VQ] = true,
+                _ => {}
+            }
+        }
+        fired
+    }
+
+    /// Starts vq `index` (0 or 1).
+    pub(crate) fn start(
+        &mut self,
+        index: usize,
+        ring: &RingConfig,
+        mem: &GuestMemoryMmap,
+        kick: EventFd,
+        call: Option<EventFd>,
+        _err: Option<EventFd>,
+    ) -> Result<(), QueueError> {
+        let (queue, used) = open_ring(ring, mem)?;
+        let token = if index == CONTROL_VQ {
+            CONTROL_KICK_TOKEN
+        } else {
+            EVENT_KICK_TOKEN
+        };
+        let _ = self.epoll.ctl(
+            ControlOperation::Add,
+            kick.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, token),
+        );
+        self.queues[index] = Some(CtrlQueue {
+            queue,
+            used,
+            kick,
+            call,
+        });
+        Ok(())
+    }
+
+    /// Stops vq `index`; returns where it stopped.
+    pub(crate) fn stop(&mut self, index: usize) -> Option<u16> {
+        let q = self.queues.get_mut(index)?.take()?;
+        let _ = self.epoll.ctl(
+            ControlOperation::Delete,
+            q.kick.as_raw_fd(),
+            EpollEvent::default(),
+        );
+        Some(q.queue.next_avail())
+    }
+
+    pub(crate) fn set_call(&mut self, index: usize, call: Option<EventFd>) {
+        if let Some(q) = self.queues.get_mut(index).and_then(Option::as_mut) {
+            q.call = call;
+        }
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.stop(CONTROL_VQ);
+        self.stop(EVENT_VQ);
+        self.pending.clear();
+        self.missed = false;
+    }
+
+    /// Queues an event for the driver.
+    pub(crate) fn push_event(&mut self, event: Event) {
+        if self.pending.len() >= MAX_PENDING_EVENTS {
+            self.missed = true;
+        } else {
+            self.pending.push_back(event);
+        }
+    }
+}
+
+fn publish(q: &mut CtrlQueue, mem: &GuestMemoryMmap) {
+    if let Ok(true) = q.used.publish(mem)
+        && let Some(call) = &q.call
+    {
+        let _ = call.write(1);
+    }
+}
+
+impl Session {
+    /// The kick of vq `index` fired (or the vq just started): serve it.
+    pub fn service_control(&mut self, index: usize) {
+        if let Some(q) = self.control.queues.get(index).and_then(Option::as_ref) {
+            let _ = q.kick.read();
+        }
+        match index {
+            CONTROL_VQ => self.process_control(),
+            EVENT_VQ => self.deliver_events(),
+            _ => {}
+        }
+    }
+
+    /// Reports `event` to the driver if it negotiated the feature the event
+    /// belongs to (HOTPLUG for transport resets, CHANGE for parameter
+    /// changes).
+    pub fn report_event(&mut self, lun: u16, event: u32, reason: u32) {
+        let needed = match event {
+            EVT_TRANSPORT_RESET => VIRTIO_SCSI_F_HOTPLUG,
+            EVT_PARAM_CHANGE => VIRTIO_SCSI_F_CHANGE,
+            _ => return,
+        };
+        if !self.has_feature(needed) {
+            return;
+        }
+        self.control.push_event(Event {
+            event,
+            lun: LunAddress::Lun { target: 0, lun },
+            reason,
+        });
+        self.deliver_events();
+    }
+
+    fn deliver_events(&mut self) {
+        let mem = self.mem.memory().into_inner();
+        let Some(q) = self.control.queues[EVENT_VQ].as_mut() else {
+            return;
+        };
+        while let Some(mut event) = self.control.pending.front().copied() {
+            let chain = match q.queue.iter(&*mem) {
+                Ok(mut it) => it.next(),
+                Err(e) => {
+                    warn!(device = %self.dev.name, "event queue: {e}");
+                    break;
+                }
+            };
+            let Some(chain) = chain else { break };
+            let head = chain.head_index();
+            let ok = chain::parse(chain, &mem, 4, &mut self.control.chain).is_ok()
+                && self.control.chain.writable_len >= EVENT_SIZE as u64;
+            let mut len = 0;
+            if ok {
+                if self.control.missed {
+                    event.event |= EVT_EVENTS_MISSED;
+                }
+                if guest::write_at(&mem, &self.control.chain.writable, 0, &event.encode()).is_ok() {
+                    self.control.pending.pop_front();
+                    self.control.missed = false;
+                    len = crate::wire::EVENT_INFO_SIZE;
+                }
+            } else {
+                DeviceCounters::bump(&self.dev.counters.bad_control);
+                guest_warn!(self.dev.limiter, device = %self.dev.name, "bad event buffer at head {head}");
+            }
+            let _ = q.used.push(&mem, head, len);
+        }
+        publish(q, &mem);
+    }
+
+    fn process_control(&mut self) {
+        let mem = self.mem.memory().into_inner();
+        loop {
+            let chain = match self.control.queues[CONTROL_VQ].as_mut() {
+                Some(q) => match q.queue.iter(&*mem) {
+                    Ok(mut it) => it.next(),
+                    Err(e) => {
+                        warn!(device = %self.dev.name, "control queue: {e}");
+                        None
+                    }
+                },
+                None => None,
+            };
+            let Some(chain) = chain else { break };
+            let head = chain.head_index();
+            let parsed = chain::parse(chain, &mem, 8, &mut self.control.chain);
+            let len = match parsed {
+                Ok(()) => self.control_request(&mem),
+                Err(e) => {
+                    DeviceCounters::bump(&self.dev.counters.bad_control);
+                    guest_warn!(self.dev.limiter, device = %self.dev.name, "bad control chain: {e}");
+                    self.control_response(&mem, &[Response::Failure as u8])
+                }
+            };
+            if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
+                let _ = q.used.push(&mem, head, len);
+            }
+        }
+        if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
+            publish(q, &mem);
+            let _ = q.queue.enable_notification(&*mem);
+        }
+    }
+
+    fn control_response(&self, mem: &GuestMemoryMmap, bytes: &[u8]) -> u32 {
+        let c = &self.control.chain;
+        if c.writable_len >= bytes.len() as u64
+            && guest::write_at(mem, &c.writable, 0, bytes).is_ok()
+        {
+            u32::try_from(bytes.len()).unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
+    /// Handles one control request; returns the used length.
+    fn control_request(&mut self, mem: &GuestMemoryMmap) -> u32 {
+        let readable = self.control.chain.readable.clone();
+        let mut kind = [0u8; 4];
+        if guest::read_at(mem, &readable, 0, &mut kind).is_err() {
+            return self.bad_control(mem, "short control request");
+        }
+        match u32::from_le_bytes(kind) {
+            CTRL_TMF => {
+                let mut buf = [0u8; TMF_REQ_SIZE];
+                if guest::read_at(mem, &readable, 0, &mut buf).is_err() {
+                    return self.bad_control(mem, "short TMF request");
+                }
+                let response = self.task_management(&TmfReq::decode(&buf));
+                self.control_response(mem, &[response as u8])
+            }
+            CTRL_AN_QUERY | CTRL_AN_SUBSCRIBE => {
+                let mut buf = [0u8; AN_REQ_SIZE];
+                if guest::read_at(mem, &readable, 0, &mut buf).is_err() {
+                    return self.bad_control(mem, "short AN request");
+                }
+                let req = AnReq::decode(&buf);
+                let response = match req.lun {
+                    LunAddress::Lun { target: 0, .. } => Response::Ok,
+                    _ => Response::BadTarget,
+                };
+                // No asynchronous notification class is supported.
+                self.control_response(mem, &encode_an_resp(0, response))
+            }
+            other => self.bad_control(mem, &format!("unknown control request type {other}")),
+        }
+    }
+
+    fn bad_control(&self, mem: &GuestMemoryMmap, what: &str) -> u32 {
+        DeviceCounters::bump(&self.dev.counters.bad_control);
+        guest_warn!(self.dev.limiter, device = %self.dev.name, "{what}");
+        self.control_response(mem, &[Response::Failure as u8])
+    }
+
+    /// Executes a task management function. Requests cannot be cancelled
+    /// once the backstore has them, so the functions that end tasks wait
+    /// until every request in flight when the TMF arrived has completed;
+    /// then no task it names is left and FUNCTION COMPLETE is true.
+    fn task_management(&mut self, req: &TmfReq) -> Response {
+        let LunAddress::Lun { target: 0, lun } = req.lun else {
+            return Response::BadTarget;
+        };
+        let unit = self
+            .dev
+            .target
+            .find(lun)
+            .map(|i| std::sync::Arc::clone(&self.dev.target.luns()[i].unit));
+        match req.subtype {
+            tmf::I_T_NEXUS_RESET => {
+                self.drain_requests();
+                for e in self.dev.target.luns() {
+                    e.unit.nexus_loss(self.nexus);
+                    e.unit.add_nexus(self.nexus);
+                }
+                Response::Ok
+            }
+            tmf::ABORT_TASK
+            | tmf::ABORT_TASK_SET
+            | tmf::CLEAR_TASK_SET
+            | tmf::LOGICAL_UNIT_RESET
+            | tmf::QUERY_TASK
+            | tmf::QUERY_TASK_SET => {
+                let Some(unit) = unit else {
+                    return Response::IncorrectLun;
+                };
+                self.drain_requests();
+                if req.subtype == tmf::LOGICAL_UNIT_RESET {
+                    unit.reset();
+                }
+                Response::Ok
+            }
+            tmf::CLEAR_ACA => Response::FunctionRejected,
+            _ => Response::FunctionRejected,
+        }
+    }
+}

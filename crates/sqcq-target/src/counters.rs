@@ -1,0 +1,62 @@
+//! Per-device counters of everything the guest did wrong, and of queue
+//! failures. Workers of one device share them: they are atomics touched
+//! only on error paths, so the request path shares no cache line between
+//! workers in the common case.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Error counters of one device (all connections since start).
+#[derive(Debug, Default)]
+pub struct DeviceCounters {
+    /// Chains that could not be followed (loop, too long, bad index or
+    /// indirect table): returned with length 0.
+    pub malformed_chains: AtomicU64,
+    /// Chains with a buffer outside guest memory.
+    pub out_of_memory: AtomicU64,
+    /// Chains with device-readable buffers after device-writable ones.
+    pub wrong_order: AtomicU64,
+    /// Requests whose header was shorter than the configured size.
+    pub short_headers: AtomicU64,
+    /// Requests whose response buffer was too small to hold a response.
+    pub short_responses: AtomicU64,
+    /// Requests to a target that does not exist.
+    pub bad_target: AtomicU64,
+    /// Requests to a LUN that does not exist.
+    pub bad_lun: AtomicU64,
+    /// Data buffers too small for the transfer (OVERRUN).
+    pub overruns: AtomicU64,
+    /// Heads made available again while still in flight.
+    pub duplicate_heads: AtomicU64,
+    /// Malformed control queue requests.
+    pub bad_control: AtomicU64,
+    /// Queues stopped because their ring was corrupt.
+    pub broken_rings: AtomicU64,
+    /// Backstore I/O errors reported to the guest as sense data.
+    pub io_errors: AtomicU64,
+}
+
+impl DeviceCounters {
+    /// Adds one to `counter` (Relaxed: a statistic, orders nothing).
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A snapshot as (name, value) pairs, for logs and tests.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("malformed_chains", get(&self.malformed_chains)),
+            ("out_of_memory", get(&self.out_of_memory)),
+            ("wrong_order", get(&self.wrong_order)),
+            ("short_headers", get(&self.short_headers)),
+            ("short_responses", get(&self.short_responses)),
+            ("bad_target", get(&self.bad_target)),
+            ("bad_lun", get(&self.bad_lun)),
+            ("overruns", get(&self.overruns)),
+            ("duplicate_heads", get(&self.duplicate_heads)),
+            ("bad_control", get(&self.bad_control)),
+            ("broken_rings", get(&self.broken_rings)),
+            ("io_errors", get(&self.io_errors)),
+        ]
+    }
+}

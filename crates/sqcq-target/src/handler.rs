@@ -1,0 +1,350 @@
+//! The vhost-user messages, one by one (`VhostUserBackendReqHandlerMut`
+//! for [`Session`]). `vhost`'s `BackendReqHandler` has already checked the
+//! message framing and sizes; every value in a message is checked here.
+//!
+//! Negotiation is strict: SET_FEATURES and SET_PROTOCOL_FEATURES with a
+//! bit that was not offered fail. Messages for features not offered
+//! (memory slots, inflight fds, logging, device state) are refused.
+
+use std::fs::File;
+use std::os::fd::{FromRawFd, IntoRawFd};
+
+use tracing::{debug, info};
+use vhost::VhostUserMemoryRegionBase;
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::session::{Mapping, Session};
+use crate::wire::{
+    CONFIG_CDB_SIZE_OFFSET, CONFIG_SENSE_SIZE_OFFSET, MAX_CDB_SIZE, MAX_SENSE_SIZE, ScsiConfig,
+    VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG,
+};
+
+/// Virtio features the device offers.
+pub const OFFERED_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | (1 << VIRTIO_SCSI_F_HOTPLUG)
+    | (1 << VIRTIO_SCSI_F_CHANGE)
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+
+/// vhost-user protocol features the device offers.
+pub fn offered_protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::RESET_DEVICE
+}
+
+fn not_supported<T>() -> Result<T> {
+    Err(Error::InvalidOperation("not supported by this device"))
+}
+
+fn eventfd(file: Option<File>) -> Option<EventFd> {
+    // SAFETY: the File owned the descriptor alone; ownership moves to the
+    // EventFd, which closes it.
+    file.map(|f| unsafe { EventFd::from_raw_fd(f.into_raw_fd()) })
+}
+
+impl Session {
+    fn index(&mut self, index: u32) -> Result<usize> {
+        let i = usize::try_from(index).map_err(|_| Error::InvalidParam)?;
+        self.vring(i).ok_or(Error::InvalidParam)?;
+        Ok(i)
+    }
+
+    fn va_to_gpa(&self, va: u64) -> Result<u64> {
+        self.mappings
+            .iter()
+            .find(|m| va >= m.user_addr && va - m.user_addr < m.size)
+            .map(|m| va - m.user_addr + m.gpa)
+            .ok_or(Error::InvalidParam)
+    }
+
+    /// The configuration space as the driver sees it now.
+    pub fn config_space(&self) -> ScsiConfig {
+        let p = &self.dev.params;
+        ScsiConfig {
+            num_queues: u32::from(p.num_queues),
+            seg_max: u32::from(p.queue_size) - 2,
+            max_sectors: 0xffff,
+            cmd_per_lun: u32::from(p.queue_size),
+            event_info_size: crate::wire::EVENT_INFO_SIZE,
+            sense_size: self.sense_size,
+            cdb_size: self.cdb_size,
+            max_channel: 0,
+            max_target: 0,
+            // Hot-added LUNs up to the single-level limit stay reachable.
+            max_lun: u32::from(crate::lun::MAX_LUN),
+        }
+    }
+}
+
+impl VhostUserBackendReqHandlerMut for Session {
+    fn set_owner(&mut self) -> Result<()> {
+        if self.owned {
+            return Err(Error::InvalidOperation("already owned"));
+        }
+        self.owned = true;
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> Result<()> {
+        self.reset_rings();
+        self.owned = false;
+        self.acked_protocol = 0;
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> Result<()> {
+        info!(device = %self.dev.name, "device reset");
+        self.reset_rings();
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> Result<u64> {
+        Ok(OFFERED_FEATURES)
+    }
+
+    fn set_features(&mut self, features: u64) -> Result<()> {
+        if features & !OFFERED_FEATURES != 0 {
+            return Err(Error::InvalidParam);
+        }
+        self.acked_features = features;
+        debug!(device = %self.dev.name, "features {features:#x}");
+        if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
+            // Without VHOST_USER_F_PROTOCOL_FEATURES rings start enabled.
+            for i in 0..self.vrings.len() {
+                self.vrings[i].enabled = true;
+                self.update(i);
+            }
+        }
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        postcopy_listening: Option<bool>,
+    ) -> Result<Option<Vec<VhostUserMemoryRegionBase>>> {
+        if postcopy_listening.is_some() {
+            return not_supported();
+        }
+        let mut regions = Vec::with_capacity(ctx.len());
+        let mut mappings = Vec::with_capacity(ctx.len());
+        for (region, file) in ctx.iter().zip(files) {
+            let (gpa, size, user_addr) =
+                (region.guest_phys_addr, region.memory_size, region.user_addr);
+            let mmap = region.mmap_region::<()>(file)?;
+            let r = GuestRegionMmap::new(mmap, GuestAddress(gpa)).ok_or(Error::InvalidParam)?;
+            regions.push(r);
+            mappings.push(Mapping {
+                user_addr,
+                size,
+                gpa,
+            });
+        }
+        let mem = GuestMemoryMmap::from_regions(regions).map_err(|_| Error::InvalidParam)?;
+        // Workers load the map once per pass: the swap takes effect at
+        // their next pass; requests in flight keep the old map alive.
+        self.mem
+            .lock()
+            .map_err(|_| Error::BackendInternalError)?
+            .replace(mem);
+        self.mappings = mappings;
+        info!(device = %self.dev.name, regions = ctx.len(), "memory table set");
+        for i in 0..self.vrings.len() {
+            self.update(i);
+        }
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> Result<()> {
+        let i = self.index(index)?;
+        let max = u32::from(self.dev.params.queue_size);
+        if num == 0 || num > max || !num.is_power_of_two() {
+            return Err(Error::InvalidParam);
+        }
+        let v = &mut self.vrings[i];
+        v.size = u16::try_from(num).map_err(|_| Error::InvalidParam)?;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> Result<()> {
+        let i = self.index(index)?;
+        let addrs = (
+            self.va_to_gpa(descriptor)?,
+            self.va_to_gpa(available)?,
+            self.va_to_gpa(used)?,
+        );
+        self.vrings[i].addrs = Some(addrs);
+        self.update(i);
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> Result<()> {
+        let i = self.index(index)?;
+        self.vrings[i].base = u16::try_from(base).map_err(|_| Error::InvalidParam)?;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> Result<VhostUserVringState> {
+        let i = self.index(index)?;
+        self.stop(i);
+        let v = &mut self.vrings[i];
+        v.kick = None;
+        v.call = None;
+        Ok(VhostUserVringState::new(index, u32::from(v.base)))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        let i = self.index(u32::from(index))?;
+        // A new kick fd restarts the ring, which then looks at it once.
+        self.stop(i);
+        self.vrings[i].kick = eventfd(fd);
+        self.update(i);
+        Ok(())
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        let i = self.index(u32::from(index))?;
+        self.vrings[i].call = eventfd(fd);
+        self.update_call(i);
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        let i = self.index(u32::from(index))?;
+        self.vrings[i].err = eventfd(fd);
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
+        Ok(offered_protocol_features())
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> Result<()> {
+        if features & !offered_protocol_features().bits() != 0 {
+            return Err(Error::InvalidParam);
+        }
+        self.acked_protocol = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> Result<u64> {
+        Ok(2 + u64::from(self.dev.params.num_queues))
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
+        let i = self.index(index)?;
+        self.vrings[i].enabled = enable;
+        self.update(i);
+        Ok(())
+    }
+
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> Result<Vec<u8>> {
+        let space = self.config_space().encode();
+        let start = usize::try_from(offset).map_err(|_| Error::InvalidParam)?;
+        let len = usize::try_from(size).map_err(|_| Error::InvalidParam)?;
+        let end = start.checked_add(len).ok_or(Error::InvalidParam)?;
+        space
+            .get(start..end)
+            .map(<[u8]>::to_vec)
+            .ok_or(Error::InvalidParam)
+    }
+
+    fn set_config(&mut self, offset: u32, buf: &[u8], _flags: VhostUserConfigFlags) -> Result<()> {
+        // Only sense_size and cdb_size are driver-writable (virtio 5.6.4).
+        let value = <[u8; 4]>::try_from(buf)
+            .map(u32::from_le_bytes)
+            .map_err(|_| Error::InvalidParam)?;
+        match usize::try_from(offset).map_err(|_| Error::InvalidParam)? {
+            CONFIG_SENSE_SIZE_OFFSET if value <= MAX_SENSE_SIZE => self.sense_size = value,
+            CONFIG_CDB_SIZE_OFFSET if (6..=MAX_CDB_SIZE).contains(&value) => self.cdb_size = value,
+            _ => return Err(Error::InvalidParam),
+        }
+        Ok(())
+    }
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> Result<()> {
+        not_supported()
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> Result<File> {
+        not_supported()
+    }
+
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> Result<(VhostUserInflight, File)> {
+        not_supported()
+    }
+
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> Result<()> {
+        not_supported()
+    }
+
+    fn get_max_mem_slots(&mut self) -> Result<u64> {
+        not_supported()
+    }
+
+    fn add_mem_region(
+        &mut self,
+        _region: &VhostUserSingleMemoryRegion,
+        _fd: File,
+        _postcopy_listening: Option<bool>,
+    ) -> Result<Option<VhostUserMemoryRegionBase>> {
+        not_supported()
+    }
+
+    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> Result<()> {
+        not_supported()
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> Result<Option<File>> {
+        not_supported()
+    }
+
+    fn check_device_state(&mut self) -> Result<()> {
+        not_supported()
+    }
+
+    fn get_shmem_config(&mut self) -> Result<VhostUserShMemConfig> {
+        not_supported()
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
+        not_supported()
+    }
+}

@@ -1,0 +1,200 @@
+//! Requests waiting for the backstore, indexed by their head descriptor.
+//!
+//! A head index is unique among a queue's in-flight chains (the driver may
+//! only reuse it after the device returned it), so it is the backstore tag
+//! and the slot index: no allocation, no lookup. Slot buffers grow to the
+//! largest request seen and are then reused, so the request path stops
+//! allocating after warm-up.
+//!
+//! Task management functions wait for "everything in flight when the TMF
+//! arrived": [`Inflight::begin_drain`] moves the current requests into an
+//! old generation, and the TMF completes when that generation is empty,
+//! however many new requests arrive meanwhile.
+
+use std::sync::Arc;
+
+use sqcq_scsi::ScsiError;
+use vm_memory::GuestMemoryMmap;
+
+use crate::chain::Segment;
+
+/// What a slot's backstore operations do, for error reporting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// Data from the medium to the initiator.
+    Read,
+    /// Data from the initiator (or a pattern) to the medium.
+    Write,
+    /// Flush, unmap: no data transfer.
+    Other,
+}
+
+/// One request in flight.
+#[derive(Debug)]
+pub struct Slot {
+    /// The slot holds a request.
+    pub busy: bool,
+    /// The request belongs to a generation a TMF waits for.
+    pub old: bool,
+    /// Keeps the guest memory the iovecs point into mapped.
+    pub mem: Option<Arc<GuestMemoryMmap>>,
+    /// The request's device-writable buffers (response, data-in).
+    pub writable: Vec<Segment>,
+    /// Length of the response structure.
+    pub resp_len: u64,
+    /// Data buffer bytes in the transfer direction (for the residual).
+    pub buffer_len: u64,
+    /// Bytes the command transfers when it succeeds.
+    pub transfer: u64,
+    /// Backstore operations not completed yet.
+    pub pending_ops: u32,
+    /// What the operations do.
+    pub kind: OpKind,
+    /// First LBA, for sense INFORMATION on failure.
+    pub lba: u64,
+    /// The first failure among the operations.
+    pub error: Option<ScsiError>,
+    /// Host iovecs of the data transfer.
+    pub iov: Vec<libc::iovec>,
+    /// Replicated WRITE SAME pattern, when the pattern is not zeros.
+    pub pattern: Vec<u8>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot {
+            busy: false,
+            old: false,
+            mem: None,
+            writable: Vec::new(),
+            resp_len: 0,
+            buffer_len: 0,
+            transfer: 0,
+            pending_ops: 0,
+            kind: OpKind::Other,
+            lba: 0,
+            error: None,
+            iov: Vec::new(),
+            pattern: Vec::new(),
+        }
+    }
+}
+
+/// The in-flight table of one queue.
+#[derive(Debug)]
+pub struct Inflight {
+    slots: Vec<Slot>,
+    current: u32,
+    old: u32,
+}
+
+impl Inflight {
+    /// A table for a queue of `size` descriptors.
+    pub fn new(size: u16) -> Self {
+        Inflight {
+            slots: (0..size).map(|_| Slot::new()).collect(),
+            current: 0,
+            old: 0,
+        }
+    }
+
+    /// Whether `head` is in flight.
+    pub fn is_busy(&self, head: u16) -> bool {
+        self.slots.get(usize::from(head)).is_some_and(|s| s.busy)
+    }
+
+    /// Claims the slot of `head` (which must be free and in range).
+    pub fn claim(&mut self, head: u16) -> Option<&mut Slot> {
+        let slot = self.slots.get_mut(usize::from(head))?;
+        if slot.busy {
+            return None;
+        }
+        slot.busy = true;
+        slot.old = false;
+        slot.pending_ops = 0;
+        slot.error = None;
+        slot.writable.clear();
+        slot.iov.clear();
+        self.current += 1;
+        Some(slot)
+    }
+
+    /// The slot of a busy `head`.
+    pub fn get_mut(&mut self, head: u16) -> Option<&mut Slot> {
+        self.slots.get_mut(usize::from(head)).filter(|s| s.busy)
+    }
+
+    /// Frees the slot of `head`; returns whether a drain just completed.
+    pub fn release(&mut self, head: u16) -> bool {
+        let Some(slot) = self.slots.get_mut(usize::from(head)) else {
+            return false;
+        };
+        if !slot.busy {
+            return false;
+        }
+        slot.busy = false;
+        slot.mem = None;
+        if slot.old {
+            self.old -= 1;
+            self.old == 0
+        } else {
+            self.current -= 1;
+            false
+        }
+    }
+
+    /// Requests in flight.
+    pub fn len(&self) -> u32 {
+        self.current + self.old
+    }
+
+    /// Whether nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Marks everything in flight as a generation to wait for; returns
+    /// whether that generation is already empty.
+    pub fn begin_drain(&mut self) -> bool {
+        for s in self.slots.iter_mut().filter(|s| s.busy) {
+            s.old = true;
+        }
+        self.old += self.current;
+        self.current = 0;
+        self.old == 0
+    }
+
+    /// Whether no request of a drained generation is left.
+    pub fn drained(&self) -> bool {
+        self.old == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_release_and_duplicates() {
+        let mut t = Inflight::new(4);
+        assert!(t.claim(1).is_some());
+        assert!(t.claim(1).is_none(), "a busy head cannot be claimed twice");
+        assert!(t.claim(4).is_none(), "out of range");
+        assert_eq!(t.len(), 1);
+        t.release(1);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn drain_waits_for_the_old_generation_only() {
+        let mut t = Inflight::new(4);
+        t.claim(0);
+        assert!(!t.begin_drain());
+        t.claim(1);
+        assert!(!t.release(1), "a new request does not end the drain");
+        assert!(!t.drained());
+        assert!(t.release(0));
+        assert!(t.drained());
+        assert!(t.begin_drain(), "nothing in flight: drained at once");
+    }
+}

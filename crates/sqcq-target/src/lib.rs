@@ -1,0 +1,74 @@
+//! `sqcq-target`: the device side of sqcq, a vhost-user SCSI target daemon
+//! (`sqcqd`) that QEMU's `vhost-user-scsi-pci` (or any vhost-user
+//! frontend) connects to.
+//!
+//! # Threads and what each owns
+//!
+//! - **One control thread per device** ([`device`]): owns the listening
+//!   Unix socket and, while a frontend is connected, the [`session::Session`]
+//!   (negotiated features, guest memory map, vring configuration, which
+//!   worker runs which queue). It handles vhost-user messages
+//!   ([`handler`]) with `vhost`'s `BackendReqHandler`, and serves the
+//!   control queue (task management, asynchronous notification) and the
+//!   event queue ([`control`]) itself: their traffic is rare and what they
+//!   do needs the state this thread owns. A frontend that disconnects
+//!   leaves the device listening for the next one (a new I_T nexus).
+//! - **A pool of worker threads shared by every device** ([`worker`]):
+//!   each owns the request queues assigned to it ([`queue::ServedQueue`]:
+//!   the ring, its eventfds, one backstore queue per LUN, the requests in
+//!   flight) and waits in one epoll set for their kicks and backstore
+//!   completions. The virtqueue-to-worker map is explicit (`--queue-map`)
+//!   or round robin, and logged (`device D vq Q -> worker W`). Control
+//!   threads hand queues over through a channel and an eventfd (start,
+//!   stop, new call fd, drain for a task management function); the request
+//!   path takes no lock shared between workers.
+//!
+//! Guest memory is a `GuestMemoryAtomic` the control thread swaps on
+//! SET_MEM_TABLE; a worker loads it once per pass and each in-flight
+//! request holds the map its iovecs point into.
+//!
+//! # A request
+//!
+//! [`chain`] turns a descriptor chain into checked buffer lists (loops,
+//! over-long chains, buffers outside memory, wrong direction), the request
+//! module parses the virtio-scsi header ([`wire`], [`lun`]) and calls
+//! `sqcq_scsi::LogicalUnit::execute`; medium commands go zero-copy to the
+//! backstore (`sqcq_backstore`) with iovecs into guest memory ([`guest`]),
+//! everything else is answered from a scratch buffer. Completions are
+//! written to the used ring and published once per pass, with at most one
+//! call ([`used`]). Bad input is answered, counted ([`counters`]) and
+//! logged through a rate limiter ([`ratelimit`]).
+//!
+//! # Poll mode (issue 5)
+//!
+//! [`queue::SubmissionSource`] is where a queue decides how it learns of
+//! new requests: today by kick; a poll variant watching the SQ doorbell of
+//! VIRTIO_F_SQCQ_POLL slots in there, and the worker loop already sleeps
+//! only as long as every queue allows.
+
+#![deny(missing_docs)]
+
+pub mod chain;
+pub mod config;
+pub mod control;
+pub mod counters;
+pub mod daemon;
+pub mod device;
+pub mod guest;
+pub mod handler;
+pub mod inflight;
+pub mod lun;
+pub mod queue;
+pub mod ratelimit;
+mod request;
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
+mod request_tests;
+pub mod session;
+pub mod target;
+pub mod used;
+pub mod wire;
+pub mod worker;
+
+pub use config::{Cli, DaemonConfig, DeviceConfig, LunSpec};
+pub use daemon::Daemon;

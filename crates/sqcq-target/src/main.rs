@@ -1,0 +1,84 @@
+//! `sqcqd`: the sqcq vhost-user SCSI target daemon.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sqcq_target::{Cli, Daemon};
+use tracing::{error, info};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let config = match Cli::parse().into_config() {
+        Ok(c) => c,
+        Err(e) => {
+            error!("{}", report(&e));
+            return ExitCode::from(2);
+        }
+    };
+    // Block SIGTERM and SIGINT before any thread starts, so every thread
+    // inherits the mask and only `sigwait` below receives them.
+    let signals = match block_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            error!("cannot block signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let daemon = match Daemon::start(&config) {
+        Ok(d) => d,
+        Err(e) => {
+            error!("{}", report(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let signal = wait_signal(&signals);
+    info!("signal {signal}: stopping (finishing in-flight I/O)");
+    daemon.shutdown();
+    ExitCode::SUCCESS
+}
+
+/// An error with its chain of causes.
+fn report(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+fn block_signals() -> std::io::Result<libc::sigset_t> {
+    // SAFETY: an all-zero sigset_t is a valid argument for sigemptyset,
+    // which initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame.
+    unsafe { libc::sigemptyset(&mut set) };
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: `set` was initialised by sigemptyset.
+        unsafe { libc::sigaddset(&mut set, sig) };
+    }
+    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(set)
+}
+
+fn wait_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    loop {
+        // SAFETY: `set` is an initialised signal set, `sig` a valid out
+        // pointer.
+        if unsafe { libc::sigwait(set, &mut sig) } == 0 {
+            return sig;
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! One virtio-scsi command request, from descriptor chain to response.
+//!
+//! The order of checks follows what the guest can get wrong: a chain that
+//! cannot be followed or has buffers outside memory or in the wrong order
+//! (VIRTIO_SCSI_S_FAILURE when a response can still be written, else the
+//! chain comes back with length 0); a header shorter than the configured
+//! CDB size (FAILURE); an unknown target (BAD_TARGET); an unknown LUN (the
+//! SCSI answer for an absent logical unit, from `sqcq_scsi`); data buffers
+//! too small for the transfer (OVERRUN). Everything else is SCSI: status
+//! and sense data come from `ScsiError::status_and_sense`, and backstore
+//! failures become a `ScsiError` in [`medium_error`], the one place that
+//! maps them.
+
+use std::sync::Arc;
+
+use sqcq_backstore::{BackstoreError, IoOp};
+use sqcq_scsi::{
+    Completion, MAX_DESCRIPTOR_SENSE_LEN, MediumOp, ScsiError, SenseFormat, Status, execute_absent,
+    report_luns, takes_parameter_data,
+};
+use virtio_queue::{DescriptorChain, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+use crate::chain::{self, ChainError, Segment};
+use crate::counters::DeviceCounters;
+use crate::device::DeviceShared;
+use crate::guest;
+use crate::guest_warn;
+use crate::inflight::{Inflight, OpKind};
+use crate::lun::LunAddress;
+use crate::queue::ServedQueue;
+use crate::used::UsedRing;
+use crate::wire::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
+
+/// Blocks of a non-zero WRITE SAME pattern replicated per backstore write.
+const PATTERN_BLOCKS: u32 = 256;
+
+/// Writes a command response at the start of `writable`; returns the
+/// bytes written, or `None` when not even the fixed part fits or guest
+/// memory refuses the write.
+pub(crate) fn write_response(
+    mem: &GuestMemoryMmap,
+    writable: &[Segment],
+    writable_len: u64,
+    sense_size: usize,
+    mut resp: CmdResp,
+    sense: &[u8],
+) -> Option<u64> {
+    let fixed = CMD_RESP_FIXED as u64;
+    let room = writable_len.checked_sub(fixed)?;
+    let n = sense
+        .len()
+        .min(sense_size)
+        .min(usize::try_from(room).unwrap_or(usize::MAX));
+    let sense = &sense[..n];
+    resp.sense_len = u32::try_from(n).unwrap_or(u32::MAX);
+    guest::write_at(mem, writable, 0, &resp.encode()).ok()?;
+    guest::write_at(mem, writable, fixed, sense).ok()?;
+    Some(writable_len.min(fixed + sense_size as u64))
+}
+
+/// The one mapping from backstore failures to SCSI errors.
+pub(crate) fn medium_error(kind: OpKind, lba: u64, e: &BackstoreError) -> ScsiError {
+    match (e, kind) {
+        (BackstoreError::ReadOnly, _) => ScsiError::WriteProtected,
+        (BackstoreError::Io(_) | BackstoreError::ShortTransfer { .. }, OpKind::Read) => {
+            ScsiError::UnrecoveredReadError { lba: Some(lba) }
+        }
+        (BackstoreError::Io(_) | BackstoreError::ShortTransfer { .. }, OpKind::Write) => {
+            ScsiError::WriteError { lba: Some(lba) }
+        }
+        _ => ScsiError::InternalTargetFailure,
+    }
+}
+
+/// Status byte and encoded sense data of a failed command.
+pub(crate) fn scsi_failure(e: &ScsiError) -> (u8, [u8; MAX_DESCRIPTOR_SENSE_LEN], usize) {
+    let (status, sense) = e.status_and_sense();
+    let mut buf = [0u8; MAX_DESCRIPTOR_SENSE_LEN];
+    let n = sense.map_or(0, |s| s.encode(SenseFormat::Fixed, &mut buf));
+    (status.code(), buf, n)
+}
+
+fn saturating_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+impl ServedQueue {
+    /// Handles one chain popped from the available ring.
+    pub(crate) fn handle_chain(
+        &mut self,
+        mem: &Arc<GuestMemoryMmap>,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+    ) {
+        let head = chain.head_index();
+        let parsed = chain::parse(chain, mem, self.max_segments, &mut self.chain);
+        let counters = &self.device.counters;
+        if head >= self.queue.size() {
+            DeviceCounters::bump(&counters.malformed_chains);
+            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                "head index {head} out of range: chain dropped");
+            return;
+        }
+        if self.inflight.is_busy(head) {
+            DeviceCounters::bump(&counters.duplicate_heads);
+            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                "head {head} made available while in flight: ignored");
+            return;
+        }
+        self.requests += 1;
+        if let Err(e) = parsed {
+            DeviceCounters::bump(match e {
+                ChainError::Malformed | ChainError::TooManySegments { .. } => {
+                    &counters.malformed_chains
+                }
+                ChainError::WrongOrder => &counters.wrong_order,
+                ChainError::OutOfMemory { .. } => &counters.out_of_memory,
+            });
+            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                "bad descriptor chain at head {head}: {e}");
+            self.respond_now(mem, head, CmdResp::transport(Response::Failure, 0), &[], 0);
+            return;
+        }
+        let mut header = std::mem::take(&mut self.header);
+        let hdr_len = header.len() as u64;
+        let header_ok = self.chain.readable_len >= hdr_len
+            && guest::read_at(mem, &self.chain.readable, 0, &mut header).is_ok();
+        if header_ok {
+            self.execute(mem, head, &header);
+        } else {
+            DeviceCounters::bump(&counters.short_headers);
+            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                "request header shorter than {hdr_len} bytes at head {head}");
+            self.respond_now(mem, head, CmdResp::transport(Response::Failure, 0), &[], 0);
+        }
+        self.header = header;
+    }
+
+    fn execute(&mut self, mem: &Arc<GuestMemoryMmap>, head: u16, header: &[u8]) {
+        let mut fixed = [0u8; CMD_REQ_FIXED];
+        fixed.copy_from_slice(&header[..CMD_REQ_FIXED]);
+        let req = CmdReqHeader::decode(&fixed);
+        let cdb = &header[CMD_REQ_FIXED..];
+        let lun = match req.lun {
+            LunAddress::Lun { target: 0, lun } => lun,
+            _ => {
+                DeviceCounters::bump(&self.device.counters.bad_target);
+                guest_warn!(self.device.limiter, device = %self.device.name,
+                    "request for {:?}: no such target", req.lun);
+                self.respond_now(
+                    mem,
+                    head,
+                    CmdResp::transport(Response::BadTarget, 0),
+                    &[],
+                    0,
+                );
+                return;
+            }
+        };
+        let hdr_len = header.len() as u64;
+        let resp_len = (CMD_RESP_FIXED + self.sense_size) as u64;
+        let data_in_len = self.chain.writable_len.saturating_sub(resp_len);
+        let data_out_len = self.chain.readable_len - hdr_len;
+        let target = Arc::clone(&self.device.target);
+        let index = target.find(lun);
+        let mut data_out = std::mem::take(&mut self.data_out);
+        let mut data_in = std::mem::take(&mut self.data_in);
+        let mut n_out = 0;
+        if takes_parameter_data(cdb) {
+            n_out = usize::try_from(data_out_len)
+                .unwrap_or(usize::MAX)
+                .min(data_out.len());
+            if guest::read_at(mem, &self.chain.readable, hdr_len, &mut data_out[..n_out]).is_err() {
+                n_out = 0;
+            }
+        }
+        let result = match index {
+            Some(i) => {
+                target.luns()[i]
+                    .unit
+                    .execute(self.nexus, cdb, &data_out[..n_out], &mut data_in)
+            }
+            None => {
+                DeviceCounters::bump(&self.device.counters.bad_lun);
+                execute_absent(cdb, &mut data_in)
+            }
+        };
+        let data_len = match result {
+            Ok(Completion::Good) => Some(0),
+            Ok(Completion::Data { len }) => Some(len),
+            Ok(Completion::ReportLuns(r)) => {
+                Some(report_luns(&r, target.lun_numbers(), &mut data_in))
+            }
+            Ok(Completion::Medium(op)) => {
+                // `index` is Some: an absent LUN never yields a medium op.
+                let lun_index = index.unwrap_or(0);
+                self.submit_medium(mem, head, lun_index, op, hdr_len, data_out_len, data_in_len);
+                None
+            }
+            Err(e) => {
+                let (status, sense, n) = scsi_failure(&e);
+                let resp = CmdResp {
+                    sense_len: 0,
+                    resid: saturating_u32(data_in_len.max(data_out_len)),
+                    status,
+                    response: Response::Ok,
+                };
+                self.respond_now(mem, head, resp, &sense[..n], 0);
+                None
+            }
+        };
+        if let Some(len) = data_len {
+            let n = (len as u64).min(data_in_len);
+            let data = &data_in[..usize::try_from(n).unwrap_or(0)];
+            let copied = guest::write_at(mem, &self.chain.writable, resp_len, data).is_ok();
+            let n = if copied { n } else { 0 };
+            let resp = CmdResp {
+                sense_len: 0,
+                resid: saturating_u32(data_in_len - n),
+                status: Status::Good.code(),
+                response: Response::Ok,
+            };
+            self.respond_now(mem, head, resp, &[], n);
+        }
+        self.data_out = data_out;
+        self.data_in = data_in;
+    }
+
+    /// Writes a response for a request that completes without the
+    /// backstore and puts it on the used ring.
+    pub(crate) fn respond_now(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        head: u16,
+        resp: CmdResp,
+        sense: &[u8],
+        data_in: u64,
+    ) {
+        let len = write_response(
+            mem,
+            &self.chain.writable,
+            self.chain.writable_len,
+            self.sense_size,
+            resp,
+            sense,
+        );
+        let len = match len {
+            Some(n) => n + data_in,
+            None => {
+                DeviceCounters::bump(&self.device.counters.short_responses);
+                guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                    "no room for a response at head {head}: returned with length 0");
+                0
+            }
+        };
+        if let Err(e) = self.used.push(mem, head, saturating_u32(len)) {
+            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                "cannot complete head {head}: {e}");
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit_medium(
+        &mut self,
+        mem: &Arc<GuestMemoryMmap>,
+        head: u16,
+        lun_index: usize,
+        op: MediumOp<'_>,
+        hdr_len: u64,
+        data_out_len: u64,
+        data_in_len: u64,
+    ) {
+        let resp_len = (CMD_RESP_FIXED + self.sense_size) as u64;
+        let (kind, lba, needed, have) = match op {
+            MediumOp::Read { lba, bytes, .. } => (OpKind::Read, lba, bytes, data_in_len),
+            MediumOp::Write { lba, bytes, .. } => (OpKind::Write, lba, bytes, data_out_len),
+            MediumOp::Flush { lba, .. } => (OpKind::Write, lba, 0, 0),
+            MediumOp::WriteSame { lba, .. } => (OpKind::Write, lba, 0, 0),
+            MediumOp::Unmap(_) => (OpKind::Other, 0, 0, 0),
+        };
+        if have < needed {
+            DeviceCounters::bump(&self.device.counters.overruns);
+            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                "data buffer of {have} bytes for a {needed}-byte transfer: overrun");
+            self.respond_now(
+                mem,
+                head,
+                CmdResp::transport(Response::Overrun, saturating_u32(have)),
+                &[],
+                0,
+            );
+            return;
+        }
+        let Some(slot) = self.inflight.claim(head) else {
+            return;
+        };
+        slot.mem = Some(Arc::clone(mem));
+        slot.writable.extend_from_slice(&self.chain.writable);
+        slot.resp_len = self.chain.writable_len.min(resp_len);
+        slot.kind = kind;
+        slot.lba = lba;
+        slot.buffer_len = have;
+        slot.transfer = needed;
+        let mut ops: [Option<IoOp>; 1] = [None];
+        let io = &mut self.luns[lun_index];
+        let tag = u64::from(head);
+        let mut submit =
+            |slot: &mut crate::inflight::Slot, op: IoOp, iov_range: std::ops::Range<usize>| {
+                // SAFETY: the iovecs point into guest memory kept mapped by
+                // `slot.mem`, or into `slot.pattern`, both alive and unchanged
+                // until the slot is released after the last completion of
+                // this tag; `slot.iov` itself is not modified meanwhile.
+                match unsafe { io.io.submit(tag, op, &slot.iov[iov_range]) } {
+                    Ok(()) => {
+                        slot.pending_ops += 1;
+                        io.uncommitted = true;
+                    }
+                    Err(e) => {
+                        slot.error
+                            .get_or_insert(medium_error(slot.kind, slot.lba, &e));
+                    }
+                }
+            };
+        match op {
+            MediumOp::Read { offset, bytes, .. } | MediumOp::Write { offset, bytes, .. } => {
+                let (segs, at) = if kind == OpKind::Read {
+                    (&self.chain.writable, resp_len)
+                } else {
+                    (&self.chain.readable, hdr_len)
+                };
+                if guest::iovecs(mem, segs, at, bytes, &mut slot.iov).is_err() {
+                    slot.error = Some(ScsiError::InternalTargetFailure);
+                } else {
+                    let io_op = match op {
+                        MediumOp::Write { fua, .. } => IoOp::Write { offset, fua },
+                        _ => IoOp::Read { offset },
+                    };
+                    let n = slot.iov.len();
+                    submit(slot, io_op, 0..n);
+                }
+            }
+            MediumOp::Flush { .. } => ops[0] = Some(IoOp::Flush),
+            MediumOp::Unmap(list) => {
+                for r in list.iter() {
+                    submit(
+                        slot,
+                        IoOp::Discard {
+                            offset: r.offset,
+                            len: r.bytes,
+                        },
+                        0..0,
+                    );
+                }
+            }
+            MediumOp::WriteSame {
+                offset,
+                blocks,
+                unmap,
+                fua,
+                pattern,
+                ..
+            } => {
+                let geometry = self.device.target.luns()[lun_index].backstore.geometry();
+                let bs = u64::from(geometry.block_size);
+                let len = u64::from(blocks) * bs;
+                let zeros = pattern.is_none_or(|p| p.iter().all(|b| *b == 0));
+                if zeros && unmap && geometry.supports_unmap && geometry.unmapped_reads_zero {
+                    ops[0] = Some(IoOp::Discard { offset, len });
+                } else if zeros {
+                    ops[0] = Some(IoOp::WriteZeroes { offset, len });
+                } else if let Some(p) = pattern {
+                    let per_op = blocks.min(PATTERN_BLOCKS);
+                    slot.pattern.clear();
+                    for _ in 0..per_op {
+                        slot.pattern.extend_from_slice(p);
+                    }
+                    let n_ops = blocks.div_ceil(per_op);
+                    slot.iov.clear();
+                    for i in 0..n_ops {
+                        let this = (blocks - i * per_op).min(per_op);
+                        slot.iov.push(libc::iovec {
+                            iov_base: slot.pattern.as_mut_ptr().cast(),
+                            iov_len: usize::try_from(u64::from(this) * bs).unwrap_or(0),
+                        });
+                    }
+                    for i in 0..slot.iov.len() {
+                        let op_offset = offset + (i as u64) * u64::from(per_op) * bs;
+                        submit(
+                            slot,
+                            IoOp::Write {
+                                offset: op_offset,
+                                fua,
+                            },
+                            i..i + 1,
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(op) = ops[0] {
+            submit(slot, op, 0..0);
+        }
+        if slot.pending_ops == 0 {
+            // Nothing reached the backstore (an empty UNMAP list or a
+            // submission failure): complete now.
+            self.complete_slot(mem, head);
+        }
+    }
+
+    /// Reaps the completions of one LUN's backstore queue.
+    pub(crate) fn reap(&mut self, lun: usize, mem: &GuestMemoryMmap) {
+        let Some(l) = self.luns.get_mut(lun) else {
+            return;
+        };
+        if l.io.in_flight() == 0 {
+            return;
+        }
+        let inflight = &mut self.inflight;
+        let used = &mut self.used;
+        let device = &*self.device;
+        let sense_size = self.sense_size;
+        l.io.reap(&mut |tag, result| {
+            let Some(head) = u16::try_from(tag).ok() else {
+                return;
+            };
+            let Some(slot) = inflight.get_mut(head) else {
+                return;
+            };
+            if let Err(e) = result {
+                slot.error
+                    .get_or_insert(medium_error(slot.kind, slot.lba, &e));
+            }
+            slot.pending_ops = slot.pending_ops.saturating_sub(1);
+            if slot.pending_ops == 0 {
+                complete_request(inflight, used, mem, device, sense_size, head);
+            }
+        });
+    }
+
+    fn complete_slot(&mut self, mem: &GuestMemoryMmap, head: u16) {
+        complete_request(
+            &mut self.inflight,
+            &mut self.used,
+            mem,
+            &self.device,
+            self.sense_size,
+            head,
+        );
+    }
+}
+
+/// Writes the response of a request whose backstore work is done and frees
+/// its slot.
+fn complete_request(
+    inflight: &mut Inflight,
+    used: &mut UsedRing,
+    mem: &GuestMemoryMmap,
+    device: &DeviceShared,
+    sense_size: usize,
+    head: u16,
+) {
+    let Some(slot) = inflight.get_mut(head) else {
+        return;
+    };
+    let writable_len: u64 = slot.writable.iter().map(|s| u64::from(s.len)).sum();
+    let (resp, sense, n, data) = match &slot.error {
+        None => (
+            CmdResp {
+                sense_len: 0,
+                resid: saturating_u32(slot.buffer_len - slot.transfer),
+                status: Status::Good.code(),
+                response: Response::Ok,
+            },
+            [0u8; MAX_DESCRIPTOR_SENSE_LEN],
+            0,
+            if slot.kind == OpKind::Read {
+                slot.transfer
+            } else {
+                0
+            },
+        ),
+        Some(e) => {
+            DeviceCounters::bump(&device.counters.io_errors);
+            let (status, sense, n) = scsi_failure(e);
+            (
+                CmdResp {
+                    sense_len: 0,
+                    resid: saturating_u32(slot.buffer_len),
+                    status,
+                    response: Response::Ok,
+                },
+                sense,
+                n,
+                0,
+            )
+        }
+    };
+    let len = write_response(
+        mem,
+        &slot.writable,
+        writable_len,
+        sense_size,
+        resp,
+        &sense[..n],
+    )
+    .map_or(0, |r| r + data);
+    let _ = used.push(mem, head, saturating_u32(len));
+    inflight.release(head);
+}

@@ -1,0 +1,358 @@
+//! One vhost-user connection (one I_T nexus): the device state the control
+//! thread owns, and the vring lifecycle.
+//!
+//! A vring runs when it has a size, addresses, memory and a kick eventfd
+//! (SET_VRING_KICK starts it) and is enabled (SET_VRING_ENABLE 1, or all
+//! rings at SET_FEATURES when VHOST_USER_F_PROTOCOL_FEATURES was not
+//! negotiated). GET_VRING_BASE stops it: its worker finishes what is in
+//! flight and reports where the driver should resume. Request queues run on
+//! their worker; the control and event queues run on this thread (see
+//! [`crate::control`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sqcq_scsi::NexusId;
+use tracing::{error, info, warn};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::control::ControlPlane;
+use crate::device::DeviceShared;
+use crate::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
+use crate::worker::{WorkerCommand, WorkerPool};
+
+/// Most request queues a device serves (QEMU creates 2 + its own
+/// `num_queues` vrings whatever GET_QUEUE_NUM says, so more than
+/// `--num-queues` are accepted, up to this).
+pub const MAX_REQUEST_QUEUES: u16 = 254;
+
+/// Index of the control queue.
+pub const CONTROL_VQ: usize = 0;
+/// Index of the event queue.
+pub const EVENT_VQ: usize = 1;
+
+static NEXT_NEXUS: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh I_T nexus identifier (one per connection, daemon-wide).
+pub fn new_nexus() -> NexusId {
+    // Relaxed: only uniqueness matters.
+    NexusId(NEXT_NEXUS.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Where a vring is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Running {
+    /// Not running.
+    No,
+    /// On this worker of the pool.
+    Worker(usize),
+    /// On the control thread.
+    Control,
+}
+
+/// What the frontend told us about one vring.
+#[derive(Debug)]
+pub struct Vring {
+    /// Queue size (0: not set).
+    pub size: u16,
+    /// Descriptor table, available ring, used ring (guest physical).
+    pub addrs: Option<(u64, u64, u64)>,
+    /// Next available index (SET_VRING_BASE, or where it stopped).
+    pub base: u16,
+    /// Kick eventfd.
+    pub kick: Option<EventFd>,
+    /// Call eventfd.
+    pub call: Option<EventFd>,
+    /// Error eventfd.
+    pub err: Option<EventFd>,
+    /// SET_VRING_ENABLE state.
+    pub enabled: bool,
+    /// Where it runs.
+    pub running: Running,
+}
+
+impl Vring {
+    fn new() -> Self {
+        Vring {
+            size: 0,
+            addrs: None,
+            base: 0,
+            kick: None,
+            call: None,
+            err: None,
+            enabled: false,
+            running: Running::No,
+        }
+    }
+}
+
+/// A guest memory region as the frontend maps it.
+#[derive(Clone, Copy, Debug)]
+pub struct Mapping {
+    /// Frontend virtual address.
+    pub user_addr: u64,
+    /// Size.
+    pub size: u64,
+    /// Guest physical address.
+    pub gpa: u64,
+}
+
+/// The state of one connection, owned by the device's control thread.
+pub struct Session {
+    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) pool: Arc<WorkerPool>,
+    pub(crate) nexus: NexusId,
+    pub(crate) owned: bool,
+    pub(crate) acked_features: u64,
+    pub(crate) acked_protocol: u64,
+    pub(crate) mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    pub(crate) mappings: Vec<Mapping>,
+    pub(crate) vrings: Vec<Vring>,
+    pub(crate) cdb_size: u32,
+    pub(crate) sense_size: u32,
+    pub(crate) control: ControlPlane,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("device", &self.dev.name)
+            .field("nexus", &self.nexus)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// A new connection of `dev`, with a fresh I_T nexus.
+    pub fn new(dev: Arc<DeviceShared>, pool: Arc<WorkerPool>) -> std::io::Result<Self> {
+        let control = ControlPlane::new()?;
+        let nexus = new_nexus();
+        for e in dev.target.luns() {
+            e.unit.add_nexus(nexus);
+        }
+        let vrings = (0..2 + usize::from(dev.params.num_queues))
+            .map(|_| Vring::new())
+            .collect();
+        Ok(Session {
+            nexus,
+            owned: false,
+            acked_features: 0,
+            acked_protocol: 0,
+            mem: GuestMemoryAtomic::new(GuestMemoryMmap::default()),
+            mappings: Vec::new(),
+            vrings,
+            cdb_size: crate::wire::DEFAULT_CDB_SIZE,
+            sense_size: crate::wire::DEFAULT_SENSE_SIZE,
+            control,
+            dev,
+            pool,
+        })
+    }
+
+    /// Whether a virtio feature bit was negotiated.
+    pub fn has_feature(&self, bit: u32) -> bool {
+        self.acked_features & (1u64 << bit) != 0
+    }
+
+    /// The vring `index`, created on demand up to the limit.
+    pub(crate) fn vring(&mut self, index: usize) -> Option<&mut Vring> {
+        if index >= 2 + usize::from(MAX_REQUEST_QUEUES) {
+            return None;
+        }
+        while self.vrings.len() <= index {
+            self.vrings.push(Vring::new());
+        }
+        self.vrings.get_mut(index)
+    }
+
+    fn ready(&self, index: usize) -> bool {
+        let v = &self.vrings[index];
+        v.size > 0
+            && v.addrs.is_some()
+            && v.kick.is_some()
+            && v.enabled
+            && !self.mappings.is_empty()
+    }
+
+    /// Starts or stops vring `index` to match its state.
+    pub(crate) fn update(&mut self, index: usize) {
+        if index >= self.vrings.len() {
+            return;
+        }
+        let running = self.vrings[index].running != Running::No;
+        let ready = self.ready(index);
+        if ready && !running {
+            self.start(index);
+        } else if !ready && running {
+            self.stop(index);
+        }
+    }
+
+    fn ring_config(&self, index: usize) -> Option<RingConfig> {
+        let v = &self.vrings[index];
+        let (desc, avail, used) = v.addrs?;
+        Some(RingConfig {
+            size: v.size,
+            desc,
+            avail,
+            used,
+            next_avail: v.base,
+            event_idx: self
+                .has_feature(virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX),
+        })
+    }
+
+    fn start(&mut self, index: usize) {
+        let Some(ring) = self.ring_config(index) else {
+            return;
+        };
+        let v = &self.vrings[index];
+        let clone = |fd: &Option<EventFd>| fd.as_ref().and_then(|f| f.try_clone().ok());
+        let Some(kick) = clone(&v.kick) else { return };
+        let (call, err) = (clone(&v.call), clone(&v.err));
+        let vq = u16::try_from(index).unwrap_or(u16::MAX);
+        if index < 2 {
+            match self
+                .control
+                .start(index, &ring, &self.mem.memory(), kick, call, err)
+            {
+                Ok(()) => {
+                    self.vrings[index].running = Running::Control;
+                    self.service_control(index);
+                }
+                Err(e) => error!(device = %self.dev.name, vq, "cannot start: {e}"),
+            }
+            return;
+        }
+        let rq = vq - 2;
+        let worker = self.dev.params.queue_map.worker_for(rq, self.pool.len());
+        let start = QueueStart {
+            key: QueueKey {
+                device: self.dev.id,
+                vq,
+            },
+            device: Arc::clone(&self.dev),
+            nexus: self.nexus,
+            cdb_size: self.cdb_size,
+            sense_size: self.sense_size,
+            mem: self.mem.clone(),
+            ring,
+            kick,
+            call,
+            err,
+            source: SubmissionSource::Kick,
+        };
+        let result = self.pool.call(worker, |reply| WorkerCommand::Start {
+            start: Box::new(start),
+            reply,
+        });
+        match result {
+            Ok(Ok(())) => {
+                info!("device {} vq {vq} -> worker {worker}", self.dev.id);
+                self.vrings[index].running = Running::Worker(worker);
+            }
+            Ok(Err(e)) => error!(device = %self.dev.name, vq, "cannot start: {e}"),
+            Err(e) => error!(device = %self.dev.name, vq, "cannot start: {e}"),
+        }
+    }
+
+    /// Stops vring `index` and records where it stopped.
+    pub(crate) fn stop(&mut self, index: usize) {
+        let vq = u16::try_from(index).unwrap_or(u16::MAX);
+        let base = match self.vrings[index].running {
+            Running::No => return,
+            Running::Control => self.control.stop(index),
+            Running::Worker(w) => {
+                let key = QueueKey {
+                    device: self.dev.id,
+                    vq,
+                };
+                match self
+                    .pool
+                    .call(w, |reply| WorkerCommand::Stop { key, reply })
+                {
+                    Ok(Some(report)) => Some(report.next_avail),
+                    Ok(None) => None,
+                    Err(e) => {
+                        error!(device = %self.dev.name, vq, "cannot stop: {e}");
+                        None
+                    }
+                }
+            }
+        };
+        let v = &mut self.vrings[index];
+        if let Some(base) = base {
+            v.base = base;
+        }
+        v.running = Running::No;
+    }
+
+    /// Passes a new call eventfd to wherever the vring runs.
+    pub(crate) fn update_call(&mut self, index: usize) {
+        let call = self.vrings[index]
+            .call
+            .as_ref()
+            .and_then(|f| f.try_clone().ok());
+        match self.vrings[index].running {
+            Running::No => {}
+            Running::Control => self.control.set_call(index, call),
+            Running::Worker(w) => {
+                let key = QueueKey {
+                    device: self.dev.id,
+                    vq: u16::try_from(index).unwrap_or(u16::MAX),
+                };
+                if let Err(e) = self.pool.send(w, WorkerCommand::SetCall { key, call }) {
+                    warn!(device = %self.dev.name, "cannot update call fd: {e}");
+                }
+            }
+        }
+    }
+
+    /// Stops every vring and forgets the rings (RESET_DEVICE, RESET_OWNER,
+    /// disconnect). Memory and protocol features are kept.
+    pub(crate) fn reset_rings(&mut self) {
+        for i in 0..self.vrings.len() {
+            self.stop(i);
+        }
+        for v in &mut self.vrings {
+            *v = Vring::new();
+        }
+        self.control.reset();
+        self.acked_features = 0;
+    }
+
+    /// Waits until every request of this device in flight now completed,
+    /// on every worker serving one of its queues.
+    pub(crate) fn drain_requests(&self) {
+        let mut workers: Vec<usize> = self
+            .vrings
+            .iter()
+            .filter_map(|v| match v.running {
+                Running::Worker(w) => Some(w),
+                _ => None,
+            })
+            .collect();
+        workers.sort_unstable();
+        workers.dedup();
+        let device = self.dev.id;
+        for w in workers {
+            if let Err(e) = self
+                .pool
+                .call(w, |reply| WorkerCommand::Drain { device, reply })
+            {
+                error!(device = %self.dev.name, "drain: {e}");
+            }
+        }
+    }
+
+    /// Ends the connection: stops every queue and tells the logical units
+    /// that the I_T nexus is gone.
+    pub fn teardown(&mut self) {
+        self.reset_rings();
+        for e in self.dev.target.luns() {
+            e.unit.nexus_loss(self.nexus);
+        }
+        info!(device = %self.dev.name, nexus = self.nexus.0, "connection closed");
+    }
+}

@@ -1,0 +1,188 @@
+//! The SCSI target a device presents: its logical units, each an emulated
+//! disk (`sqcq_scsi::LogicalUnit`) over a backstore.
+
+use std::sync::Arc;
+
+use sqcq_backstore::{
+    Backstore, BackstoreError, FileBackstore, FileOptions, NullBackstore, RamBackstore,
+};
+use sqcq_scsi::{ConfigError, LogicalUnit, LuConfig, Provisioning};
+use thiserror::Error;
+
+use crate::config::{BackstoreKind, LunSpec};
+
+/// One logical unit of the target.
+pub struct LunEntry {
+    /// Its LUN.
+    pub lun: u16,
+    /// The SCSI emulation, shared by every worker.
+    pub unit: Arc<LogicalUnit>,
+    /// Where its blocks live; each worker opens its own queue to it.
+    pub backstore: Arc<dyn Backstore>,
+}
+
+impl std::fmt::Debug for LunEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LunEntry")
+            .field("lun", &self.lun)
+            .field("geometry", &self.backstore.geometry())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a LUN could not be set up.
+#[derive(Debug, Error)]
+pub enum TargetError {
+    /// The backstore could not be created or opened.
+    #[error("LUN {lun}: backstore")]
+    Backstore {
+        /// The LUN.
+        lun: u16,
+        /// What failed.
+        #[source]
+        source: BackstoreError,
+    },
+    /// The logical unit configuration was refused.
+    #[error("LUN {lun}: configuration")]
+    Config {
+        /// The LUN.
+        lun: u16,
+        /// What was wrong.
+        #[source]
+        source: ConfigError,
+    },
+    /// A LUN spec lacks a field its kind needs.
+    #[error("LUN {lun}: {what}")]
+    Spec {
+        /// The LUN.
+        lun: u16,
+        /// What is missing.
+        what: &'static str,
+    },
+    /// Two LUN specs name the same LUN.
+    #[error("LUN {0} is configured twice")]
+    Duplicate(u16),
+}
+
+/// The logical units of one device, sorted by LUN.
+#[derive(Debug, Default)]
+pub struct Target {
+    luns: Vec<LunEntry>,
+}
+
+impl Target {
+    /// Builds every LUN of `specs`; `wwn_seed` makes default WWNs differ
+    /// between devices.
+    pub fn build(specs: &[LunSpec], wwn_seed: u64) -> Result<Self, TargetError> {
+        let mut luns: Vec<LunEntry> = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.iter().enumerate() {
+            let lun = spec
+                .lun
+                .unwrap_or_else(|| u16::try_from(i).unwrap_or(u16::MAX));
+            if luns.iter().any(|e| e.lun == lun) {
+                return Err(TargetError::Duplicate(lun));
+            }
+            luns.push(build_lun(lun, spec, wwn_seed)?);
+        }
+        luns.sort_by_key(|e| e.lun);
+        Ok(Target { luns })
+    }
+
+    /// A target made of ready entries (tests, embedding).
+    pub fn from_entries(mut luns: Vec<LunEntry>) -> Self {
+        luns.sort_by_key(|e| e.lun);
+        Target { luns }
+    }
+
+    /// The logical units, sorted by LUN.
+    pub fn luns(&self) -> &[LunEntry] {
+        &self.luns
+    }
+
+    /// Index of `lun` in [`Target::luns`].
+    pub fn find(&self, lun: u16) -> Option<usize> {
+        self.luns.binary_search_by_key(&lun, |e| e.lun).ok()
+    }
+
+    /// The LUN numbers, for REPORT LUNS.
+    pub fn lun_numbers(&self) -> impl Iterator<Item = u16> + '_ {
+        self.luns.iter().map(|e| e.lun)
+    }
+}
+
+fn build_lun(lun: u16, spec: &LunSpec, wwn_seed: u64) -> Result<LunEntry, TargetError> {
+    let bs_err = |source| TargetError::Backstore { lun, source };
+    let block_size = spec.block_size;
+    let backstore: Arc<dyn Backstore> = match spec.kind {
+        BackstoreKind::Null | BackstoreKind::Ram => {
+            let size = spec.size.ok_or(TargetError::Spec {
+                lun,
+                what: "null and ram LUNs need size=",
+            })?;
+            if spec.kind == BackstoreKind::Null {
+                Arc::new(NullBackstore::new(size, block_size).map_err(bs_err)?)
+            } else {
+                Arc::new(RamBackstore::new(size, block_size).map_err(bs_err)?)
+            }
+        }
+        BackstoreKind::File => {
+            let path = spec.path.clone().ok_or(TargetError::Spec {
+                lun,
+                what: "file LUNs need path=",
+            })?;
+            let options = FileOptions {
+                size: spec.size,
+                block_size,
+                read_only: spec.read_only,
+                ..FileOptions::new(path)
+            };
+            Arc::new(FileBackstore::open(&options).map_err(bs_err)?)
+        }
+    };
+    let geometry = backstore.geometry();
+    let wwn = spec.wwn.unwrap_or_else(|| default_wwn(wwn_seed, lun));
+    let mut config = LuConfig::new(geometry.block_size, geometry.blocks, wwn);
+    config.read_only = spec.read_only || geometry.read_only;
+    if let Some(serial) = &spec.serial {
+        config.serial.clone_from(serial);
+    }
+    if geometry.supports_unmap {
+        config.provisioning = Some(Provisioning {
+            unmapped_reads_zero: geometry.unmapped_reads_zero,
+            ..Provisioning::default()
+        });
+    }
+    let unit = LogicalUnit::new(config).map_err(|source| TargetError::Config { lun, source })?;
+    Ok(LunEntry {
+        lun,
+        unit: Arc::new(unit),
+        backstore,
+    })
+}
+
+/// A NAA 5 (IEEE registered) WWN: the locally administered company ID
+/// 0x0014050 that Linux TCM also uses, then 36 bits from the seed and LUN.
+pub fn default_wwn(seed: u64, lun: u16) -> u64 {
+    // FNV-1a over the seed and the LUN.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in seed.to_le_bytes().iter().chain(lun.to_le_bytes().iter()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (0x5_001_405u64 << 36) | (h & 0xf_ffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_wwns_are_naa5_and_differ() {
+        let a = default_wwn(1, 0);
+        let b = default_wwn(1, 1);
+        let c = default_wwn(2, 0);
+        assert_eq!(a >> 60, 5);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+    }
+}

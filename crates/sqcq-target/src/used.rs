@@ -1,0 +1,208 @@
+//! The device's side of the used ring, batched: elements are written as
+//! requests complete, the index is published once per batch, and the
+//! driver is notified at most once per batch.
+//!
+//! virtio-queue's `Queue::add_used` publishes the index on every call; a
+//! worker that completes 32 requests in one pass would store the shared
+//! index 32 times and, without EVENT_IDX, could not tell whether one call
+//! covers them all. [`UsedRing`] keeps the private `next_used`, writes
+//! elements with plain stores and publishes them with one `Release` store
+//! of `used->idx` (crosvm's batched publish in `split_queue.rs`).
+
+use std::num::Wrapping;
+use std::sync::atomic::{Ordering, fence};
+
+use thiserror::Error;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+/// Offset of `ring[]` in the used ring (after `flags` and `idx`).
+const USED_RING_HEADER: u64 = 4;
+/// Size of one used element (`id` le32, `len` le32).
+const USED_ELEM_SIZE: u64 = 8;
+/// Offset of `ring[]` in the available ring.
+const AVAIL_RING_HEADER: u64 = 4;
+/// VRING_AVAIL_F_NO_INTERRUPT.
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// The used ring could not be written.
+#[derive(Debug, Error)]
+pub enum UsedError {
+    /// The head index is not a descriptor of this queue.
+    #[error("head index {head} out of range for queue size {size}")]
+    BadHead {
+        /// The index.
+        head: u16,
+        /// The queue size.
+        size: u16,
+    },
+    /// A ring address plus an offset overflows.
+    #[error("used ring address overflows")]
+    Overflow,
+    /// The ring lies outside guest memory.
+    #[error("used ring access failed")]
+    Memory(#[source] vm_memory::GuestMemoryError),
+}
+
+/// The used ring of one queue, owned by the worker serving it.
+#[derive(Debug)]
+pub struct UsedRing {
+    used: GuestAddress,
+    avail: GuestAddress,
+    size: u16,
+    event_idx: bool,
+    next_used: Wrapping<u16>,
+    published: Wrapping<u16>,
+}
+
+impl UsedRing {
+    /// A used ring at `used` for a queue of `size` whose avail ring is at
+    /// `avail`, continuing from `next_used`.
+    pub fn new(
+        used: GuestAddress,
+        avail: GuestAddress,
+        size: u16,
+        event_idx: bool,
+        next_used: u16,
+    ) -> Self {
+        UsedRing {
+            used,
+            avail,
+            size,
+            event_idx,
+            next_used: Wrapping(next_used),
+            published: Wrapping(next_used),
+        }
+    }
+
+    /// Index the next element goes to.
+    pub fn next_used(&self) -> u16 {
+        self.next_used.0
+    }
+
+    /// Elements written and not yet published.
+    pub fn pending(&self) -> u16 {
+        (self.next_used - self.published).0
+    }
+
+    /// Writes one element; it becomes visible to the driver at the next
+    /// [`publish`](Self::publish).
+    pub fn push(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> Result<(), UsedError> {
+        if head >= self.size {
+            return Err(UsedError::BadHead {
+                head,
+                size: self.size,
+            });
+        }
+        let slot = u64::from(self.next_used.0 % self.size);
+        let at = offset(self.used, USED_RING_HEADER + slot * USED_ELEM_SIZE)?;
+        let mut elem = [0u8; 8];
+        elem[0..4].copy_from_slice(&u32::from(head).to_le_bytes());
+        elem[4..8].copy_from_slice(&len.to_le_bytes());
+        mem.write_slice(&elem, at).map_err(UsedError::Memory)?;
+        self.next_used += Wrapping(1);
+        Ok(())
+    }
+
+    /// Publishes every pushed element and says whether the driver must be
+    /// notified (EVENT_IDX `used_event`, or VRING_AVAIL_F_NO_INTERRUPT
+    /// without it).
+    pub fn publish(&mut self, mem: &GuestMemoryMmap) -> Result<bool, UsedError> {
+        if self.next_used == self.published {
+            return Ok(false);
+        }
+        let old = self.published;
+        let new = self.next_used;
+        // Release: the element writes above become visible before the new
+        // index; pairs with the driver's Acquire load of `used->idx` (its
+        // virtio_rmb() after reading the index).
+        mem.store(new.0.to_le(), offset(self.used, 2)?, Ordering::Release)
+            .map_err(UsedError::Memory)?;
+        self.published = new;
+        // SeqCst: the index store above must be ordered before the load of
+        // `used_event` (or the avail flags) below. Pairs with the driver's
+        // full barrier between writing `used_event` and re-reading
+        // `used->idx` (virtqueue_enable_cb_delayed): without it both sides
+        // can read stale values and the interrupt is lost.
+        fence(Ordering::SeqCst);
+        if self.event_idx {
+            let at = offset(self.avail, AVAIL_RING_HEADER + 2 * u64::from(self.size))?;
+            let used_event: u16 = mem.load(at, Ordering::Relaxed).map_err(UsedError::Memory)?;
+            let event = Wrapping(u16::from_le(used_event));
+            // vring_need_event(): notify when `used_event` lies in
+            // [old, new).
+            Ok(new - event - Wrapping(1) < new - old)
+        } else {
+            let flags: u16 = mem
+                .load(self.avail, Ordering::Relaxed)
+                .map_err(UsedError::Memory)?;
+            Ok(u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0)
+        }
+    }
+}
+
+fn offset(base: GuestAddress, off: u64) -> Result<GuestAddress, UsedError> {
+    base.0
+        .checked_add(off)
+        .map(GuestAddress)
+        .ok_or(UsedError::Overflow)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AVAIL: u64 = 0x1000;
+    const USED: u64 = 0x2000;
+
+    fn setup(event_idx: bool) -> (GuestMemoryMmap, UsedRing) {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let r = UsedRing::new(GuestAddress(USED), GuestAddress(AVAIL), 4, event_idx, 0);
+        (m, r)
+    }
+
+    fn used_idx(m: &GuestMemoryMmap) -> u16 {
+        m.read_obj(GuestAddress(USED + 2)).unwrap()
+    }
+
+    #[test]
+    fn one_publish_per_batch() {
+        let (m, mut r) = setup(false);
+        r.push(&m, 1, 10).unwrap();
+        r.push(&m, 2, 20).unwrap();
+        assert_eq!(used_idx(&m), 0, "nothing visible before publish");
+        assert!(r.publish(&m).unwrap());
+        assert_eq!(used_idx(&m), 2);
+        let id: u32 = m.read_obj(GuestAddress(USED + 4 + 8)).unwrap();
+        let len: u32 = m.read_obj(GuestAddress(USED + 4 + 12)).unwrap();
+        assert_eq!((id, len), (2, 20));
+        assert!(!r.publish(&m).unwrap(), "an empty batch notifies nobody");
+    }
+
+    #[test]
+    fn no_interrupt_flag_is_honoured() {
+        let (m, mut r) = setup(false);
+        m.write_obj(AVAIL_F_NO_INTERRUPT, GuestAddress(AVAIL))
+            .unwrap();
+        r.push(&m, 0, 0).unwrap();
+        assert!(!r.publish(&m).unwrap());
+    }
+
+    #[test]
+    fn event_idx_notifies_when_used_event_is_crossed() {
+        let (m, mut r) = setup(true);
+        let used_event = GuestAddress(AVAIL + 4 + 2 * 4);
+        m.write_obj(1u16, used_event).unwrap();
+        r.push(&m, 0, 0).unwrap();
+        assert!(!r.publish(&m).unwrap(), "idx 1 does not pass used_event 1");
+        r.push(&m, 1, 0).unwrap();
+        r.push(&m, 2, 0).unwrap();
+        assert!(r.publish(&m).unwrap(), "idx 3 passed used_event 1");
+    }
+
+    #[test]
+    fn bad_head_is_refused() {
+        let (m, mut r) = setup(false);
+        assert!(matches!(r.push(&m, 4, 0), Err(UsedError::BadHead { .. })));
+        assert_eq!(r.pending(), 0);
+    }
+}

@@ -1,0 +1,360 @@
+//! The worker pool: threads that serve request virtqueues.
+//!
+//! Each worker owns the queues assigned to it (their rings, eventfds,
+//! backstore queues and in-flight requests) and waits in one epoll set for
+//! their kick eventfds, their backstore completion descriptors and its own
+//! wake eventfd. Control threads hand it work through a channel and the
+//! wake eventfd: start, stop, a new call eventfd, a drain for a task
+//! management function. A pool serves every device of the daemon; which
+//! worker serves which queue is explicit (`--queue-map`) or round robin,
+//! and logged.
+//!
+//! The loop is written for a second kind of queue (issue 5, poll mode):
+//! its `epoll_wait` timeout is the smallest [`ServedQueue::poll_timeout`],
+//! so a queue that polls its SQ doorbell keeps the worker awake while it
+//! spins and lets it sleep on the kick eventfd afterwards.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use thiserror::Error;
+use tracing::{debug, error};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
+
+/// epoll token of a worker's wake eventfd.
+const WAKE_TOKEN: u64 = u64::MAX;
+/// Bits of an epoll token that name the source within a queue (0: kick,
+/// 1 + n: completion descriptor of LUN n).
+const SOURCE_BITS: u32 = 16;
+
+/// A message to a worker.
+#[derive(Debug)]
+pub enum WorkerCommand {
+    /// Serve a queue (processing its ring once right away).
+    Start {
+        /// The queue.
+        start: Box<QueueStart>,
+        /// Whether it started.
+        reply: SyncSender<Result<(), QueueError>>,
+    },
+    /// Stop serving a queue after its in-flight requests completed.
+    Stop {
+        /// The queue.
+        key: QueueKey,
+        /// Where it stopped (`None`: not served here).
+        reply: SyncSender<Option<StopReport>>,
+    },
+    /// Replace a running queue's call eventfd.
+    SetCall {
+        /// The queue.
+        key: QueueKey,
+        /// The new eventfd.
+        call: Option<EventFd>,
+    },
+    /// Answer once every request of `device` in flight now has completed.
+    Drain {
+        /// The device.
+        device: u32,
+        /// Signalled when drained.
+        reply: SyncSender<()>,
+    },
+    /// Stop every queue and end the thread.
+    Exit,
+}
+
+/// A worker thread is gone (it panicked or exited).
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+#[error("worker {0} is not running")]
+pub struct WorkerGone(pub usize);
+
+struct WorkerHandle {
+    tx: Sender<WorkerCommand>,
+    wake: EventFd,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The pool of worker threads shared by every device of a daemon.
+pub struct WorkerPool {
+    workers: Vec<WorkerHandle>,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+impl WorkerPool {
+    /// Starts `n` worker threads.
+    pub fn new(n: usize) -> io::Result<Self> {
+        let mut workers = Vec::with_capacity(n);
+        for id in 0..n {
+            let (tx, rx) = mpsc::channel();
+            let wake = EventFd::new(EFD_NONBLOCK)?;
+            let (epoll, worker_wake) = Worker::epoll(wake.try_clone()?)?;
+            let thread = std::thread::Builder::new()
+                .name(format!("sqcq-worker{id}"))
+                .spawn(move || {
+                    // Built on its own thread: queues hold raw iovecs and
+                    // never leave it.
+                    Worker {
+                        id,
+                        epoll,
+                        wake: worker_wake,
+                        rx,
+                        queues: Vec::new(),
+                        drains: Vec::new(),
+                    }
+                    .run()
+                })?;
+            workers.push(WorkerHandle {
+                tx,
+                wake,
+                thread: Mutex::new(Some(thread)),
+            });
+        }
+        Ok(WorkerPool { workers })
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether the pool has no worker.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// Sends a command to worker `w` and wakes it.
+    pub fn send(&self, w: usize, cmd: WorkerCommand) -> Result<(), WorkerGone> {
+        let h = self.workers.get(w).ok_or(WorkerGone(w))?;
+        h.tx.send(cmd).map_err(|_| WorkerGone(w))?;
+        h.wake.write(1).map_err(|_| WorkerGone(w))
+    }
+
+    /// Sends a command with a reply channel and waits for the reply.
+    pub fn call<T>(
+        &self,
+        w: usize,
+        make: impl FnOnce(SyncSender<T>) -> WorkerCommand,
+    ) -> Result<T, WorkerGone> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(w, make(tx))?;
+        rx.recv().map_err(|_| WorkerGone(w))
+    }
+
+    /// Stops every worker (each stops its queues first) and joins them.
+    pub fn shutdown(&self) {
+        for w in 0..self.workers.len() {
+            let _ = self.send(w, WorkerCommand::Exit);
+        }
+        for h in &self.workers {
+            let thread = h
+                .thread
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(t) = thread
+                && t.join().is_err()
+            {
+                error!("a worker thread panicked");
+            }
+        }
+    }
+}
+
+struct Worker {
+    id: usize,
+    epoll: Epoll,
+    wake: EventFd,
+    rx: Receiver<WorkerCommand>,
+    queues: Vec<Option<ServedQueue>>,
+    drains: Vec<(u32, SyncSender<()>)>,
+}
+
+fn token(slot: usize, source: usize) -> u64 {
+    ((slot as u64) << SOURCE_BITS) | source as u64
+}
+
+impl Worker {
+    /// The epoll set of a new worker, watching its wake eventfd.
+    fn epoll(wake: EventFd) -> io::Result<(Epoll, EventFd)> {
+        let epoll = Epoll::new()?;
+        epoll.ctl(
+            ControlOperation::Add,
+            wake.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, WAKE_TOKEN),
+        )?;
+        Ok((epoll, wake))
+    }
+
+    fn run(mut self) {
+        let mut events = vec![EpollEvent::default(); 64];
+        loop {
+            let timeout = self
+                .queues
+                .iter()
+                .flatten()
+                .filter_map(ServedQueue::poll_timeout)
+                .min()
+                .map_or(-1, |d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX));
+            let n = match self.epoll.wait(timeout, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    error!(worker = self.id, "epoll_wait failed: {e}");
+                    break;
+                }
+            };
+            for ev in &events[..n] {
+                let t = ev.data();
+                if t == WAKE_TOKEN {
+                    let _ = self.wake.read();
+                    if !self.handle_commands() {
+                        return;
+                    }
+                    continue;
+                }
+                let slot = usize::try_from(t >> SOURCE_BITS).unwrap_or(usize::MAX);
+                let source = usize::try_from(t & ((1 << SOURCE_BITS) - 1)).unwrap_or(0);
+                if let Some(q) = self.queues.get_mut(slot).and_then(Option::as_mut) {
+                    match source {
+                        0 => q.on_kick(),
+                        n => q.on_completion(n - 1),
+                    }
+                }
+            }
+            self.check_drains();
+        }
+        self.stop_all();
+    }
+
+    /// Handles every queued command; returns false on Exit.
+    fn handle_commands(&mut self) -> bool {
+        while let Ok(cmd) = self.rx.try_recv() {
+            match cmd {
+                WorkerCommand::Start { start, reply } => {
+                    let result = self.start(*start);
+                    let _ = reply.send(result);
+                }
+                WorkerCommand::Stop { key, reply } => {
+                    let _ = reply.send(self.stop(key));
+                }
+                WorkerCommand::SetCall { key, call } => {
+                    if let Some(q) = self.find(key).and_then(|s| self.queues[s].as_mut()) {
+                        q.set_call(call);
+                    }
+                }
+                WorkerCommand::Drain { device, reply } => {
+                    for q in self.queues.iter_mut().flatten() {
+                        if q.key.device == device {
+                            q.begin_drain();
+                        }
+                    }
+                    self.drains.push((device, reply));
+                    self.check_drains();
+                }
+                WorkerCommand::Exit => {
+                    self.stop_all();
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn find(&self, key: QueueKey) -> Option<usize> {
+        self.queues
+            .iter()
+            .position(|q| q.as_ref().is_some_and(|q| q.key == key))
+    }
+
+    fn start(&mut self, start: QueueStart) -> Result<(), QueueError> {
+        let key = start.key;
+        let mut q = ServedQueue::start(start)?;
+        let slot = match self.queues.iter().position(Option::is_none) {
+            Some(s) => s,
+            None => {
+                self.queues.push(None);
+                self.queues.len() - 1
+            }
+        };
+        let mut fds: Vec<(RawFd, u64)> = vec![(q.kick_fd(), token(slot, 0))];
+        fds.extend(q.completion_fds().map(|(i, fd)| (fd, token(slot, i + 1))));
+        for (fd, t) in &fds {
+            if let Err(e) = self.epoll.ctl(
+                ControlOperation::Add,
+                *fd,
+                EpollEvent::new(EventSet::IN, *t),
+            ) {
+                error!(worker = self.id, vq = key.vq, "cannot watch fd {fd}: {e}");
+            }
+        }
+        debug!(
+            worker = self.id,
+            device = key.device,
+            vq = key.vq,
+            "queue started"
+        );
+        // A kick that came before the queue started (before its kick fd
+        // was set or it was enabled) is not lost: look at the ring now.
+        q.process();
+        self.queues[slot] = Some(q);
+        Ok(())
+    }
+
+    fn stop(&mut self, key: QueueKey) -> Option<StopReport> {
+        let slot = self.find(key)?;
+        let q = self.queues[slot].take()?;
+        self.unwatch(&q);
+        let report = q.stop();
+        self.check_drains();
+        Some(report)
+    }
+
+    fn unwatch(&self, q: &ServedQueue) {
+        let fds = std::iter::once(q.kick_fd()).chain(q.completion_fds().map(|(_, fd)| fd));
+        for fd in fds {
+            let _ = self
+                .epoll
+                .ctl(ControlOperation::Delete, fd, EpollEvent::default());
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for slot in 0..self.queues.len() {
+            if let Some(q) = self.queues[slot].take() {
+                self.unwatch(&q);
+                q.stop();
+            }
+        }
+        self.check_drains();
+    }
+
+    fn check_drains(&mut self) {
+        if self.drains.is_empty() {
+            return;
+        }
+        let queues = &self.queues;
+        self.drains.retain(|(device, reply)| {
+            let done = queues
+                .iter()
+                .flatten()
+                .filter(|q| q.key.device == *device)
+                .all(ServedQueue::drained);
+            if done {
+                let _ = reply.send(());
+            }
+            !done
+        });
+    }
+}

@@ -1,0 +1,76 @@
+//! The `sqcqd` binary: command line, serving, and SIGTERM (finish, exit 0).
+
+// Test code: lengths and indices are small constants of the test.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn sqcqd_serves_and_exits_zero_on_sigterm() {
+    let dir = TempDir::new("bin");
+    let socket = dir.path("sqcqd.sock");
+    // A stale socket file from an earlier run is replaced.
+    std::fs::write(&socket, b"stale").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .arg("--socket-path")
+        .arg(&socket)
+        .args([
+            "--lun",
+            "kind=ram,size=4M",
+            "--num-queues",
+            "2",
+            "--workers",
+            "2",
+        ])
+        .args(["--queue-size", "64"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let mut g = Guest::new();
+    let mut qs = vqs();
+    let fe = connect(&socket, &g, &mut qs, true);
+    clear_unit_attention(&mut qs[2], &mut g, 0);
+    let (r, data) = command(&mut qs[3], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
+    assert_eq!((r.response, r.status), (0, 0), "{r:?}");
+    assert_eq!(&data[8..12], b"SQCQ");
+
+    // SAFETY: kill() with a valid pid and signal number.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sqcqd did not exit after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "exit status {status:?}");
+    assert!(!socket.exists(), "the socket is removed on exit");
+    drop(fe);
+}
+
+#[test]
+fn sqcqd_rejects_a_bad_lun_spec() {
+    let status = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .args(["--socket-path", "/nonexistent/x.sock", "--lun", "kind=tape"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success());
+}
