@@ -1,0 +1,141 @@
+//! The benchmark matrix and its execution order.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::run::{self, Case, Figures, RunError};
+
+/// What to run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    /// Notification modes; the first is the baseline.
+    pub modes: Vec<String>,
+    /// I/O patterns.
+    pub rw: Vec<String>,
+    /// Queue depths.
+    pub qd: Vec<u32>,
+    /// Job counts.
+    pub jobs: Vec<u32>,
+    /// Block size.
+    pub bs: String,
+    /// Measured time per run.
+    pub runtime: Duration,
+    /// Warm-up per run.
+    pub ramp: Duration,
+    /// Runs per cell and mode.
+    pub repeat: u32,
+}
+
+impl Plan {
+    /// The cells (rw, qd, jobs) in report order.
+    pub fn cells(&self) -> Vec<(String, u32, u32)> {
+        let mut cells = Vec::new();
+        for rw in &self.rw {
+            for &qd in &self.qd {
+                for &jobs in &self.jobs {
+                    cells.push((rw.clone(), qd, jobs));
+                }
+            }
+        }
+        cells
+    }
+}
+
+/// The outcome of one case: the median over its repeats, or why it failed.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    /// Which case.
+    pub case: Case,
+    /// Median figures (by IOPS) over the successful repeats.
+    pub median: Option<Figures>,
+    /// Every repeat's figures.
+    pub repeats: Vec<Figures>,
+    /// The first failure, if no repeat succeeded.
+    pub failed: Option<String>,
+    /// The raw JSON of the median run.
+    pub raw: Option<serde_json::Value>,
+}
+
+/// Runs every case. Within a cell the modes are interleaved, repeat by
+/// repeat, so that slow drifts of the machine hit every mode alike.
+pub fn run_all(bench: &Path, plan: &Plan) -> Result<Vec<Outcome>, RunError> {
+    let cells = plan.cells();
+    let total = cells.len() * plan.modes.len() * plan.repeat as usize;
+    let mut done = 0;
+    let mut outcomes = Vec::new();
+    for (rw, qd, jobs) in cells {
+        let mut runs: Vec<Vec<(Figures, serde_json::Value)>> = vec![Vec::new(); plan.modes.len()];
+        let mut errors: Vec<Option<String>> = vec![None; plan.modes.len()];
+        for _ in 0..plan.repeat {
+            for (i, mode) in plan.modes.iter().enumerate() {
+                let case = Case {
+                    rw: rw.clone(),
+                    qd,
+                    jobs,
+                    mode: mode.clone(),
+                };
+                done += 1;
+                eprint!("\r[{done}/{total}] {rw} QD{qd} NJ{jobs} {mode:<12}");
+                match run::run_once(bench, &case, &plan.bs, plan.runtime, plan.ramp) {
+                    Ok(r) => runs[i].push(r),
+                    Err(RunError::Failed { status, stderr }) => {
+                        eprintln!("\n  failed: {status}: {stderr}");
+                        errors[i].get_or_insert(format!("{status}: {stderr}"));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for (i, mode) in plan.modes.iter().enumerate() {
+            let case = Case {
+                rw: rw.clone(),
+                qd,
+                jobs,
+                mode: mode.clone(),
+            };
+            let mut mine = std::mem::take(&mut runs[i]);
+            mine.sort_by(|a, b| a.0.iops.total_cmp(&b.0.iops));
+            let repeats: Vec<Figures> = mine.iter().map(|(f, _)| f.clone()).collect();
+            let median = mine.get(mine.len() / 2).cloned();
+            outcomes.push(Outcome {
+                case,
+                failed: if median.is_none() {
+                    errors[i].take()
+                } else {
+                    None
+                },
+                median: median.as_ref().map(|m| m.0.clone()),
+                raw: median.map(|m| m.1),
+                repeats,
+            });
+        }
+    }
+    eprintln!();
+    Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_follow_the_rfc_order() {
+        let plan = Plan {
+            modes: vec!["notify".into()],
+            rw: vec!["randread".into(), "randwrite".into()],
+            qd: vec![1, 32],
+            jobs: vec![1, 4],
+            bs: "4k".into(),
+            runtime: Duration::from_secs(1),
+            ramp: Duration::ZERO,
+            repeat: 1,
+        };
+        let cells = plan.cells();
+        assert_eq!(cells.len(), 8);
+        assert_eq!(cells[0], ("randread".into(), 1, 1));
+        assert_eq!(cells[3], ("randread".into(), 32, 4));
+        assert_eq!(cells[4], ("randwrite".into(), 1, 1));
+    }
+}

@@ -1,0 +1,246 @@
+//! The RFC-style tables, the machine description, and the output files.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::matrix::{Outcome, Plan};
+use crate::plot;
+use crate::run::Figures;
+
+/// What the figures were measured on, and what else was running.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    /// CPU model.
+    pub cpu: String,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// Kernel release.
+    pub kernel: String,
+    /// 1-minute load average when the report was made.
+    pub load_average: String,
+}
+
+impl Machine {
+    /// Reads /proc.
+    pub fn read() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .and_then(|r| r.split(':').nth(1))
+            })
+            .unwrap_or("unknown")
+            .trim()
+            .to_string();
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let load_average = std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        Machine {
+            cpu,
+            cpus,
+            kernel,
+            load_average,
+        }
+    }
+}
+
+fn find<'a>(
+    results: &'a [Outcome],
+    rw: &str,
+    qd: u32,
+    jobs: u32,
+    mode: &str,
+) -> Option<&'a Outcome> {
+    results
+        .iter()
+        .find(|o| o.case.rw == rw && o.case.qd == qd && o.case.jobs == jobs && o.case.mode == mode)
+}
+
+fn thousands(v: f64) -> String {
+    let n = v.round();
+    if !n.is_finite() {
+        return "-".into();
+    }
+    let digits = format!("{n:.0}");
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One table: a row per cell, a column per mode, `cell` formatting each.
+fn table(
+    plan: &Plan,
+    results: &[Outcome],
+    title: &str,
+    cell: &dyn Fn(&Figures, Option<&Figures>) -> String,
+) -> String {
+    let mut out = format!("\n{title}\n");
+    let _ = write!(out, "{:<20}", "Test");
+    for m in &plan.modes {
+        let _ = write!(out, " {m:>18}");
+    }
+    out.push('\n');
+    for (rw, qd, jobs) in plan.cells() {
+        let _ = write!(out, "{:<20}", format!("{rw} QD{qd} NJ{jobs}"));
+        let base = find(results, &rw, qd, jobs, &plan.modes[0]).and_then(|o| o.median.as_ref());
+        for m in &plan.modes {
+            let text = match find(results, &rw, qd, jobs, m) {
+                Some(Outcome {
+                    median: Some(f), ..
+                }) => {
+                    let fell_back = f.mode_run != *m;
+                    format!("{}{}", cell(f, base), if fell_back { "*" } else { "" })
+                }
+                _ => "failed".into(),
+            };
+            let _ = write!(out, " {text:>18}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// All tables as text.
+pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
+    let mut out = format!(
+        "sqcq-compare: {} CPU(s) {}, kernel {}, load average {}\n{} s measured + {} s warm-up per run, median of {} run(s), block size {}, null LUN\n",
+        machine.cpus,
+        machine.cpu,
+        machine.kernel,
+        machine.load_average,
+        plan.runtime.as_secs_f64(),
+        plan.ramp.as_secs_f64(),
+        plan.repeat,
+        plan.bs,
+    );
+    out += &table(
+        plan,
+        results,
+        &format!("IOPS (change against {})", plan.modes[0]),
+        &|f, base| match base {
+            Some(b) if b.iops > 0.0 => format!(
+                "{} {:+.0}%",
+                thousands(f.iops),
+                (f.iops / b.iops - 1.0) * 100.0
+            ),
+            _ => thousands(f.iops),
+        },
+    );
+    out += &table(plan, results, "p50 latency (us)", &|f, _| {
+        format!("{:.1}", f.p50_us)
+    });
+    out += &table(plan, results, "kicks + calls per I/O", &|f, _| {
+        format!("{:.3}", f.kicks_per_io + f.calls_per_io)
+    });
+    out += &table(plan, results, "CPU us per I/O: driver / target", &|f, _| {
+        format!("{:.1} / {:.1}", f.driver_cpu_us, f.target_cpu_us)
+    });
+    if results
+        .iter()
+        .any(|o| o.median.as_ref().is_some_and(|f| f.mode_run != o.case.mode))
+    {
+        out += "\n* the device did not offer what the mode needs; the run fell back to notify\n";
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct Document<'a> {
+    machine: &'a Machine,
+    plan: &'a Plan,
+    results: &'a [Outcome],
+}
+
+/// Writes `results.json` and `iops.svg` into `dir`.
+pub fn write_outputs(
+    dir: &Path,
+    plan: &Plan,
+    results: &[Outcome],
+    machine: &Machine,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let doc = Document {
+        machine,
+        plan,
+        results,
+    };
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_vec_pretty(&doc).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::write(dir.join("iops.svg"), plot::iops_svg(plan, results, machine))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::Case;
+    use std::time::Duration;
+
+    fn outcome(mode: &str, iops: f64) -> Outcome {
+        Outcome {
+            case: Case {
+                rw: "randread".into(),
+                qd: 1,
+                jobs: 1,
+                mode: mode.into(),
+            },
+            median: Some(Figures {
+                iops,
+                mode_run: mode.into(),
+                ..Figures::default()
+            }),
+            repeats: vec![],
+            failed: None,
+            raw: None,
+        }
+    }
+
+    #[test]
+    fn iops_table_shows_change_against_the_first_mode() {
+        let plan = Plan {
+            modes: vec!["notify".into(), "sqcq".into()],
+            rw: vec!["randread".into()],
+            qd: vec![1],
+            jobs: vec![1],
+            bs: "4k".into(),
+            runtime: Duration::from_secs(1),
+            ramp: Duration::ZERO,
+            repeat: 1,
+        };
+        let machine = Machine {
+            cpu: "x".into(),
+            cpus: 2,
+            kernel: "k".into(),
+            load_average: "0".into(),
+        };
+        let text = render(
+            &plan,
+            &[outcome("notify", 20_000.0), outcome("sqcq", 250_000.0)],
+            &machine,
+        );
+        assert!(text.contains("20,000 +0%"), "{text}");
+        assert!(text.contains("250,000 +1150%"), "{text}");
+    }
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(1234567.4), "1,234,567");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(f64::NAN), "-");
+    }
+}

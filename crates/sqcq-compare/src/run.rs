@@ -1,0 +1,194 @@
+//! One run of `sqcq-bench` and the figures taken from its fio-style JSON.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+use thiserror::Error;
+
+/// Why a run produced no figures.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// The load generator could not be found.
+    #[error(
+        "sqcq-bench not found next to {0}; build it with `cargo build --release -p sqcq-bench` or pass --bench"
+    )]
+    NoBench(PathBuf),
+    /// The load generator could not be started.
+    #[error("cannot start {path}")]
+    Spawn {
+        /// The program.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It exited non-zero.
+    #[error("sqcq-bench failed ({status}): {stderr}")]
+    Failed {
+        /// Exit status.
+        status: std::process::ExitStatus,
+        /// The last lines of its standard error.
+        stderr: String,
+    },
+    /// Its output is not the JSON expected.
+    #[error("unreadable sqcq-bench output: {0}")]
+    Output(String),
+}
+
+/// `sqcq-bench` next to this executable.
+pub fn default_bench() -> Result<PathBuf, RunError> {
+    let me = std::env::current_exe().unwrap_or_default();
+    let path = me.with_file_name("sqcq-bench");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(RunError::NoBench(me))
+    }
+}
+
+/// One cell of the matrix in one mode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Case {
+    /// I/O pattern.
+    pub rw: String,
+    /// Queue depth per job.
+    pub qd: u32,
+    /// Jobs.
+    pub jobs: u32,
+    /// Notification mode.
+    pub mode: String,
+}
+
+/// What one run measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Figures {
+    /// I/Os per second over all jobs.
+    pub iops: f64,
+    /// Median completion latency, averaged over jobs, in microseconds.
+    pub p50_us: f64,
+    /// 99th percentile latency, averaged over jobs, in microseconds.
+    pub p99_us: f64,
+    /// Kicks per I/O.
+    pub kicks_per_io: f64,
+    /// Calls per I/O.
+    pub calls_per_io: f64,
+    /// Driver-side CPU microseconds per I/O.
+    pub driver_cpu_us: f64,
+    /// Target-side CPU microseconds per I/O.
+    pub target_cpu_us: f64,
+    /// The mode the bench actually ran (differs after a fallback).
+    pub mode_run: String,
+}
+
+/// Runs `sqcq-bench` once and extracts the figures.
+pub fn run_once(
+    bench: &Path,
+    case: &Case,
+    bs: &str,
+    runtime: Duration,
+    ramp: Duration,
+) -> Result<(Figures, Value), RunError> {
+    let output = Command::new(bench)
+        .args([
+            "--rw",
+            &case.rw,
+            "--bs",
+            bs,
+            "--mode",
+            &case.mode,
+            "--output-format",
+            "json",
+            "--time_based",
+        ])
+        .args([
+            "--iodepth",
+            &case.qd.to_string(),
+            "--numjobs",
+            &case.jobs.to_string(),
+        ])
+        .args(["--runtime", &format!("{}ms", runtime.as_millis())])
+        .args(["--ramp_time", &format!("{}ms", ramp.as_millis())])
+        .output()
+        .map_err(|source| RunError::Spawn {
+            path: bench.to_path_buf(),
+            source,
+        })?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        let stderr = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+        return Err(RunError::Failed {
+            status: output.status,
+            stderr,
+        });
+    }
+    let json: Value =
+        serde_json::from_slice(&output.stdout).map_err(|e| RunError::Output(e.to_string()))?;
+    let figures = figures(&json).ok_or_else(|| RunError::Output("missing fields".into()))?;
+    Ok((figures, json))
+}
+
+fn figures(json: &Value) -> Option<Figures> {
+    let jobs = json.get("jobs")?.as_array()?;
+    let sqcq = json.get("sqcq")?;
+    let mut f = Figures::default();
+    let (mut p50, mut p99, mut n) = (0.0, 0.0, 0.0);
+    for job in jobs {
+        for dir in ["read", "write"] {
+            let d = &job[dir];
+            let iops = d["iops"].as_f64().unwrap_or(0.0);
+            if iops > 0.0 {
+                f.iops += iops;
+                let pct = &d["clat_ns"]["percentile"];
+                p50 += pct["50.000000"].as_f64().unwrap_or(0.0) / 1000.0;
+                p99 += pct["99.000000"].as_f64().unwrap_or(0.0) / 1000.0;
+                n += 1.0;
+            }
+        }
+    }
+    if n > 0.0 {
+        f.p50_us = p50 / n;
+        f.p99_us = p99 / n;
+    }
+    f.kicks_per_io = sqcq["kicks_per_io"].as_f64()?;
+    f.calls_per_io = sqcq["calls_per_io"].as_f64()?;
+    f.driver_cpu_us = sqcq["driver_cpu"]["us_per_io"].as_f64().unwrap_or(f64::NAN);
+    f.target_cpu_us = sqcq["target_cpu"]["us_per_io"].as_f64().unwrap_or(f64::NAN);
+    f.mode_run = sqcq["mode"].as_str().unwrap_or("?").to_string();
+    Some(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_sum_jobs_and_average_percentiles() {
+        let json = serde_json::json!({
+            "jobs": [
+                {"read": {"iops": 100.0, "clat_ns": {"percentile": {"50.000000": 2000, "99.000000": 9000}}},
+                 "write": {"iops": 0.0}},
+                {"read": {"iops": 300.0, "clat_ns": {"percentile": {"50.000000": 4000, "99.000000": 11000}}},
+                 "write": {"iops": 0.0}}
+            ],
+            "sqcq": {"kicks_per_io": 0.5, "calls_per_io": 0.25, "mode": "sqcq",
+                     "driver_cpu": {"us_per_io": 1.5}, "target_cpu": {"us_per_io": 2.5}}
+        });
+        let f = figures(&json).unwrap();
+        assert_eq!(f.iops, 400.0);
+        assert_eq!(f.p50_us, 3.0);
+        assert_eq!(f.p99_us, 10.0);
+        assert_eq!((f.kicks_per_io, f.calls_per_io), (0.5, 0.25));
+        assert_eq!((f.driver_cpu_us, f.target_cpu_us), (1.5, 2.5));
+        assert_eq!(f.mode_run, "sqcq");
+    }
+
+    #[test]
+    fn output_without_notification_counters_is_rejected() {
+        let json = serde_json::json!({"jobs": [], "sqcq": {}});
+        assert!(figures(&json).is_none());
+    }
+}
