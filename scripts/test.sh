@@ -19,3 +19,6 @@ echo "== spin: the Promela model of NEED_WAKEUP and its fence-less variants"
 scripts/check-models.sh
 echo "== cargo test"
 cargo test --workspace
+echo "== guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
+cargo build --quiet -p sqcq-target --bin sqcqd
+SQCQD=target/debug/sqcqd scripts/guest-test.sh

@@ -23,6 +23,15 @@ pub enum BackstoreError {
     /// than 512 or 4096, a size that is not a whole number of blocks).
     #[error("invalid geometry: {0}")]
     Geometry(&'static str),
+    /// The backing file or device could not be resized.
+    #[error("cannot resize the backstore to {bytes} bytes")]
+    Resize {
+        /// The size asked for.
+        bytes: u64,
+        /// What the system said.
+        #[source]
+        source: io::Error,
+    },
     /// Setting up the per-worker queue (io_uring, eventfd) failed.
     #[error("cannot set up an I/O queue")]
     Setup(#[source] io::Error),

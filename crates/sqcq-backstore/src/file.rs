@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
+use crate::capacity::Capacity;
 use crate::slots::{ImmediateCompletions, Slots};
 use crate::{
     Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
@@ -61,7 +62,9 @@ impl FileOptions {
 /// A backstore on a regular file or block device.
 #[derive(Debug)]
 pub struct FileBackstore {
+    /// The geometry at open; `blocks` follows `capacity`.
     geometry: Geometry,
+    capacity: Capacity,
     buffered: Arc<File>,
     direct: Option<(Arc<File>, u64)>,
     block_device: bool,
@@ -129,6 +132,7 @@ impl FileBackstore {
                 supports_unmap: !options.read_only,
                 unmapped_reads_zero: !block_device,
             },
+            capacity: Capacity::new(blocks * u64::from(options.block_size)),
             buffered: Arc::new(buffered),
             direct,
             block_device,
@@ -158,7 +162,40 @@ fn ioctl_u64(file: &File, request: libc::Ioctl) -> io::Result<u64> {
 
 impl Backstore for FileBackstore {
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            blocks: self.capacity.get() / u64::from(self.geometry.block_size),
+            ..self.geometry
+        }
+    }
+
+    /// A regular file grows (`set_len`) before the new capacity is
+    /// published; a block device takes any size up to its own (grow the
+    /// device first). Shrinking is refused: it would destroy the data
+    /// beyond the new end of a file the administrator may still want.
+    fn resize(&self, bytes: u64) -> Result<Geometry, BackstoreError> {
+        crate::ram::validated_geometry(bytes, self.geometry.block_size)?;
+        if bytes < self.capacity.get() {
+            return Err(BackstoreError::Unsupported("shrinking a file LUN"));
+        }
+        let resize_err = |source| BackstoreError::Resize { bytes, source };
+        if self.block_device {
+            let size = ioctl_u64(&self.buffered, BLKGETSIZE64).map_err(resize_err)?;
+            if bytes > size {
+                return Err(BackstoreError::Geometry(
+                    "larger than the block device (grow the device first)",
+                ));
+            }
+        } else {
+            let current = self.buffered.metadata().map_err(resize_err)?.len();
+            if bytes > current {
+                if self.geometry.read_only {
+                    return Err(BackstoreError::ReadOnly);
+                }
+                self.buffered.set_len(bytes).map_err(resize_err)?;
+            }
+        }
+        self.capacity.set(bytes);
+        Ok(self.geometry())
     }
 
     fn open_queue(&self, depth: u32) -> Result<Box<dyn BackstoreQueue>, BackstoreError> {
@@ -180,7 +217,7 @@ impl Backstore for FileBackstore {
             slots: Slots::new(depth),
             immediate: ImmediateCompletions::new(depth),
             unsubmitted: 0,
-            capacity: self.geometry.bytes(),
+            capacity: self.capacity.clone(),
             read_only: self.geometry.read_only,
             buffered: Arc::clone(&self.buffered),
             direct: self.direct.clone(),
@@ -195,7 +232,7 @@ struct FileQueue {
     slots: Slots,
     immediate: ImmediateCompletions,
     unsubmitted: u32,
-    capacity: u64,
+    capacity: Capacity,
     read_only: bool,
     buffered: Arc<File>,
     direct: Option<(Arc<File>, u64)>,
@@ -279,7 +316,7 @@ impl BackstoreQueue for FileQueue {
         let buffered = types::Fd(self.buffered.as_raw_fd());
         let entry = match op {
             IoOp::Read { offset } | IoOp::Write { offset, .. } => {
-                check_range(offset, u64::from(len), self.capacity)?;
+                check_range(offset, u64::from(len), self.capacity.get())?;
                 let fd = types::Fd(self.data_fd(offset, iov));
                 let (slot, iovecs) = self.slots.take(tag, len, iov)?;
                 let n = u32::try_from(iov.len()).unwrap_or(u32::MAX);
@@ -300,7 +337,7 @@ impl BackstoreQueue for FileQueue {
                     .user_data(u64::from(slot))
             }
             IoOp::Discard { offset, len } | IoOp::WriteZeroes { offset, len } => {
-                check_range(offset, len, self.capacity)?;
+                check_range(offset, len, self.capacity.get())?;
                 let zero = matches!(op, IoOp::WriteZeroes { .. });
                 if self.block_device {
                     return self.complete_now(
@@ -362,5 +399,30 @@ impl BackstoreQueue for FileQueue {
 
     fn completion_fd(&self) -> Option<RawFd> {
         Some(self.eventfd.as_raw_fd())
+    }
+
+    fn steer_completions(&mut self, cpus: &[usize]) -> Result<bool, BackstoreError> {
+        // SAFETY: an all-zero cpu_set_t is the empty set (what CPU_ZERO
+        // writes); it is plain data.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let capacity = 8 * std::mem::size_of::<libc::cpu_set_t>();
+        for &cpu in cpus.iter().filter(|&&c| c < capacity) {
+            // SAFETY: `cpu` is below the set's capacity in bits, checked
+            // above, so CPU_SET writes inside `set`.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        if cpus.iter().all(|&c| c >= capacity) {
+            return Err(BackstoreError::Setup(io::Error::from_raw_os_error(
+                libc::EINVAL,
+            )));
+        }
+        // io-wq workers (buffered I/O, fsync, fallocate punted out of line)
+        // run only on these CPUs from now on; direct I/O that completes
+        // from the interrupt path is not affected.
+        self.ring
+            .submitter()
+            .register_iowq_aff(&set)
+            .map_err(BackstoreError::Setup)?;
+        Ok(true)
     }
 }

@@ -20,6 +20,7 @@
 
 #![deny(missing_docs)]
 
+mod capacity;
 mod error;
 mod file;
 mod null;
@@ -94,6 +95,15 @@ pub trait Backstore: Send + Sync {
     fn geometry(&self) -> Geometry;
     /// Opens a per-worker I/O queue able to hold `depth` requests in flight.
     fn open_queue(&self, depth: u32) -> Result<Box<dyn BackstoreQueue>, BackstoreError>;
+    /// Changes the capacity to `bytes` (a whole number of blocks) while
+    /// queues are open and running; returns the new geometry. Growing makes
+    /// the new range usable before any queue accepts it. Shrinking is only
+    /// safe once the initiator can no longer reach the range given up (the
+    /// logical unit shrank first and requests in flight were drained).
+    fn resize(&self, bytes: u64) -> Result<Geometry, BackstoreError> {
+        let _ = bytes;
+        Err(BackstoreError::Unsupported("resize"))
+    }
 }
 
 /// The completion callback of [`BackstoreQueue::reap`]: the request's tag
@@ -132,6 +142,16 @@ pub trait BackstoreQueue: Send {
     /// the worker's epoll set; `None` when completions are available as soon
     /// as `commit` returns. Reading it (8 bytes) rearms it.
     fn completion_fd(&self) -> Option<RawFd>;
+
+    /// Restricts the kernel threads that do this queue's asynchronous
+    /// completion work to `cpus` (io_uring's `IORING_REGISTER_IOWQ_AFF`),
+    /// so that it does not compete with poll threads bound elsewhere.
+    /// Returns `Ok(false)` when the backstore has no such work (it
+    /// completes requests in the caller's thread): nothing to steer.
+    fn steer_completions(&mut self, cpus: &[usize]) -> Result<bool, BackstoreError> {
+        let _ = cpus;
+        Ok(false)
+    }
 }
 
 /// Checks that `len` bytes at `offset` lie within a backstore of `capacity`

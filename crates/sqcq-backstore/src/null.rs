@@ -1,5 +1,6 @@
 //! The null backstore: reads return zeros, writes are dropped.
 
+use crate::capacity::Capacity;
 use crate::slots::ImmediateCompletions;
 use crate::{
     Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
@@ -11,6 +12,7 @@ use crate::{
 #[derive(Debug)]
 pub struct NullBackstore {
     geometry: Geometry,
+    capacity: Capacity,
 }
 
 impl NullBackstore {
@@ -22,26 +24,36 @@ impl NullBackstore {
                 unmapped_reads_zero: true,
                 ..geometry
             },
+            capacity: Capacity::new(bytes),
         })
     }
 }
 
 impl Backstore for NullBackstore {
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            blocks: self.capacity.get() / u64::from(self.geometry.block_size),
+            ..self.geometry
+        }
     }
 
     fn open_queue(&self, depth: u32) -> Result<Box<dyn BackstoreQueue>, BackstoreError> {
         Ok(Box::new(NullQueue {
-            capacity: self.geometry.bytes(),
+            capacity: self.capacity.clone(),
             done: ImmediateCompletions::new(depth),
         }))
+    }
+
+    fn resize(&self, bytes: u64) -> Result<Geometry, BackstoreError> {
+        crate::ram::validated_geometry(bytes, self.geometry.block_size)?;
+        self.capacity.set(bytes);
+        Ok(self.geometry())
     }
 }
 
 #[derive(Debug)]
 struct NullQueue {
-    capacity: u64,
+    capacity: Capacity,
     done: ImmediateCompletions,
 }
 
@@ -54,20 +66,22 @@ impl BackstoreQueue for NullQueue {
     ) -> Result<(), BackstoreError> {
         let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
         let result = match op {
-            IoOp::Read { offset } => check_range(offset, u64::from(len), self.capacity).map(|()| {
-                for v in iov {
-                    // SAFETY: `submit`'s contract: each iovec is valid for
-                    // writes of its length until completion is reaped.
-                    unsafe { std::ptr::write_bytes(v.iov_base.cast::<u8>(), 0, v.iov_len) };
-                }
-                len
-            }),
+            IoOp::Read { offset } => {
+                check_range(offset, u64::from(len), self.capacity.get()).map(|()| {
+                    for v in iov {
+                        // SAFETY: `submit`'s contract: each iovec is valid for
+                        // writes of its length until completion is reaped.
+                        unsafe { std::ptr::write_bytes(v.iov_base.cast::<u8>(), 0, v.iov_len) };
+                    }
+                    len
+                })
+            }
             IoOp::Write { offset, .. } => {
-                check_range(offset, u64::from(len), self.capacity).map(|()| len)
+                check_range(offset, u64::from(len), self.capacity.get()).map(|()| len)
             }
             IoOp::Flush => Ok(0),
             IoOp::Discard { offset, len } | IoOp::WriteZeroes { offset, len } => {
-                check_range(offset, len, self.capacity).map(|()| 0)
+                check_range(offset, len, self.capacity.get()).map(|()| 0)
             }
         };
         self.done.push(tag, result)

@@ -1,8 +1,9 @@
 //! The RAM backstore: blocks in anonymous memory of this process.
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::capacity::Capacity;
 use crate::slots::ImmediateCompletions;
 use crate::{
     Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
@@ -27,8 +28,14 @@ pub(crate) fn validated_geometry(bytes: u64, block_size: u32) -> Result<Geometry
     })
 }
 
-/// Anonymous private memory, unmapped on drop. Pages are allocated by the
-/// kernel on first write, so a large RAM disk costs what is written.
+/// Address space reserved for a RAM backstore to grow into: at least this
+/// much (inaccessible and uncharged until a resize makes it writable).
+const RESERVE: u64 = 64 << 30;
+
+/// Anonymous private memory, unmapped on drop. `len` bytes of address
+/// space are reserved; the first `accessible` are readable and writable.
+/// Pages are allocated by the kernel on first write, so a large RAM disk
+/// costs what is written.
 #[derive(Debug)]
 struct Mapping {
     base: NonNull<u8>,
@@ -49,12 +56,37 @@ impl Drop for Mapping {
     }
 }
 
+fn reserve(len: usize) -> Option<NonNull<u8>> {
+    // SAFETY: an anonymous private mapping at an address of the kernel's
+    // choosing affects no existing memory. PROT_NONE: not yet usable, and
+    // not charged against the commit limit.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return None;
+    }
+    NonNull::new(addr.cast::<u8>())
+}
+
 /// A backstore that keeps its blocks in memory; contents are lost when the
-/// daemon exits.
+/// daemon exits. It can grow up to the address space reserved when it was
+/// created (at least 64 GiB, else its initial size).
 #[derive(Debug)]
 pub struct RamBackstore {
+    /// The geometry at creation; `blocks` follows `capacity`.
     geometry: Geometry,
     mapping: Arc<Mapping>,
+    capacity: Capacity,
+    /// Bytes made accessible so far (only grows); serialises resizes.
+    accessible: Mutex<usize>,
 }
 
 impl RamBackstore {
@@ -63,53 +95,139 @@ impl RamBackstore {
         let geometry = validated_geometry(bytes, block_size)?;
         let len = usize::try_from(bytes)
             .map_err(|_| BackstoreError::Geometry("size exceeds the address space"))?;
-        // SAFETY: an anonymous private mapping at an address of the
-        // kernel's choosing affects no existing memory.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
+        let room = usize::try_from(bytes.max(RESERVE)).unwrap_or(len);
+        // A smaller reservation when the address space is limited
+        // (ulimit -v): the LUN then cannot grow.
+        let (base, room) = match reserve(room) {
+            Some(b) => (b, room),
+            None => (
+                reserve(len)
+                    .ok_or_else(|| BackstoreError::Setup(std::io::Error::last_os_error()))?,
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
+            ),
         };
-        if addr == libc::MAP_FAILED {
-            return Err(BackstoreError::Setup(std::io::Error::last_os_error()));
-        }
-        let base = NonNull::new(addr.cast::<u8>())
-            .ok_or(BackstoreError::Geometry("mmap returned null"))?;
+        let mapping = Arc::new(Mapping { base, len: room });
+        make_accessible(&mapping, 0, len)?;
         Ok(RamBackstore {
             geometry,
-            mapping: Arc::new(Mapping { base, len }),
+            mapping,
+            capacity: Capacity::new(bytes),
+            accessible: Mutex::new(len),
         })
     }
 }
 
+/// Makes `[from, to)` of the mapping readable and writable.
+fn make_accessible(m: &Mapping, from: usize, to: usize) -> Result<(), BackstoreError> {
+    if to <= from {
+        return Ok(());
+    }
+    // mprotect needs a page-aligned start; the page holding `from` is
+    // already accessible, so rounding down changes nothing there.
+    let page = page_size();
+    let start = from / page * page;
+    // SAFETY: `[start, to)` lies within the reservation (`to <= len`,
+    // checked by the callers); changing protection from none to
+    // read-write exposes fresh zero pages, nothing else refers to them.
+    let rc = unsafe {
+        libc::mprotect(
+            m.base.as_ptr().wrapping_add(start).cast(),
+            to - start,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    if rc != 0 {
+        return Err(BackstoreError::Setup(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).unwrap_or(4096).max(1)
+}
+
 impl Backstore for RamBackstore {
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            blocks: self.capacity.get() / u64::from(self.geometry.block_size),
+            ..self.geometry
+        }
     }
 
     fn open_queue(&self, depth: u32) -> Result<Box<dyn BackstoreQueue>, BackstoreError> {
         Ok(Box::new(RamQueue {
             mapping: Arc::clone(&self.mapping),
+            capacity: self.capacity.clone(),
             done: ImmediateCompletions::new(depth),
         }))
+    }
+
+    /// Grows within the reservation, or shrinks: the bytes given up are
+    /// zeroed (and their pages returned to the kernel) so that growing
+    /// again shows zeros, but stay mapped, so that a late request racing
+    /// the shrink cannot fault.
+    fn resize(&self, bytes: u64) -> Result<Geometry, BackstoreError> {
+        validated_geometry(bytes, self.geometry.block_size)?;
+        let new = usize::try_from(bytes)
+            .ok()
+            .filter(|n| *n <= self.mapping.len)
+            .ok_or(BackstoreError::Unsupported(
+                "growing a RAM LUN past the address space reserved for it",
+            ))?;
+        let mut accessible = self
+            .accessible
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = usize::try_from(self.capacity.get()).unwrap_or(0);
+        if new > *accessible {
+            make_accessible(&self.mapping, *accessible, new)?;
+            *accessible = new;
+        }
+        if new < old {
+            self.capacity.set(bytes);
+            let page = page_size();
+            let first_page = new.div_ceil(page) * page;
+            let partial_end = first_page.min(old);
+            // SAFETY: `[new, partial_end)` lies in the accessible part of
+            // the mapping; no request can reach it any more (see the trait).
+            unsafe {
+                std::ptr::write_bytes(
+                    self.mapping.base.as_ptr().wrapping_add(new),
+                    0,
+                    partial_end - new,
+                )
+            };
+            if first_page < old {
+                // SAFETY: whole pages of our own private anonymous
+                // mapping; MADV_DONTNEED makes them read as zeros.
+                unsafe {
+                    libc::madvise(
+                        self.mapping.base.as_ptr().wrapping_add(first_page).cast(),
+                        old - first_page,
+                        libc::MADV_DONTNEED,
+                    )
+                };
+            }
+        } else {
+            self.capacity.set(bytes);
+        }
+        Ok(self.geometry())
     }
 }
 
 #[derive(Debug)]
 struct RamQueue {
     mapping: Arc<Mapping>,
+    capacity: Capacity,
     done: ImmediateCompletions,
 }
 
 impl RamQueue {
     /// The mapping's bytes at `offset`, after `check_range` passed.
     fn at(&self, offset: u64) -> *mut u8 {
-        // `offset <= len` was checked against the capacity, which is `len`.
+        // `offset <= capacity <= len` was checked.
         let offset = usize::try_from(offset).unwrap_or(self.mapping.len);
         self.mapping.base.as_ptr().wrapping_add(offset)
     }
@@ -155,7 +273,7 @@ impl BackstoreQueue for RamQueue {
         iov: &[libc::iovec],
     ) -> Result<(), BackstoreError> {
         let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
-        let capacity = u64::try_from(self.mapping.len).unwrap_or(u64::MAX);
+        let capacity = self.capacity.get();
         let result = match op {
             IoOp::Read { offset } | IoOp::Write { offset, .. } => {
                 check_range(offset, u64::from(len), capacity).map(|()| {

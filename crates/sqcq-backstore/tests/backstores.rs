@@ -241,6 +241,24 @@ fn file_keeps_data_through_io_uring() {
 }
 
 #[test]
+fn file_completion_work_can_be_steered_to_cpus() {
+    let path = temp_path("file-steer");
+    let mut opts = FileOptions::new(&path);
+    opts.size = Some(1 << 20);
+    let file = FileBackstore::open(&opts).unwrap();
+    let mut q = file.open_queue(8).unwrap();
+    assert!(
+        q.steer_completions(&[0]).unwrap(),
+        "io-wq affinity registered"
+    );
+    round_trip(&file);
+    let null = NullBackstore::new(1 << 20, 512).unwrap();
+    let mut q = null.open_queue(8).unwrap();
+    assert!(!q.steer_completions(&[0]).unwrap(), "null completes inline");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
 fn null_reads_zeros_and_drops_writes() {
     let null = NullBackstore::new(1 << 20, 4096).unwrap();
     let mut q = null.open_queue(2).unwrap();

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use sqcq_driver::NotifyMode;
 use sqcq_driver::scsi::CdbSize;
+use sqcq_driver::sqcq::PollThreads;
 
 /// A fio-like load generator over sqcq's userspace virtio-scsi driver.
 ///
@@ -56,9 +57,26 @@ pub struct Args {
     /// Set FUA on writes.
     #[arg(long)]
     pub fua: bool,
-    /// Notification mode of the request queues.
+    /// Notification mode of the request queues: notify, poll-queue,
+    /// ring-poll, sqcq, sqcq-inline. The doorbell modes (sqcq, sqcq-inline)
+    /// fall back to notify, with a warning, when the device does not offer
+    /// VIRTIO_F_SQCQ_POLL.
     #[arg(long, default_value = "notify", value_parser = parse_mode)]
     pub mode: NotifyMode,
+    /// Driver poll threads of the doorbell modes: one per device, or one
+    /// per request queue.
+    #[arg(long = "poll-threads", value_enum, default_value = "per-device")]
+    pub poll_threads: PollThreadsArg,
+    /// Print the per-queue poll statistics (the RFC's `vq[N] cq=...`
+    /// lines) on stderr this often during the run (0: only at the end).
+    #[arg(long = "stats-interval", default_value = "10", value_parser = parse_time)]
+    pub stats_interval: Duration,
+    /// Split the run into this many bursts; between two bursts each job
+    /// drains its queue and, in the doorbell modes, waits (bounded by
+    /// --io-timeout) until both sides' poll threads are asleep with
+    /// NEED_WAKEUP set, as the doorbell flags show.
+    #[arg(long, default_value_t = 1)]
+    pub bursts: u32,
     /// The vhost-user socket of a running target.
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -140,6 +158,24 @@ impl Rw {
             Self::Randread => "randread",
             Self::Randwrite => "randwrite",
             Self::Randrw => "randrw",
+        }
+    }
+}
+
+/// `--poll-threads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PollThreadsArg {
+    /// One driver poll thread per device.
+    PerDevice,
+    /// One driver poll thread per request queue.
+    PerQueue,
+}
+
+impl From<PollThreadsArg> for PollThreads {
+    fn from(p: PollThreadsArg) -> Self {
+        match p {
+            PollThreadsArg::PerDevice => Self::PerDevice,
+            PollThreadsArg::PerQueue => Self::PerQueue,
         }
     }
 }
@@ -298,6 +334,12 @@ mod tests {
         assert_eq!(a.bs, 8192);
         assert_eq!(a.mode, NotifyMode::PollQueue);
         assert_eq!(a.cdb, CdbChoice::Sixteen);
-        assert!(Args::try_parse_from(["sqcq-bench", "--mode", "sqcq"]).is_err());
+        for mode in ["notify", "poll-queue", "ring-poll", "sqcq", "sqcq-inline"] {
+            let a = Args::try_parse_from(["sqcq-bench", "--mode", mode]).unwrap();
+            assert_eq!(a.mode.name(), mode);
+        }
+        assert!(Args::try_parse_from(["sqcq-bench", "--mode", "sqcq-poll"]).is_err());
+        let a = Args::try_parse_from(["sqcq-bench", "--poll-threads", "per-queue"]).unwrap();
+        assert_eq!(PollThreads::from(a.poll_threads), PollThreads::PerQueue);
     }
 }

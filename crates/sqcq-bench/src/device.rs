@@ -8,10 +8,12 @@ use sqcq_driver::scsi::data::parse_report_luns;
 use sqcq_driver::scsi::{
     Capacity, Cdb, Command, CommandError, ControlQueue, Data, Done, Inquiry, Lun, ScsiQueue, sense,
 };
+use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollStats, PollThreads};
 use sqcq_driver::{
     Buffer, DriverMemory, Frontend, FrontendConfig, Negotiated, NotifyMode, QueueConfig,
-    QueueEvents, Virtqueue,
+    QueueEvents, SplitQueue, Virtqueue,
 };
+use sqcq_protocol::SpinConfig;
 use virtio_bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX as EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC as INDIRECT_DESC,
 };
@@ -42,6 +44,8 @@ pub struct DeviceSpec {
     pub bs: u64,
     /// Notification mode of the request queues.
     pub mode: NotifyMode,
+    /// Driver poll threads of the doorbell modes.
+    pub poll_threads: PollThreads,
     /// Negotiate EVENT_IDX if offered.
     pub event_idx: bool,
     /// Negotiate indirect descriptors if offered.
@@ -72,10 +76,28 @@ pub struct LunInfo {
     pub luns: usize,
 }
 
+/// A doorbell mode asked of a device that does not offer
+/// VIRTIO_F_SQCQ_POLL, run as `notify` instead.
+#[derive(Debug, Clone)]
+pub struct ModeFallback {
+    /// The mode asked for.
+    pub requested: NotifyMode,
+    /// The mode run.
+    pub used: NotifyMode,
+    /// Why.
+    pub reason: String,
+}
+
 /// A device ready to run jobs.
 #[derive(Debug)]
 pub struct Device {
     frontend: Frontend,
+    /// The driver poll threads of the doorbell modes.
+    poll: Option<PollGroup>,
+    /// The mode the request queues run.
+    pub mode: NotifyMode,
+    /// Set when the mode asked for was not available.
+    pub fallback: Option<ModeFallback>,
     /// Kept for the run: it holds the memfd the device maps.
     _mem: DriverMemory,
     /// Kept running for task management; not used by the jobs.
@@ -100,6 +122,25 @@ impl Device {
             timeout: spec.timeout,
         })?;
         let neg = frontend.negotiated().clone();
+        let missing = spec.mode.required_features() & !neg.acked;
+        let (mode, fallback) = if missing == 0 {
+            (spec.mode, None)
+        } else {
+            let reason = format!(
+                "the device does not offer VIRTIO_F_SQCQ_POLL (feature bit {}; offered {:#x})",
+                sqcq_protocol_bit(),
+                neg.offered
+            );
+            let used = NotifyMode::Notify;
+            (
+                used,
+                Some(ModeFallback {
+                    requested: spec.mode,
+                    used,
+                    reason,
+                }),
+            )
+        };
         let available = neg.request_queues();
         if spec.queues > available {
             return Err(BenchError::Usage(format!(
@@ -141,14 +182,21 @@ impl Device {
             events(&frontend)?,
         )?;
         let mut queues = Vec::new();
+        let mut poll = mode
+            .doorbells()
+            .then(|| PollGroupBuilder::new(spec.poll_threads, SpinConfig::default()));
         for i in 0..spec.queues {
-            let vq = Virtqueue::new(
-                &mut mem,
-                FIRST_REQUEST_QUEUE + i,
-                config(spec.queue_size),
-                spec.mode,
-                events(&frontend)?,
-            )?;
+            let index = FIRST_REQUEST_QUEUE + i;
+            let mut events = events(&frontend)?;
+            let vq = match &mut poll {
+                Some(poll) => {
+                    let ring = SplitQueue::new(&mut mem, config(spec.queue_size))?;
+                    let inline = mode == NotifyMode::SqcqInline;
+                    let notifier = poll.attach(&mem, index, &ring, &mut events, inline)?;
+                    Virtqueue::with_notifier(index, ring, notifier, events)
+                }
+                None => Virtqueue::new(&mut mem, index, config(spec.queue_size), mode, events)?,
+            };
             let queue = ScsiQueue::new(&mut mem, vq, &neg.config)?;
             let len =
                 usize::try_from(spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
@@ -157,6 +205,9 @@ impl Device {
                 .collect::<Result<Vec<_>, _>>()?;
             queues.push(JobQueue { queue, buffers });
         }
+        // Running before any request: the set-up commands below complete
+        // through it too.
+        let poll = poll.map(PollGroupBuilder::start).transpose()?;
         let control = ControlQueue::new(&mut mem, control_vq)?;
         let scratch = mem.alloc(SCRATCH, 4096)?;
 
@@ -175,6 +226,9 @@ impl Device {
         let info = identify(first, &guest, scratch, spec.lun)?;
         Ok(Self {
             frontend,
+            poll,
+            mode,
+            fallback,
             _mem: mem,
             _control: control,
             _event: event,
@@ -189,9 +243,19 @@ impl Device {
         self.frontend.negotiated()
     }
 
-    /// Takes the vrings back and disconnects.
+    /// The driver poll threads' statistics, in the doorbell modes.
+    pub fn poll_stats(&self) -> Option<PollStats> {
+        self.poll.as_ref().map(PollGroup::stats)
+    }
+
+    /// Takes the vrings back and disconnects, then stops the driver poll
+    /// threads (the device no longer touches the doorbells).
     pub fn close(self) -> Result<(), BenchError> {
-        self.frontend.stop()?;
+        let stopped = self.frontend.stop();
+        if let Some(poll) = self.poll {
+            poll.stop();
+        }
+        stopped?;
         Ok(())
     }
 }
@@ -317,6 +381,10 @@ fn identify(
         capacity,
         luns,
     })
+}
+
+fn sqcq_protocol_bit() -> u32 {
+    sqcq_protocol::VIRTIO_F_SQCQ_POLL
 }
 
 /// Whether EVENT_IDX was negotiated.

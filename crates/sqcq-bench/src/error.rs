@@ -1,6 +1,7 @@
 //! Everything that ends a run early, and the exit code it gives.
 
 use sqcq_driver::scsi::{CommandError, QueueFailure, SubmitError};
+use sqcq_driver::sqcq::DoorbellError;
 use sqcq_driver::{FrontendError, MemoryError, QueueError};
 
 use crate::target::TargetError;
@@ -24,6 +25,17 @@ pub enum BenchError {
     /// A queue could not be set up.
     #[error("queue set-up")]
     Queue(#[from] QueueError),
+    /// The doorbells or the driver poll thread could not be set up.
+    #[error("doorbell set-up")]
+    Doorbell(#[from] DoorbellError),
+    /// The poll threads did not fall asleep between two bursts.
+    #[error("the poll threads did not fall asleep within {timeout:?} after a burst: {state}")]
+    NotIdle {
+        /// The bound.
+        timeout: std::time::Duration,
+        /// What the flags said last.
+        state: String,
+    },
     /// An eventfd could not be created.
     #[error("creating an eventfd failed")]
     Eventfd(#[source] std::io::Error),

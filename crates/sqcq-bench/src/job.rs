@@ -45,6 +45,11 @@ pub struct JobSpec {
     pub runtime: Option<Duration>,
     /// Unmeasured time before.
     pub ramp: Duration,
+    /// Bursts the load pass is split into (1: one continuous run).
+    pub bursts: u32,
+    /// Bound on the wait for the poll threads to fall asleep between two
+    /// bursts.
+    pub idle_timeout: Duration,
 }
 
 /// Progress counters a job shares with the progress line.
@@ -195,13 +200,19 @@ impl Job {
             Pass::Check => self.checked_limit,
         };
         let mut issued = 0u64;
+        let burst = if pass == Pass::Load && limit != u64::MAX && self.spec.bursts > 1 {
+            limit.div_ceil(u64::from(self.spec.bursts))
+        } else {
+            limit
+        };
+        let mut burst_end = burst.min(limit);
         loop {
             let now = Instant::now();
             clock.tick(now, &mut self.q.queue, &mut self.stats);
             let time_up = pass != Pass::Check && clock.end.is_some_and(|end| now >= end);
             let stop = time_up || abort.raised();
             let mut added = false;
-            while !stop && issued < limit {
+            while !stop && issued < burst_end {
                 let Some(buf) = self.free.pop() else { break };
                 let (dir, unit) = match pass {
                     Pass::Load => self.spec.workload.next_io(),
@@ -217,7 +228,14 @@ impl Job {
                 self.q.queue.publish(|c| done.push(c))?;
             }
             if self.q.queue.in_flight() == 0 {
-                break;
+                if stop || issued >= limit {
+                    break;
+                }
+                if issued >= burst_end {
+                    self.idle_gap()?;
+                    burst_end = burst_end.saturating_add(burst).min(limit);
+                }
+                continue;
             }
             let waited = self.q.queue.wait_and_reap(|c| done.push(c));
             let completed = self.complete(Instant::now(), progress);
@@ -228,6 +246,31 @@ impl Job {
             self.checked_limit = issued;
         }
         Ok(issued)
+    }
+
+    /// Between two bursts, with nothing in flight: in the doorbell modes,
+    /// waits until the driver's poll thread and the device's poller of
+    /// this queue are both asleep with NEED_WAKEUP set (as the doorbells
+    /// and the poll thread's flag say), bounded by the I/O timeout. The
+    /// next burst's first submission must then wake both.
+    fn idle_gap(&mut self) -> Result<(), BenchError> {
+        let vq = self.q.queue.virtqueue();
+        let Some(mut state) = vq.idle_state() else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        while !state.all_asleep() {
+            if start.elapsed() > self.spec.idle_timeout {
+                return Err(BenchError::NotIdle {
+                    timeout: self.spec.idle_timeout,
+                    state: format!("{state:?}"),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            state = vq.idle_state().unwrap_or(state);
+        }
+        self.stats.idle_gaps += 1;
+        Ok(())
     }
 
     fn issue(

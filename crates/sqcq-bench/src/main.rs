@@ -16,6 +16,7 @@ mod job;
 mod progress;
 mod report;
 mod stats;
+mod stats_report;
 mod target;
 mod verify;
 mod workload;
@@ -32,8 +33,9 @@ use crate::device::{Device, DeviceSpec, has_event_idx, has_indirect};
 use crate::error::{BenchError, chain};
 use crate::job::{Abort, Job, JobSpec, Progress};
 use crate::report::Report;
-use crate::target::{CpuTime, Target, find_binary, self_cpu_time};
+use crate::target::{CpuTime, Target, TargetOptions, find_binary, self_cpu_time};
 use crate::workload::Workload;
+use sqcq_driver::NotifyMode;
 
 /// LUN size of a target started here when `--size` does not say.
 const DEFAULT_LUN_SIZE: u64 = 1 << 30;
@@ -85,8 +87,19 @@ fn check_args(args: &Args) -> Result<(), BenchError> {
 fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
     let keep_data = args.verify.is_some();
     let explicit = args.target_bin.as_deref();
+    let options = TargetOptions {
+        queues: args.numjobs,
+        ring_poll: args.mode == NotifyMode::RingPoll,
+        stats_interval: Some(args.stats_interval),
+    };
     if let Some(bin) = find_binary(args.target.binary(), explicit) {
-        return Ok(Target::start(args.target, bin, lun_size, keep_data)?);
+        return Ok(Target::start(
+            args.target,
+            bin,
+            lun_size,
+            keep_data,
+            options,
+        )?);
     }
     if args.target == TargetKind::Sqcqd {
         let peer = TargetKind::VhostDeviceScsi;
@@ -96,7 +109,7 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
                 peer.binary(),
                 bin.display()
             );
-            return Ok(Target::start(peer, bin, lun_size, keep_data)?);
+            return Ok(Target::start(peer, bin, lun_size, keep_data, options)?);
         }
     }
     Err(target::TargetError::NotFound {
@@ -109,7 +122,7 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     check_args(args)?;
     let jobs_n = u64::from(args.numjobs);
     let regions = if args.verify.is_some() { jobs_n } else { 1 };
-    let target = match &args.socket {
+    let mut target = match &args.socket {
         Some(_) => None,
         None => {
             let size = args.size.unwrap_or(DEFAULT_LUN_SIZE);
@@ -132,12 +145,23 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         iodepth: args.iodepth,
         bs: args.bs,
         mode: args.mode,
+        poll_threads: args.poll_threads.into(),
         event_idx: !args.no_event_idx,
         indirect: !args.no_indirect,
         timeout: args.io_timeout,
         lun,
     };
+    for note in target.iter().flat_map(|t| t.notes()) {
+        eprintln!("sqcq-bench: warning: {note}");
+    }
     let mut device = Device::open(&socket, &spec)?;
+    if let Some(f) = &device.fallback {
+        eprintln!(
+            "sqcq-bench: warning: --mode {} falls back to {}: {}",
+            f.requested, f.used, f.reason
+        );
+    }
+    let poll_stats = device.poll_stats();
 
     let cap = device.info.capacity;
     let block = u64::from(cap.block_size);
@@ -184,6 +208,8 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
             time_based: args.time_based,
             runtime: (!args.runtime.is_zero()).then_some(args.runtime),
             ramp: args.ramp_time,
+            bursts: args.bursts.max(1),
+            idle_timeout: args.io_timeout,
         };
         jobs.push(Job::new(spec, q, device.guest.clone())?);
     }
@@ -201,6 +227,15 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     };
     let (cpu0, tcpu0, results) = std::thread::scope(|s| {
         let handle = s.spawn(|| job::run_all(jobs, &progress, &abort));
+        if !args.stats_interval.is_zero() {
+            let reporter = stats_report::Periodic {
+                interval: args.stats_interval,
+                driver: poll_stats.clone(),
+                target: target.as_ref(),
+                jobs: &progress,
+            };
+            s.spawn(move || reporter.run());
+        }
         // The process-wide figures are taken at the end of the ramp, like
         // the jobs' own.
         std::thread::sleep(ramp);
@@ -248,18 +283,47 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         "request_queues": neg.request_queues(),
         "target": target.as_ref().map(|t| t.kind().binary()),
     });
+    let mode = device.mode;
+    let fallback = device.fallback.clone();
     if let Err(e) = device.close() {
         if ok {
             return Err(e);
         }
         eprintln!("sqcq-bench: warning: clean stop failed: {}", chain(&e));
     }
+    let device_stats = target.as_mut().and_then(|t| {
+        t.wait_exit();
+        t.device_stats()
+    });
+    let driver_queues = poll_stats.as_ref().map(|p| (p.snapshot(), p.calls()));
+    stats_report::final_lines(driver_queues.as_ref(), device_stats.as_ref());
+    let mut sqcq_extra = serde_json::Map::new();
+    sqcq_extra.insert("mode_requested".into(), json!(args.mode.name()));
+    if let Some(f) = &fallback {
+        sqcq_extra.insert(
+            "mode_fallback".into(),
+            json!({"requested": f.requested.name(), "used": f.used.name(), "reason": f.reason}),
+        );
+    }
+    if mode.doorbells() {
+        sqcq_extra.insert("poll_threads".into(), json!(spec.poll_threads.name()));
+    }
+    if let Some((stats, calls)) = &driver_queues {
+        sqcq_extra.insert(
+            "driver_queues".into(),
+            stats_report::queues_json(stats, calls),
+        );
+    }
+    if let Some(d) = device_stats {
+        sqcq_extra.insert("device_stats".into(), d);
+    }
     let report = Report {
         name: args.name.clone(),
         rw: args.rw.name(),
         bs: args.bs,
         iodepth: args.iodepth,
-        mode: args.mode.name(),
+        mode: mode.name(),
+        sqcq_extra,
         device: device_line,
         device_json,
         jobs: results

@@ -21,8 +21,11 @@ pub struct Report {
     pub bs: u64,
     /// `--iodepth`.
     pub iodepth: u16,
-    /// Notification mode.
+    /// Notification mode run.
     pub mode: &'static str,
+    /// Further `sqcq` figures for JSON: the mode asked for and any
+    /// fallback, the poll statistics of both sides.
+    pub sqcq_extra: serde_json::Map<String, Value>,
     /// One line about the device and what was negotiated.
     pub device: String,
     /// Device facts for JSON.
@@ -188,6 +191,9 @@ impl Report {
             target["name"] = json!(name);
             sqcq["target_cpu"] = target;
         }
+        if let Some(obj) = sqcq.as_object_mut() {
+            obj.extend(self.sqcq_extra.clone());
+        }
         json!({
             "fio version": concat!("sqcq-bench-", env!("CARGO_PKG_VERSION")),
             "timestamp": now.as_secs(),
@@ -231,6 +237,7 @@ impl Report {
                 "calls": n.calls,
                 "publishes": n.publishes,
                 "sleeps": n.sleeps,
+                "idle_gaps_asleep": stats.idle_gaps,
                 "kicks_per_io": per_io(n.kicks as f64, ios),
                 "calls_per_io": per_io(n.calls as f64, ios),
                 "cpu_us_per_io": per_io(stats.cpu.total() * 1e6, ios),
@@ -346,6 +353,7 @@ mod tests {
             bs: 4096,
             iodepth: 1,
             mode: "notify",
+            sqcq_extra: serde_json::Map::new(),
             device: String::new(),
             device_json: json!({}),
             jobs: vec![Ok(stats)],

@@ -111,6 +111,9 @@ pub struct JobStats {
     pub notify: NotifyCounters,
     /// CPU time of the job's thread over the measured time.
     pub cpu: CpuTime,
+    /// Gaps between bursts after which both sides' poll threads were seen
+    /// asleep with NEED_WAKEUP set.
+    pub idle_gaps: u64,
 }
 
 impl JobStats {
@@ -130,6 +133,7 @@ impl JobStats {
         self.notify.sleeps += other.notify.sleeps;
         self.cpu.user += other.cpu.user;
         self.cpu.system += other.cpu.system;
+        self.idle_gaps += other.idle_gaps;
     }
 }
 

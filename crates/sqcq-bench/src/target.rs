@@ -64,6 +64,31 @@ pub struct Target {
     child: Child,
     dir: PathBuf,
     socket: PathBuf,
+    stats_file: Option<PathBuf>,
+    notes: Vec<String>,
+}
+
+/// What the bench asks of an sqcqd it starts, beyond the LUN.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TargetOptions {
+    /// Request queues (one per job).
+    pub queues: u16,
+    /// The device polls the avail ring (`--poll ring`): the device side of
+    /// the `ring-poll` mode.
+    pub ring_poll: bool,
+    /// Ask for per-queue statistics (`--stats-file`, `--stats-interval`).
+    pub stats_interval: Option<Duration>,
+}
+
+/// Whether `bin --help` mentions `flag`: the options of sqcqd grow with
+/// the issues, and an older binary must still run.
+fn supports(bin: &Path, flag: &str) -> bool {
+    Command::new(bin)
+        .arg("--help")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(flag))
 }
 
 /// CPU time of a process, from /proc/PID/stat.
@@ -124,6 +149,7 @@ impl Target {
         bin: PathBuf,
         size: u64,
         keep_data: bool,
+        options: TargetOptions,
     ) -> Result<Self, TargetError> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -141,10 +167,42 @@ impl Target {
         let log = File::create(&log_path).map_err(prepare(&log_path))?;
         let mut cmd = Command::new(&bin);
         cmd.arg("--socket-path").arg(&socket);
+        let mut stats_file = None;
+        let mut notes = Vec::new();
         match kind {
             TargetKind::Sqcqd => {
                 let kind = if keep_data { "ram" } else { "null" };
                 cmd.arg("--lun").arg(format!("kind={kind},size={size}"));
+                if options.queues > 1 {
+                    cmd.arg("--num-queues").arg(options.queues.to_string());
+                }
+                if options.ring_poll {
+                    if supports(&bin, "--poll") {
+                        cmd.args(["--poll", "ring"]);
+                    } else {
+                        notes.push(format!(
+                            "{} has no --poll option: the device side of ring-poll is kick-driven",
+                            bin.display()
+                        ));
+                    }
+                }
+                if let Some(interval) = options.stats_interval {
+                    if supports(&bin, "--stats-file") {
+                        let path = dir.join("device-stats.json");
+                        cmd.arg("--stats-file").arg(&path);
+                        if !interval.is_zero() && supports(&bin, "--stats-interval") {
+                            // Whole seconds, at least one.
+                            let secs = interval.as_secs().max(1);
+                            cmd.arg("--stats-interval").arg(secs.to_string());
+                        }
+                        stats_file = Some(path);
+                    } else {
+                        notes.push(format!(
+                            "{} has no --stats-file option: no device statistics",
+                            bin.display()
+                        ));
+                    }
+                }
             }
             TargetKind::VhostDeviceScsi => {
                 let image = dir.join("lun0.img");
@@ -168,6 +226,8 @@ impl Target {
             child,
             dir,
             socket,
+            stats_file,
+            notes,
         };
         target.wait_for_socket()?;
         Ok(target)
@@ -216,6 +276,30 @@ impl Target {
     /// Its stderr so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("target.log")).unwrap_or_default()
+    }
+
+    /// What the target could not be asked for (options it lacks).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The device's per-queue statistics, as its `--stats-file` holds them
+    /// now; `None` when it was not asked for or is not there (yet).
+    pub fn device_stats(&self) -> Option<serde_json::Value> {
+        let text = fs::read_to_string(self.stats_file.as_ref()?).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Waits (up to the shutdown bound) for the target to exit on its own
+    /// after the disconnect, so that its last statistics are written.
+    pub fn wait_exit(&mut self) {
+        let start = Instant::now();
+        while start.elapsed() < SHUTDOWN {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Its CPU time so far (zero if /proc cannot tell).

@@ -116,6 +116,35 @@ fn every_mode_runs_against_the_peer() {
 }
 
 #[test]
+fn doorbell_modes_fall_back_to_notify_on_the_peer() {
+    let Some(peer) = peer() else { return };
+    for mode in ["sqcq", "sqcq-inline"] {
+        let out = bench(
+            &peer,
+            &["--size", "1m", "--mode", mode, "--output-format", "json"],
+        );
+        assert!(out.status.success(), "{mode}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("--mode {mode} falls back to notify"))
+                && stderr.contains("VIRTIO_F_SQCQ_POLL"),
+            "{stderr}"
+        );
+        let v = json(&out);
+        assert_eq!(v["sqcq"]["mode"], "notify");
+        assert_eq!(v["sqcq"]["mode_requested"], mode);
+        assert_eq!(v["sqcq"]["mode_fallback"]["used"], "notify");
+        assert!(
+            v["sqcq"]["mode_fallback"]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("bit 42")
+        );
+        assert_eq!(v["jobs"][0]["read"]["total_ios"], 256);
+    }
+}
+
+#[test]
 fn the_normal_output_reads_like_fio() {
     let Some(peer) = peer() else { return };
     let out = bench(&peer, &["--rw", "read", "--size", "1m", "--cdb", "16"]);

@@ -17,7 +17,9 @@ pub fn iops_svg(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
     let (bar, gap, left, top, height) = (14.0, 18.0, 60.0, 50.0, 300.0);
     let group = bar * plan.modes.len() as f64 + gap;
     let legend = left + 110.0 * plan.modes.len() as f64 + 20.0;
-    let width = (left + group * cells.len() as f64 + 20.0).max(legend).max(560.0);
+    let width = (left + group * cells.len() as f64 + 20.0)
+        .max(legend)
+        .max(560.0);
     let ratios: Vec<Vec<Option<f64>>> = cells
         .iter()
         .map(|(rw, qd, jobs)| {

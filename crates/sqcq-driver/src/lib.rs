@@ -8,6 +8,8 @@
 //! - [`notify`]: the notification mode of a queue, a strategy chosen once
 //!   ([`NotifyMode`], [`Notifier`]), with the kick/call eventfds and their
 //!   counters.
+//! - [`sqcq`]: VIRTIO_F_SQCQ_POLL: the doorbells, the driver's poll
+//!   thread and the submitter's half of the doorbell modes.
 //! - [`virtqueue`]: a ring bound to its eventfds and strategy.
 //! - [`frontend`]: the vhost-user frontend: negotiation, memory table,
 //!   vring set-up, device configuration, clean stop.
@@ -29,11 +31,12 @@ pub mod frontend;
 pub mod memory;
 pub mod notify;
 pub mod scsi;
+pub mod sqcq;
 pub mod virtqueue;
 pub mod vring;
 
 pub use frontend::{Frontend, FrontendConfig, FrontendError, Negotiated};
 pub use memory::{DriverMemory, MemoryConfig, MemoryError};
-pub use notify::{Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents};
+pub use notify::{IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents};
 pub use virtqueue::Virtqueue;
 pub use vring::{Buffer, DeviceError, NotifyDecision, QueueConfig, QueueError, SplitQueue, Used};

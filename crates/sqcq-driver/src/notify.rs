@@ -14,20 +14,22 @@
 //! | `PollQueue` | kick when the ring says so | the submitter polls the used ring, `NO_INTERRUPT` set |
 //! | `RingPoll` | kick only when the ring says so: a device polling the avail ring sets `NO_NOTIFY` (or stops moving `avail_event`) | as `PollQueue` |
 //!
-//! The doorbell modes of VIRTIO_F_SQCQ_POLL (`sqcq`, `sqcq-inline`) plug in
-//! here as further [`Notifier`]s: `publish` stores `sq.idx` through
-//! `sqcq_protocol::SqProducer` and kicks only when it answers
-//! `Wake::Owed`; `wait` either polls the used ring (inline) or sleeps until
-//! the driver's poll thread, watching the CQ doorbell at
-//! [`SplitQueue::doorbell_area`], wakes it. [`NotifyMode::required_features`]
-//! is where such a mode names the feature bit it needs.
+//! | `Sqcq` | `sq.idx` doorbell, kick only on SQ NEED_WAKEUP | the driver's poll thread watches the CQ doorbell and signals the submitter |
+//! | `SqcqInline` | as `Sqcq` | the submitter polls its used ring, then defers to the poll thread |
+//!
+//! The doorbell modes of VIRTIO_F_SQCQ_POLL need a driver poll thread, so
+//! their strategies come from [`crate::sqcq::PollGroupBuilder::attach`],
+//! not from [`NotifyMode::notifier`]; [`NotifyMode::required_features`]
+//! names the feature bit they need.
 
 use std::fmt;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use sqcq_protocol::QueueStats;
 
 use crate::vring::SplitQueue;
 
@@ -48,11 +50,23 @@ pub enum NotifyMode {
     /// with `NO_NOTIFY`/`avail_event`, which suppresses our kicks), the
     /// driver polls the used ring with interrupts suppressed.
     RingPoll,
+    /// VIRTIO_F_SQCQ_POLL: `sq.idx` instead of kicks, `cq.idx` instead of
+    /// calls, watched by the driver's poll thread.
+    Sqcq,
+    /// VIRTIO_F_SQCQ_POLL with the submitter reaping its own completions
+    /// (the RFC's "poll-sqcq"); the poll thread is the secondary poller.
+    SqcqInline,
 }
 
 impl NotifyMode {
     /// Every mode, in the order of the product's comparison table.
-    pub const ALL: [NotifyMode; 3] = [Self::Notify, Self::PollQueue, Self::RingPoll];
+    pub const ALL: [NotifyMode; 5] = [
+        Self::Notify,
+        Self::PollQueue,
+        Self::RingPoll,
+        Self::Sqcq,
+        Self::SqcqInline,
+    ];
 
     /// The name used on command lines and in reports.
     pub fn name(self) -> &'static str {
@@ -60,20 +74,35 @@ impl NotifyMode {
             Self::Notify => "notify",
             Self::PollQueue => "poll-queue",
             Self::RingPoll => "ring-poll",
+            Self::Sqcq => "sqcq",
+            Self::SqcqInline => "sqcq-inline",
         }
     }
 
     /// Virtio feature bits the mode needs the device to offer (none for
     /// the standard modes; VIRTIO_F_SQCQ_POLL for the doorbell modes).
     pub fn required_features(self) -> u64 {
-        0
+        if self.doorbells() {
+            1 << sqcq_protocol::VIRTIO_F_SQCQ_POLL
+        } else {
+            0
+        }
     }
 
-    /// The strategy implementing this mode, for one queue.
-    pub fn notifier(self) -> Box<dyn Notifier> {
+    /// Whether the mode uses the SQ/CQ doorbells (and a driver poll
+    /// thread).
+    pub fn doorbells(self) -> bool {
+        matches!(self, Self::Sqcq | Self::SqcqInline)
+    }
+
+    /// The strategy implementing a standard mode, for one queue; `None`
+    /// for the doorbell modes, whose strategies belong to a poll thread
+    /// ([`crate::sqcq::PollGroupBuilder::attach`]).
+    pub fn notifier(self) -> Option<Box<dyn Notifier>> {
         match self {
-            Self::Notify => Box::new(Interrupts),
-            Self::PollQueue | Self::RingPoll => Box::new(UsedRingPoll { mode: self }),
+            Self::Notify => Some(Box::new(Interrupts)),
+            Self::PollQueue | Self::RingPoll => Some(Box::new(UsedRingPoll { mode: self })),
+            Self::Sqcq | Self::SqcqInline => None,
         }
     }
 }
@@ -116,6 +145,10 @@ pub enum NotifyError {
     /// No completion arrived within the queue's timeout.
     #[error("no completion from the device within {0:?}")]
     Timeout(Duration),
+    /// Reading the eventfd the driver's poll thread wakes the submitter
+    /// with failed.
+    #[error("reading the poll thread's wakeup eventfd failed")]
+    Wakeup(#[source] io::Error),
 }
 
 /// Notification counters of one queue, counted on the driver side.
@@ -154,6 +187,9 @@ pub struct QueueEvents {
     hangup: Option<OwnedFd>,
     timeout: Duration,
     counters: NotifyCounters,
+    /// The driver's poll thread reads the call eventfd (doorbell modes):
+    /// reading it here could steal the wakeup it sleeps for.
+    calls_elsewhere: bool,
 }
 
 impl QueueEvents {
@@ -167,6 +203,7 @@ impl QueueEvents {
             hangup,
             timeout,
             counters: NotifyCounters::default(),
+            calls_elsewhere: false,
         })
     }
 
@@ -194,6 +231,42 @@ impl QueueEvents {
         self.counters
     }
 
+    /// Hands the call eventfd to a poll thread: returns a duplicate of it,
+    /// and from now on this queue never reads it (the poll thread counts
+    /// the calls).
+    pub(crate) fn share_call(&mut self) -> io::Result<EventFd> {
+        let dup = self.call.try_clone()?;
+        self.calls_elsewhere = true;
+        Ok(dup)
+    }
+
+    /// Counts a publish of the avail index.
+    pub(crate) fn count_publish(&mut self) {
+        self.counters.publishes += 1;
+    }
+
+    /// Sleeps until `fd` is signalled (and consumes the signal), the socket
+    /// hangs up or `deadline` passes.
+    pub(crate) fn sleep_on(&mut self, fd: &EventFd, deadline: Instant) -> Result<(), NotifyError> {
+        self.counters.sleeps += 1;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(NotifyError::Timeout(self.timeout));
+        }
+        let ready = self.poll_fds(Some(fd.as_raw_fd()), remaining)?;
+        if ready.hangup {
+            return Err(NotifyError::Hangup);
+        }
+        if ready.call {
+            match fd.read() {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(NotifyError::Wakeup(e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Notifies the device.
     pub fn kick(&mut self) -> Result<(), NotifyError> {
         self.kick.write(1).map_err(NotifyError::Kick)?;
@@ -203,6 +276,9 @@ impl QueueEvents {
 
     /// Counts (and clears) the calls the eventfd accumulated.
     fn drain_calls(&mut self) -> Result<(), NotifyError> {
+        if self.calls_elsewhere {
+            return Ok(());
+        }
         match self.call.read() {
             Ok(n) => {
                 self.counters.calls = self.counters.calls.wrapping_add(n);
@@ -221,7 +297,7 @@ impl QueueEvents {
         if remaining.is_zero() {
             return Err(NotifyError::Timeout(self.timeout));
         }
-        let ready = self.poll_fds(true, remaining)?;
+        let ready = self.poll_fds(Some(self.call.as_raw_fd()), remaining)?;
         if ready.hangup {
             return Err(NotifyError::Hangup);
         }
@@ -232,17 +308,19 @@ impl QueueEvents {
     }
 
     /// Between polls of the used ring: fails on hangup or after `deadline`.
-    fn check_alive(&mut self, deadline: Instant) -> Result<(), NotifyError> {
+    pub(crate) fn check_alive(&mut self, deadline: Instant) -> Result<(), NotifyError> {
         if Instant::now() >= deadline {
             return Err(NotifyError::Timeout(self.timeout));
         }
-        if self.hangup.is_some() && self.poll_fds(false, Duration::ZERO)?.hangup {
+        if self.hangup.is_some() && self.poll_fds(None, Duration::ZERO)?.hangup {
             return Err(NotifyError::Hangup);
         }
         Ok(())
     }
 
-    fn poll_fds(&self, with_call: bool, timeout: Duration) -> Result<Ready, NotifyError> {
+    /// Polls the socket for hangup and `fd` (the call eventfd, or the poll
+    /// thread's wakeup eventfd) for a signal.
+    fn poll_fds(&self, fd: Option<RawFd>, timeout: Duration) -> Result<Ready, NotifyError> {
         // Only hangup events are asked of the socket (POLLHUP and POLLERR
         // are always reported): it may carry replies to vhost-user requests
         // that are none of our business.
@@ -254,7 +332,7 @@ impl QueueEvents {
                 revents: 0,
             },
             libc::pollfd {
-                fd: if with_call { self.call.as_raw_fd() } else { -1 },
+                fd: fd.unwrap_or(-1),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -314,12 +392,54 @@ pub trait Notifier: Send + fmt::Debug {
         events: &mut QueueEvents,
         deadline: Instant,
     ) -> Result<(), NotifyError>;
+
+    /// Calls counted by whoever reads the call eventfd, when that is not
+    /// the queue itself (a driver poll thread).
+    fn calls(&self) -> Option<u64> {
+        None
+    }
+
+    /// The per-queue statistics of the driver's poll thread, in the RFC's
+    /// terms, when the mode has one.
+    fn poll_stats(&self) -> Option<QueueStats> {
+        None
+    }
+
+    /// Whether both sides' pollers of this queue are asleep, when the mode
+    /// has doorbells.
+    fn idle_state(&self) -> Option<IdleState> {
+        None
+    }
+}
+
+/// What the doorbells of one queue say about the two pollers: read from
+/// shared memory and the poll thread's own flag, for tests and the
+/// bench's idle checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IdleState {
+    /// The driver poll thread watching this queue is blocked in (or about
+    /// to enter) its wait on the call eventfds.
+    pub poll_thread_asleep: bool,
+    /// NEED_WAKEUP is set in `cq.flags`: the driver asked for a call.
+    pub cq_need_wakeup: bool,
+    /// NEED_WAKEUP is set in `sq.flags`: the device's poller asked for a
+    /// kick.
+    pub sq_need_wakeup: bool,
+    /// Times the poll thread went to sleep so far.
+    pub poll_thread_sleeps: u64,
+}
+
+impl IdleState {
+    /// Both sides asleep, each having asked the other for a wakeup.
+    pub fn all_asleep(&self) -> bool {
+        self.poll_thread_asleep && self.cq_need_wakeup && self.sq_need_wakeup
+    }
 }
 
 /// Publishes and kicks when the ring's decision says so: common to every
 /// standard mode.
 fn publish_and_kick(ring: &mut SplitQueue, events: &mut QueueEvents) -> Result<(), NotifyError> {
-    events.counters.publishes += 1;
+    events.count_publish();
     if ring.publish().needs_kick() {
         events.kick()?;
     }

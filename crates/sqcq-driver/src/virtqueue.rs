@@ -6,7 +6,9 @@ use std::time::Instant;
 use vm_memory::GuestAddress;
 
 use crate::memory::DriverMemory;
-use crate::notify::{Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents};
+use sqcq_protocol::QueueStats;
+
+use crate::notify::{IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents};
 use crate::vring::{QueueConfig, QueueError, SplitQueue};
 
 /// A [`SplitQueue`] with its kick and call eventfds and the [`Notifier`]
@@ -21,7 +23,10 @@ pub struct Virtqueue {
 
 impl Virtqueue {
     /// Lays out the ring of vring `index` in `mem` and binds it to
-    /// `events` and the strategy of `mode`.
+    /// `events` and the strategy of `mode`, a standard mode (the doorbell
+    /// modes need a poll thread:
+    /// [`PollGroupBuilder::attach`](crate::sqcq::PollGroupBuilder::attach)
+    /// and [`Self::with_notifier`]).
     pub fn new(
         mem: &mut DriverMemory,
         index: u16,
@@ -29,8 +34,11 @@ impl Virtqueue {
         mode: NotifyMode,
         events: QueueEvents,
     ) -> Result<Self, QueueError> {
+        let notifier = mode
+            .notifier()
+            .ok_or(QueueError::NeedsPollThread(mode.name()))?;
         let ring = SplitQueue::new(mem, config)?;
-        Ok(Self::with_notifier(index, ring, mode.notifier(), events))
+        Ok(Self::with_notifier(index, ring, notifier, events))
     }
 
     /// Binds an existing ring to a strategy of one's own (tests, and modes
@@ -101,6 +109,21 @@ impl Virtqueue {
 
     /// The notification counters so far.
     pub fn counters(&mut self) -> NotifyCounters {
-        self.events.counters()
+        let mut counters = self.events.counters();
+        if let Some(calls) = self.notifier.calls() {
+            counters.calls = calls;
+        }
+        counters
+    }
+
+    /// The driver poll thread's statistics for this queue, in the doorbell
+    /// modes.
+    pub fn poll_stats(&self) -> Option<QueueStats> {
+        self.notifier.poll_stats()
+    }
+
+    /// Whether both sides' pollers are asleep, in the doorbell modes.
+    pub fn idle_state(&self) -> Option<IdleState> {
+        self.notifier.idle_state()
     }
 }

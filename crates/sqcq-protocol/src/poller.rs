@@ -153,6 +153,14 @@ impl<W: Watch> Poller<W> {
         self.stats.sleeps = self.stats.sleeps.saturating_sub(1);
     }
 
+    /// Work arrived that the caller found some other way than through the
+    /// watch (a submitting job that also polls its used ring): records the
+    /// arrival gap as [`Poll::Work`] would, so the spin window keeps
+    /// learning.
+    pub fn found_elsewhere(&mut self, now_ns: u64) {
+        self.arrived(now_ns);
+    }
+
     /// Counts requests completed (device) or completions handled (driver).
     pub fn count_completions(&mut self, n: u64) {
         self.stats.completions = self.stats.completions.wrapping_add(n);

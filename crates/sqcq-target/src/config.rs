@@ -8,6 +8,8 @@ use clap::Parser;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::poll::{FilePoll, PollArgs, PollOptions};
+
 /// Default request queues per device.
 pub const DEFAULT_NUM_QUEUES: u16 = 1;
 /// Default (and largest accepted) virtqueue size.
@@ -259,11 +261,20 @@ pub struct DaemonConfig {
     pub workers: usize,
     /// The devices.
     pub devices: Vec<DeviceConfig>,
+    /// Poll mode, CPU placement and statistics.
+    pub poll: PollOptions,
+    /// The admin socket (LUN changes at run time; see [`crate::admin`]).
+    pub admin_socket: Option<PathBuf>,
 }
 
 /// Command line of `sqcqd`.
 #[derive(Debug, Parser)]
-#[command(name = "sqcqd", version, about = "vhost-user SCSI target daemon")]
+#[command(
+    name = "sqcqd",
+    version,
+    about = "vhost-user SCSI target daemon",
+    after_help = "Run-time LUN changes: sqcqd admin --admin-socket PATH COMMAND... (sqcqd admin --help)"
+)]
 pub struct Cli {
     /// vhost-user Unix socket to listen on (one device).
     #[arg(long)]
@@ -283,18 +294,28 @@ pub struct Cli {
     /// Request queue to worker map, e.g. 0:0,1:1 (default round robin).
     #[arg(long)]
     pub queue_map: Option<QueueMap>,
+    /// Admin socket for run-time LUN changes and statistics (`sqcqd admin
+    /// --admin-socket PATH lun add|remove|resize ...|stats` talks to it).
+    #[arg(long)]
+    pub admin_socket: Option<PathBuf>,
     /// TOML config file with `[[device]]` sections (the other options then
     /// only set defaults: --workers if the file has none).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Poll mode, CPU placement and statistics.
+    #[command(flatten)]
+    pub poll: PollArgs,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 struct FileConfig {
     workers: Option<usize>,
+    admin_socket: Option<PathBuf>,
     #[serde(default)]
     device: Vec<FileDevice>,
+    #[serde(default)]
+    poll: FilePoll,
 }
 
 #[derive(Deserialize)]
@@ -317,8 +338,14 @@ impl Cli {
             None => DaemonConfig {
                 workers: self.workers,
                 devices: Vec::new(),
+                poll: PollOptions::default(),
+                admin_socket: None,
             },
         };
+        if self.admin_socket.is_some() {
+            config.admin_socket = self.admin_socket;
+        }
+        config.poll = self.poll.apply(config.poll);
         if let Some(socket_path) = self.socket_path {
             config.devices.push(DeviceConfig {
                 socket_path,
@@ -377,6 +404,8 @@ pub fn parse_toml(
     Ok(DaemonConfig {
         workers: file.workers.unwrap_or(workers),
         devices,
+        poll: file.poll.into(),
+        admin_socket: file.admin_socket,
     })
 }
 
@@ -387,6 +416,9 @@ impl DaemonConfig {
         if self.workers == 0 || self.workers > 256 {
             return bad(format!("--workers {} must be 1..=256", self.workers));
         }
+        self.poll
+            .validate(self.workers)
+            .map_err(ConfigError::Invalid)?;
         if self.devices.is_empty() {
             return bad("no device: give --socket-path or a --config with [[device]]".into());
         }

@@ -343,15 +343,14 @@ impl Session {
         let LunAddress::Lun { target: 0, lun } = req.lun else {
             return Response::BadTarget;
         };
-        let unit = self
-            .dev
-            .target
+        let target = self.dev.target.current();
+        let unit = target
             .find(lun)
-            .map(|i| std::sync::Arc::clone(&self.dev.target.luns()[i].unit));
+            .map(|i| std::sync::Arc::clone(&target.luns()[i].unit));
         match req.subtype {
             tmf::I_T_NEXUS_RESET => {
                 self.drain_requests();
-                for e in self.dev.target.luns() {
+                for e in target.luns() {
                     e.unit.nexus_loss(self.nexus);
                     e.unit.add_nexus(self.nexus);
                 }

@@ -2,6 +2,10 @@
 //! failures. Workers of one device share them: they are atomics touched
 //! only on error paths, so the request path shares no cache line between
 //! workers in the common case.
+//!
+//! Beside them, [`QueueStats`]: per-virtqueue counts of completions,
+//! used-index publishes and calls, one cache line per queue written only by
+//! the worker that serves it, once per batch.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,6 +37,69 @@ pub struct DeviceCounters {
     pub broken_rings: AtomicU64,
     /// Backstore I/O errors reported to the guest as sense data.
     pub io_errors: AtomicU64,
+    /// Per-virtqueue statistics.
+    pub queues: QueueStatsTable,
+}
+
+/// Statistics of one virtqueue (every connection since start). Only the
+/// worker serving the queue writes them, once per published batch.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub struct QueueStats {
+    /// Requests completed (used elements published).
+    pub completions: AtomicU64,
+    /// Stores of `used->idx`: one per batch.
+    pub publishes: AtomicU64,
+    /// Writes to the call eventfd.
+    pub calls: AtomicU64,
+}
+
+impl QueueStats {
+    /// Counts one published batch of `completions` used elements and
+    /// whether it signalled the call eventfd (Relaxed: statistics).
+    pub fn batch(&self, completions: u16, called: bool) {
+        self.completions
+            .fetch_add(u64::from(completions), Ordering::Relaxed);
+        self.publishes.fetch_add(1, Ordering::Relaxed);
+        if called {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `(completions, publishes, calls)`.
+    pub fn get(&self) -> (u64, u64, u64) {
+        (
+            self.completions.load(Ordering::Relaxed),
+            self.publishes.load(Ordering::Relaxed),
+            self.calls.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// One [`QueueStats`] per possible virtqueue of a device.
+#[derive(Debug)]
+pub struct QueueStatsTable(Box<[QueueStats]>);
+
+impl Default for QueueStatsTable {
+    fn default() -> Self {
+        let n = 2 + usize::from(crate::session::MAX_REQUEST_QUEUES);
+        QueueStatsTable((0..n).map(|_| QueueStats::default()).collect())
+    }
+}
+
+impl QueueStatsTable {
+    /// The statistics of virtqueue `vq` (`None` past the largest index).
+    pub fn get(&self, vq: u16) -> Option<&QueueStats> {
+        self.0.get(usize::from(vq))
+    }
+
+    /// `(vq, completions, publishes, calls)` of every queue that did work.
+    pub fn active(&self) -> impl Iterator<Item = (u16, u64, u64, u64)> + '_ {
+        self.0.iter().enumerate().filter_map(|(i, s)| {
+            let (c, p, k) = s.get();
+            (p > 0).then(|| (u16::try_from(i).unwrap_or(u16::MAX), c, p, k))
+        })
+    }
 }
 
 impl DeviceCounters {

@@ -6,9 +6,11 @@ use std::sync::Arc;
 use thiserror::Error;
 use tracing::info;
 
+use crate::admin::AdminServer;
 use crate::config::DaemonConfig;
 use crate::device::DeviceHandle;
-use crate::target::{Target, TargetError};
+use crate::hotplug::DeviceControl;
+use crate::target::{Target, TargetError, wwn_seed};
 use crate::worker::WorkerPool;
 
 /// Why the daemon could not start.
@@ -39,6 +41,7 @@ pub enum DaemonError {
 pub struct Daemon {
     pool: Arc<WorkerPool>,
     devices: Vec<DeviceHandle>,
+    admin: Option<AdminServer>,
 }
 
 impl Daemon {
@@ -47,11 +50,7 @@ impl Daemon {
     pub fn start(config: &DaemonConfig) -> Result<Self, DaemonError> {
         let mut targets = Vec::with_capacity(config.devices.len());
         for d in &config.devices {
-            let seed = d
-                .socket_path
-                .to_string_lossy()
-                .bytes()
-                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+            let seed = wwn_seed(&d.socket_path.to_string_lossy());
             let target = Target::build(&d.luns, seed).map_err(|source| DaemonError::Target {
                 device: d.socket_path.display().to_string(),
                 source,
@@ -59,9 +58,11 @@ impl Daemon {
             targets.push(target);
         }
         let pool = Arc::new(
-            WorkerPool::new(config.workers).map_err(|source| DaemonError::Io {
-                what: "the worker pool".into(),
-                source,
+            WorkerPool::new(config.workers, config.poll.clone()).map_err(|source| {
+                DaemonError::Io {
+                    what: "the worker pool".into(),
+                    source,
+                }
             })?,
         );
         info!(workers = config.workers, "worker pool started");
@@ -80,7 +81,46 @@ impl Daemon {
                 }
             }
         }
-        Ok(Daemon { pool, devices })
+        let mut daemon = Daemon {
+            pool,
+            devices,
+            admin: None,
+        };
+        if let Some(path) = &config.admin_socket {
+            match daemon
+                .device_controls()
+                .and_then(|controls| AdminServer::spawn(path, controls))
+            {
+                Ok(admin) => daemon.admin = Some(admin),
+                Err(source) => {
+                    daemon.shutdown();
+                    return Err(DaemonError::Io {
+                        what: format!("admin socket {}", path.display()),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(daemon)
+    }
+
+    /// What the admin socket needs to change each device's LUNs.
+    fn device_controls(&self) -> std::io::Result<Vec<DeviceControl>> {
+        self.devices
+            .iter()
+            .map(|d| {
+                Ok(DeviceControl {
+                    shared: Arc::clone(d.shared()),
+                    events: d.event_sender()?,
+                    pool: Arc::clone(&self.pool),
+                })
+            })
+            .collect()
+    }
+
+    /// Every queue's latest statistics (what `--stats-file` holds).
+    pub fn stats(&self) -> Vec<crate::stats::QueueReport> {
+        self.pool.stats().snapshot()
     }
 
     /// The devices, in configuration order.
@@ -91,6 +131,9 @@ impl Daemon {
     /// Stops accepting connections, finishes in-flight I/O, stops the
     /// workers.
     pub fn shutdown(self) {
+        if let Some(admin) = self.admin {
+            admin.shutdown();
+        }
         for d in self.devices {
             d.shutdown();
         }

@@ -23,6 +23,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::{DeviceConfig, QueueMap};
 use crate::counters::DeviceCounters;
+use crate::hotplug::{EventSender, LunTable};
 use crate::ratelimit::{DEFAULT_BURST, RateLimiter};
 use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
 use crate::target::Target;
@@ -58,8 +59,8 @@ pub struct DeviceShared {
     pub name: String,
     /// Queue parameters.
     pub params: DeviceParams,
-    /// The logical units.
-    pub target: Arc<Target>,
+    /// The logical units (the current snapshot; workers hold their own).
+    pub target: LunTable,
     /// Error counters.
     pub counters: DeviceCounters,
     /// Rate limiter of guest-triggered log messages.
@@ -112,11 +113,11 @@ impl DeviceHandle {
                 queue_size: config.queue_size,
                 queue_map: config.queue_map.clone(),
             },
-            target: Arc::new(target),
+            target: LunTable::new(target),
             counters: DeviceCounters::default(),
             limiter: RateLimiter::new(DEFAULT_BURST),
         });
-        for e in shared.target.luns() {
+        for e in shared.target.current().luns() {
             info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
         }
         let stop = EventFd::new(EFD_NONBLOCK)?;
@@ -155,6 +156,14 @@ impl DeviceHandle {
         if self.events.send(event).is_ok() {
             let _ = self.notify.write(1);
         }
+    }
+
+    /// A sender of event reports for another thread (the admin socket).
+    pub fn event_sender(&self) -> io::Result<EventSender> {
+        Ok(EventSender::new(
+            self.events.clone(),
+            self.notify.try_clone()?,
+        ))
     }
 
     /// Stops accepting, stops every queue after its in-flight requests,

@@ -42,29 +42,38 @@
 //! # Poll mode (issue 5)
 //!
 //! [`queue::SubmissionSource`] is where a queue decides how it learns of
-//! new requests: today by kick; a poll variant watching the SQ doorbell of
-//! VIRTIO_F_SQCQ_POLL slots in there, and the worker loop already sleeps
-//! only as long as every queue allows.
+//! new requests: by kick, by polling the SQ doorbell of VIRTIO_F_SQCQ_POLL
+//! (when negotiated), or by polling the avail ring (`--poll ring`,
+//! [`ring_poll`]). A worker spins over its polled queues and sleeps only
+//! when every one of them has asked for a notification ([`poll`]); it can
+//! be bound to a CPU ([`cpu`]); every queue's figures are logged and kept
+//! in a JSON file ([`stats`]).
 
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod chain;
 pub mod config;
 pub mod control;
 pub mod counters;
+pub mod cpu;
 pub mod daemon;
 pub mod device;
 pub mod guest;
 pub mod handler;
+pub mod hotplug;
 pub mod inflight;
 pub mod lun;
+pub mod poll;
 pub mod queue;
 pub mod ratelimit;
 mod request;
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation)]
 mod request_tests;
+pub mod ring_poll;
 pub mod session;
+pub mod stats;
 pub mod target;
 pub mod used;
 pub mod wire;

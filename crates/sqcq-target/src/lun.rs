@@ -45,6 +45,20 @@ impl LunAddress {
             LunAddress::Invalid => [0; 8],
         }
     }
+
+    /// Encodes the field of an event (virtio 5.6.6.3): LUNs below 256
+    /// with peripheral addressing, as REPORT LUNS lists them, like QEMU and
+    /// Linux's vhost-scsi. Linux's driver takes `(lun[2] << 8) | lun[3]`
+    /// unmasked as the LUN to scan or remove, so flat addressing here would
+    /// name LUN 0x4001 instead of 1.
+    pub fn encode_event(&self) -> [u8; 8] {
+        match *self {
+            LunAddress::Lun { target, lun } if lun < 0x100 => {
+                [1, target, 0, lun.to_be_bytes()[1], 0, 0, 0, 0]
+            }
+            _ => self.encode(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -77,6 +91,14 @@ mod tests {
             LunAddress::decode(&[2, 0, 0x40, 0, 0, 0, 0, 0]),
             LunAddress::Invalid
         );
+    }
+
+    #[test]
+    fn events_use_the_report_luns_form() {
+        let a = |lun| LunAddress::Lun { target: 0, lun };
+        assert_eq!(a(1).encode_event(), [1, 0, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(a(0x123).encode_event(), [1, 0, 0x41, 0x23, 0, 0, 0, 0]);
+        assert_eq!(LunAddress::decode(&a(7).encode_event()), a(7));
     }
 
     #[test]

@@ -3,10 +3,14 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use sqcq_target::admin::AdminCli;
 use sqcq_target::{Cli, Daemon};
 use tracing::{error, info};
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "admin") {
+        return admin();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -40,6 +44,28 @@ fn main() -> ExitCode {
     info!("signal {signal}: stopping (finishing in-flight I/O)");
     daemon.shutdown();
     ExitCode::SUCCESS
+}
+
+/// `sqcqd admin --admin-socket PATH COMMAND...`: prints the reply; exits 0
+/// when it is `ok ...`.
+fn admin() -> ExitCode {
+    let cli = AdminCli::parse_from(
+        std::iter::once(std::ffi::OsString::from("sqcqd admin")).chain(std::env::args_os().skip(2)),
+    );
+    match sqcq_target::admin::request(&cli.admin_socket, &cli.command.join(" ")) {
+        Ok(reply) => {
+            println!("{reply}");
+            if reply.starts_with("ok") {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("sqcqd admin: {}: {e}", cli.admin_socket.display());
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// An error with its chain of causes.

@@ -12,7 +12,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqcq_backstore::BackstoreQueue;
+use sqcq_backstore::{Backstore, BackstoreQueue};
+use sqcq_protocol::SpinPolicy;
 use sqcq_scsi::NexusId;
 use thiserror::Error;
 use tracing::{error, info};
@@ -24,7 +25,14 @@ use crate::chain::ChainBuffers;
 use crate::counters::DeviceCounters;
 use crate::device::DeviceShared;
 use crate::inflight::Inflight;
+use crate::stats::QueueReport;
+use crate::target::Target;
 use crate::used::UsedRing;
+
+mod poll;
+
+pub use poll::PollError;
+pub(crate) use poll::QueuePoll;
 
 /// Identifies a queue in the whole daemon.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,18 +45,21 @@ pub struct QueueKey {
 
 /// How a queue learns that the driver made requests available.
 ///
-/// This is the seam for VIRTIO_F_SQCQ_POLL (issue 5): a `Poll` variant
-/// will watch the SQ doorbell (`sqcq_protocol::SqConsumer`), spin for the
-/// adaptive window, then set NEED_WAKEUP and sleep on the same kick
-/// eventfd. The worker already asks each queue how long it may sleep
-/// ([`ServedQueue::poll_timeout`]) and processes queues that want polling
-/// on every pass, so adding the variant touches this enum, the two match
-/// arms below and the start message, not the worker loop.
+/// The two poll variants (issue 5) run a `sqcq_protocol::Poller` over what
+/// they watch (module `poll` below): the worker spins over its polled
+/// queues for their adaptive windows ([`crate::poll`]), then each asks for
+/// a notification, and the worker sleeps on the same kick eventfds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SubmissionSource {
     /// Classic virtio: the driver kicks the eventfd (subject to EVENT_IDX
     /// and VRING_USED_F_NO_NOTIFY); the worker sleeps in `epoll_wait`.
     Kick,
+    /// `ring-poll` (standard virtio): the avail index is polled with
+    /// notifications disabled; completions follow the standard rules.
+    RingPoll,
+    /// VIRTIO_F_SQCQ_POLL: the SQ doorbell is polled, completions are
+    /// announced through the CQ doorbell.
+    Doorbell,
 }
 
 /// Ring addresses and state handed over by the control thread.
@@ -93,6 +104,8 @@ pub struct QueueStart {
     pub err: Option<EventFd>,
     /// How submissions are noticed.
     pub source: SubmissionSource,
+    /// The adaptive spin window of a polled queue.
+    pub spin: SpinPolicy,
 }
 
 /// Why a queue could not start.
@@ -119,10 +132,16 @@ pub struct StopReport {
     pub next_avail: u16,
     /// Requests completed while the queue ran.
     pub requests: u64,
+    /// Its final statistics.
+    pub stats: QueueReport,
 }
 
 /// One LUN's backstore queue on this worker.
 pub(crate) struct LunQueue {
+    /// The LUN, and the backstore the queue was opened on (a LUN removed
+    /// and added again is a different backstore).
+    pub(crate) lun: u16,
+    pub(crate) backstore: Arc<dyn Backstore>,
     pub(crate) io: Box<dyn BackstoreQueue>,
     pub(crate) uncommitted: bool,
 }
@@ -140,6 +159,16 @@ pub struct ServedQueue {
     call: Option<EventFd>,
     err: Option<EventFd>,
     source: SubmissionSource,
+    /// Poll state (poll sources only; dropped when the queue breaks).
+    poll: Option<Box<QueuePoll>>,
+    /// Kicks received (eventfd counts).
+    kicks: u64,
+    /// Calls sent.
+    calls: u64,
+    /// This queue's LUN snapshot (see [`crate::hotplug`]): `luns[i]` is
+    /// the backstore queue of `target.luns()[i]`; queues of removed LUNs
+    /// with requests in flight follow.
+    pub(crate) target: Arc<Target>,
     pub(crate) luns: Vec<LunQueue>,
     pub(crate) inflight: Inflight,
     pub(crate) chain: ChainBuffers,
@@ -166,8 +195,11 @@ impl ServedQueue {
     pub fn start(s: QueueStart) -> Result<Self, QueueError> {
         let ring = s.ring;
         let (queue, used) = open_ring(&ring, &s.mem.memory())?;
-        let mut luns = Vec::with_capacity(s.device.target.luns().len());
-        for entry in s.device.target.luns() {
+        // Read here, on the worker: a LUN change handed to the workers
+        // before this start is in it, one after comes as SetTarget.
+        let target = s.device.target.current();
+        let mut luns = Vec::with_capacity(target.luns().len());
+        for entry in target.luns() {
             let io = entry
                 .backstore
                 .open_queue(u32::from(ring.size))
@@ -176,13 +208,13 @@ impl ServedQueue {
                     source,
                 })?;
             luns.push(LunQueue {
+                lun: entry.lun,
+                backstore: Arc::clone(&entry.backstore),
                 io,
                 uncommitted: false,
             });
         }
-        let data_out_len = s
-            .device
-            .target
+        let data_out_len = target
             .luns()
             .iter()
             .map(|e| e.unit.max_data_out_len())
@@ -190,7 +222,7 @@ impl ServedQueue {
             .unwrap_or(0);
         let max_segments = usize::from(ring.size);
         let cdb_size = usize::try_from(s.cdb_size).unwrap_or(usize::MAX);
-        Ok(ServedQueue {
+        let mut q = ServedQueue {
             key: s.key,
             nexus: s.nexus,
             sense_size: usize::try_from(s.sense_size).unwrap_or(usize::MAX),
@@ -201,6 +233,10 @@ impl ServedQueue {
             call: s.call,
             err: s.err,
             source: s.source,
+            poll: None,
+            kicks: 0,
+            calls: 0,
+            target,
             luns,
             inflight: Inflight::new(ring.size),
             chain: ChainBuffers::with_capacity(max_segments.min(64)),
@@ -211,7 +247,9 @@ impl ServedQueue {
             broken: false,
             requests: 0,
             device: s.device,
-        })
+        };
+        q.open_poll(&ring, s.spin);
+        Ok(q)
     }
 
     /// The kick eventfd, for the worker's epoll set.
@@ -233,6 +271,10 @@ impl ServedQueue {
     pub fn poll_timeout(&self) -> Option<Duration> {
         match self.source {
             SubmissionSource::Kick => None,
+            // While spinning, the worker only looks at its fds.
+            SubmissionSource::RingPoll | SubmissionSource::Doorbell => {
+                self.is_spinning().then_some(Duration::ZERO)
+            }
         }
     }
 
@@ -250,7 +292,9 @@ impl ServedQueue {
     pub fn on_kick(&mut self) {
         // Non-blocking in effect: epoll reported it readable. The value
         // only counts kicks; the ring says what to do.
-        let _ = self.kick.read();
+        if let Ok(n) = self.kick.read() {
+            self.kicks = self.kicks.wrapping_add(n);
+        }
         self.process();
     }
 
@@ -267,8 +311,15 @@ impl ServedQueue {
     /// Processes every available request, then re-enables notifications
     /// and re-checks the ring (so a request made available meanwhile is
     /// not left waiting for a kick that will never come).
+    ///
+    /// A polled queue only takes what is available: its notifications are
+    /// its poller's business.
     pub fn process(&mut self) {
         if self.broken {
+            return;
+        }
+        if self.source != SubmissionSource::Kick {
+            self.drain_ring();
             return;
         }
         let mem = self.mem.memory().into_inner();
@@ -277,18 +328,8 @@ impl ServedQueue {
                 self.ring_broken(&e);
                 return;
             }
-            let mut budget = self.queue.size();
-            while budget > 0 {
-                let chain = match self.queue.iter(&*mem) {
-                    Ok(mut it) => it.next(),
-                    Err(e) => {
-                        self.ring_broken(&e);
-                        return;
-                    }
-                };
-                let Some(chain) = chain else { break };
-                self.handle_chain(&mem, chain);
-                budget -= 1;
+            if !self.take_available(&mem) {
+                return;
             }
             self.commit();
             for lun in 0..self.luns.len() {
@@ -306,6 +347,25 @@ impl ServedQueue {
         }
     }
 
+    /// Handles every chain available now (at most a ring's worth); false
+    /// if the ring turned out corrupt.
+    fn take_available(&mut self, mem: &Arc<GuestMemoryMmap>) -> bool {
+        let mut budget = self.queue.size();
+        while budget > 0 {
+            let chain = match self.queue.iter(&**mem) {
+                Ok(mut it) => it.next(),
+                Err(e) => {
+                    self.ring_broken(&e);
+                    return false;
+                }
+            };
+            let Some(chain) = chain else { break };
+            self.handle_chain(mem, chain);
+            budget -= 1;
+        }
+        true
+    }
+
     fn commit(&mut self) {
         for l in self.luns.iter_mut().filter(|l| l.uncommitted) {
             l.uncommitted = false;
@@ -319,7 +379,18 @@ impl ServedQueue {
 
     /// Publishes completed requests and notifies the driver if it asked.
     pub(crate) fn publish(&mut self, mem: &GuestMemoryMmap) {
-        match self.used.publish(mem) {
+        if self.publish_doorbell(mem) {
+            return;
+        }
+        let batch = self.used.pending();
+        let result = self.used.publish(mem);
+        if batch > 0
+            && let Some(stats) = self.device.counters.queues.get(self.key.vq)
+        {
+            let called = matches!(result, Ok(true)) && self.call.is_some();
+            stats.batch(batch, called);
+        }
+        match result {
             Ok(true) => self.signal_call(),
             Ok(false) => {}
             Err(e) => {
@@ -329,7 +400,8 @@ impl ServedQueue {
         }
     }
 
-    fn signal_call(&self) {
+    fn signal_call(&mut self) {
+        self.calls = self.calls.wrapping_add(1);
         if let Some(call) = &self.call
             && let Err(e) = call.write(1)
         {
@@ -404,6 +476,10 @@ impl ServedQueue {
         StopReport {
             next_avail: self.queue.next_avail(),
             requests: self.requests,
+            stats: QueueReport {
+                running: false,
+                ..self.report()
+            },
         }
     }
 }

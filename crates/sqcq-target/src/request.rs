@@ -161,7 +161,7 @@ impl ServedQueue {
         let resp_len = (CMD_RESP_FIXED + self.sense_size) as u64;
         let data_in_len = self.chain.writable_len.saturating_sub(resp_len);
         let data_out_len = self.chain.readable_len - hdr_len;
-        let target = Arc::clone(&self.device.target);
+        let target = &self.target;
         let index = target.find(lun);
         let mut data_out = std::mem::take(&mut self.data_out);
         let mut data_in = std::mem::take(&mut self.data_in);
@@ -302,6 +302,10 @@ impl ServedQueue {
         slot.buffer_len = have;
         slot.transfer = needed;
         let mut ops: [Option<IoOp>; 1] = [None];
+        // Only WRITE SAME needs it (block size and discard behaviour, which
+        // a resize does not change).
+        let geometry = matches!(op, MediumOp::WriteSame { .. })
+            .then(|| self.luns[lun_index].backstore.geometry());
         let io = &mut self.luns[lun_index];
         let tag = u64::from(head);
         let mut submit =
@@ -359,8 +363,11 @@ impl ServedQueue {
                 fua,
                 pattern,
                 ..
-            } => {
-                let geometry = self.device.target.luns()[lun_index].backstore.geometry();
+            } => 'same: {
+                let Some(geometry) = geometry else {
+                    slot.error = Some(ScsiError::InternalTargetFailure);
+                    break 'same;
+                };
                 let bs = u64::from(geometry.block_size);
                 let len = u64::from(blocks) * bs;
                 let zeros = pattern.is_none_or(|p| p.iter().all(|b| *b == 0));

@@ -14,6 +14,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use crate::config::QueueMap;
 use crate::counters::DeviceCounters;
 use crate::device::{DeviceParams, DeviceShared};
+use crate::hotplug::LunTable;
 use crate::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
 use crate::ratelimit::RateLimiter;
 use crate::target::{LunEntry, Target};
@@ -43,7 +44,7 @@ fn device() -> Arc<DeviceShared> {
             queue_size: SIZE,
             queue_map: QueueMap::default(),
         },
-        target: Arc::new(Target::from_entries(vec![LunEntry {
+        target: LunTable::new(Target::from_entries(vec![LunEntry {
             lun: 0,
             unit: Arc::new(unit),
             backstore,
@@ -78,6 +79,7 @@ impl Fixture {
             call: None,
             err: None,
             source: SubmissionSource::Kick,
+            spin: sqcq_protocol::SpinPolicy::default(),
         })
         .unwrap();
         Fixture {

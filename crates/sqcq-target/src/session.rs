@@ -19,6 +19,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::control::ControlPlane;
 use crate::device::DeviceShared;
+use crate::poll::RingMode;
 use crate::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
 use crate::worker::{WorkerCommand, WorkerPool};
 
@@ -128,9 +129,7 @@ impl Session {
     pub fn new(dev: Arc<DeviceShared>, pool: Arc<WorkerPool>) -> std::io::Result<Self> {
         let control = ControlPlane::new()?;
         let nexus = new_nexus();
-        for e in dev.target.luns() {
-            e.unit.add_nexus(nexus);
-        }
+        dev.target.connect(nexus);
         let vrings = (0..2 + usize::from(dev.params.num_queues))
             .map(|_| Vring::new())
             .collect();
@@ -153,6 +152,31 @@ impl Session {
     /// Whether a virtio feature bit was negotiated.
     pub fn has_feature(&self, bit: u32) -> bool {
         self.acked_features & (1u64 << bit) != 0
+    }
+
+    /// Virtio features the device offers: VIRTIO_F_SQCQ_POLL unless the
+    /// daemon withholds it.
+    pub fn offered_features(&self) -> u64 {
+        let sqcq = if self.pool.options().offer_sqcq {
+            1 << sqcq_protocol::VIRTIO_F_SQCQ_POLL
+        } else {
+            0
+        };
+        crate::handler::OFFERED_FEATURES | sqcq
+    }
+
+    /// How request queues of this connection learn of new requests: the
+    /// SQ doorbell when bit 42 was negotiated (the driver relies on it),
+    /// else as the daemon's `--poll` option says.
+    fn submission_source(&self) -> SubmissionSource {
+        if self.has_feature(sqcq_protocol::VIRTIO_F_SQCQ_POLL) {
+            SubmissionSource::Doorbell
+        } else {
+            match self.pool.options().ring {
+                RingMode::Kick => SubmissionSource::Kick,
+                RingMode::Ring => SubmissionSource::RingPoll,
+            }
+        }
     }
 
     /// The vring `index`, created on demand up to the limit.
@@ -241,7 +265,8 @@ impl Session {
             kick,
             call,
             err,
-            source: SubmissionSource::Kick,
+            source: self.submission_source(),
+            spin: self.pool.options().spin_policy(),
         };
         let result = self.pool.call(worker, |reply| WorkerCommand::Start {
             start: Box::new(start),
@@ -350,9 +375,9 @@ impl Session {
     /// that the I_T nexus is gone.
     pub fn teardown(&mut self) {
         self.reset_rings();
-        for e in self.dev.target.luns() {
-            e.unit.nexus_loss(self.nexus);
-        }
+        // Every queue stopped and posted its final figures.
+        self.pool.stats().write();
+        self.dev.target.disconnect(self.nexus);
         info!(device = %self.dev.name, nexus = self.nexus.0, "connection closed");
     }
 }

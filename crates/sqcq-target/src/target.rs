@@ -64,10 +64,13 @@ pub enum TargetError {
     Duplicate(u16),
 }
 
-/// The logical units of one device, sorted by LUN.
+/// The logical units of one device, sorted by LUN: an immutable snapshot.
+/// A LUN change makes a new snapshot with a higher generation (see
+/// [`crate::hotplug`]).
 #[derive(Debug, Default)]
 pub struct Target {
     luns: Vec<LunEntry>,
+    generation: u64,
 }
 
 impl Target {
@@ -85,13 +88,44 @@ impl Target {
             luns.push(build_lun(lun, spec, wwn_seed)?);
         }
         luns.sort_by_key(|e| e.lun);
-        Ok(Target { luns })
+        Ok(Target {
+            luns,
+            generation: 0,
+        })
     }
 
     /// A target made of ready entries (tests, embedding).
     pub fn from_entries(mut luns: Vec<LunEntry>) -> Self {
         luns.sort_by_key(|e| e.lun);
-        Target { luns }
+        Target {
+            luns,
+            generation: 0,
+        }
+    }
+
+    /// Which snapshot this is: every LUN change counts one up.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The next snapshot: these LUNs plus `added`, minus `removed`.
+    pub(crate) fn next(&self, added: Option<LunEntry>, removed: Option<u16>) -> Target {
+        let mut luns: Vec<LunEntry> = self
+            .luns
+            .iter()
+            .filter(|e| Some(e.lun) != removed)
+            .map(|e| LunEntry {
+                lun: e.lun,
+                unit: Arc::clone(&e.unit),
+                backstore: Arc::clone(&e.backstore),
+            })
+            .collect();
+        luns.extend(added);
+        luns.sort_by_key(|e| e.lun);
+        Target {
+            luns,
+            generation: self.generation + 1,
+        }
     }
 
     /// The logical units, sorted by LUN.
@@ -110,7 +144,8 @@ impl Target {
     }
 }
 
-fn build_lun(lun: u16, spec: &LunSpec, wwn_seed: u64) -> Result<LunEntry, TargetError> {
+/// Builds one logical unit and its backstore.
+pub(crate) fn build_lun(lun: u16, spec: &LunSpec, wwn_seed: u64) -> Result<LunEntry, TargetError> {
     let bs_err = |source| TargetError::Backstore { lun, source };
     let block_size = spec.block_size;
     let backstore: Arc<dyn Backstore> = match spec.kind {
@@ -158,6 +193,13 @@ fn build_lun(lun: u16, spec: &LunSpec, wwn_seed: u64) -> Result<LunEntry, Target
         unit: Arc::new(unit),
         backstore,
     })
+}
+
+/// The seed of a device's default WWNs, from its socket path.
+pub fn wwn_seed(socket_path: &str) -> u64 {
+    socket_path
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
 }
 
 /// A NAA 5 (IEEE registered) WWN: the locally administered company ID

@@ -52,6 +52,7 @@ pub struct UsedRing {
     event_idx: bool,
     next_used: Wrapping<u16>,
     published: Wrapping<u16>,
+    published_total: u64,
 }
 
 impl UsedRing {
@@ -71,6 +72,7 @@ impl UsedRing {
             event_idx,
             next_used: Wrapping(next_used),
             published: Wrapping(next_used),
+            published_total: 0,
         }
     }
 
@@ -103,21 +105,42 @@ impl UsedRing {
         Ok(())
     }
 
+    /// Elements published since the ring was opened.
+    pub fn published_total(&self) -> u64 {
+        self.published_total
+    }
+
+    /// Publishes every pushed element (one `used->idx` store) without
+    /// deciding about a notification; returns how many were published.
+    /// With VIRTIO_F_SQCQ_POLL the CQ doorbell decides instead.
+    pub fn publish_index(&mut self, mem: &GuestMemoryMmap) -> Result<u16, UsedError> {
+        let count = (self.next_used - self.published).0;
+        if count == 0 {
+            return Ok(0);
+        }
+        // Release: the element writes above become visible before the new
+        // index; pairs with the driver's Acquire load of `used->idx` (its
+        // virtio_rmb() after reading the index).
+        mem.store(
+            self.next_used.0.to_le(),
+            offset(self.used, 2)?,
+            Ordering::Release,
+        )
+        .map_err(UsedError::Memory)?;
+        self.published = self.next_used;
+        self.published_total += u64::from(count);
+        Ok(count)
+    }
+
     /// Publishes every pushed element and says whether the driver must be
     /// notified (EVENT_IDX `used_event`, or VRING_AVAIL_F_NO_INTERRUPT
     /// without it).
     pub fn publish(&mut self, mem: &GuestMemoryMmap) -> Result<bool, UsedError> {
-        if self.next_used == self.published {
+        let old = self.published;
+        if self.publish_index(mem)? == 0 {
             return Ok(false);
         }
-        let old = self.published;
-        let new = self.next_used;
-        // Release: the element writes above become visible before the new
-        // index; pairs with the driver's Acquire load of `used->idx` (its
-        // virtio_rmb() after reading the index).
-        mem.store(new.0.to_le(), offset(self.used, 2)?, Ordering::Release)
-            .map_err(UsedError::Memory)?;
-        self.published = new;
+        let new = self.published;
         // SeqCst: the index store above must be ordered before the load of
         // `used_event` (or the avail flags) below. Pairs with the driver's
         // full barrier between writing `used_event` and re-reading

@@ -211,7 +211,7 @@ impl Event {
     pub fn encode(&self) -> [u8; EVENT_SIZE] {
         let mut out = [0u8; EVENT_SIZE];
         out[0..4].copy_from_slice(&self.event.to_le_bytes());
-        out[4..12].copy_from_slice(&self.lun.encode());
+        out[4..12].copy_from_slice(&self.lun.encode_event());
         out[12..16].copy_from_slice(&self.reason.to_le_bytes());
         out
     }
@@ -354,7 +354,11 @@ mod tests {
             reason: EVT_RESET_RESCAN,
         };
         let enc = e.encode();
-        assert_eq!(&enc[4..8], &[1, 0, 0x40, 0x01]);
+        assert_eq!(
+            &enc[4..8],
+            &[1, 0, 0, 0x01],
+            "peripheral addressing below 256"
+        );
         assert_eq!(enc[12], 1);
     }
 }

@@ -17,15 +17,18 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use thiserror::Error;
-use tracing::{debug, error};
+use tracing::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::poll::PollOptions;
 use crate::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
+use crate::stats::{StatsBoard, StatsTicker};
+use crate::target::Target;
 
 /// epoll token of a worker's wake eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -64,6 +67,17 @@ pub enum WorkerCommand {
         /// Signalled when drained.
         reply: SyncSender<()>,
     },
+    /// Switch the queues of `device` to a new LUN snapshot (a LUN was
+    /// added or removed; see [`crate::hotplug`]).
+    SetTarget {
+        /// The device.
+        device: u32,
+        /// The snapshot.
+        target: Arc<Target>,
+        /// The first queue that could not open a backstore queue for a new
+        /// LUN (that queue keeps its previous snapshot).
+        reply: SyncSender<Result<(), QueueError>>,
+    },
     /// Stop every queue and end the thread.
     Exit,
 }
@@ -82,6 +96,8 @@ struct WorkerHandle {
 /// The pool of worker threads shared by every device of a daemon.
 pub struct WorkerPool {
     workers: Vec<WorkerHandle>,
+    options: PollOptions,
+    stats: Arc<StatsBoard>,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -93,10 +109,18 @@ impl std::fmt::Debug for WorkerPool {
 }
 
 impl WorkerPool {
-    /// Starts `n` worker threads.
-    pub fn new(n: usize) -> io::Result<Self> {
+    /// Starts `n` worker threads, bound to CPUs and reporting statistics
+    /// as `options` say.
+    pub fn new(n: usize, options: PollOptions) -> io::Result<Self> {
+        let stats = Arc::new(StatsBoard::new(
+            options.stats_interval,
+            options.stats_file.clone(),
+        ));
+        let steer = steering(&options.cpus);
         let mut workers = Vec::with_capacity(n);
         for id in 0..n {
+            let cpu = options.cpus.get(id).copied();
+            let (board, steer) = (Arc::clone(&stats), steer.clone());
             let (tx, rx) = mpsc::channel();
             let wake = EventFd::new(EFD_NONBLOCK)?;
             let (epoll, worker_wake) = Worker::epoll(wake.try_clone()?)?;
@@ -112,6 +136,10 @@ impl WorkerPool {
                         rx,
                         queues: Vec::new(),
                         drains: Vec::new(),
+                        cpu,
+                        steer,
+                        board,
+                        ticker: StatsTicker::default(),
                     }
                     .run()
                 })?;
@@ -121,7 +149,29 @@ impl WorkerPool {
                 thread: Mutex::new(Some(thread)),
             });
         }
-        Ok(WorkerPool { workers })
+        Ok(WorkerPool {
+            workers,
+            options,
+            stats,
+        })
+    }
+
+    /// The daemon's poll options.
+    pub fn options(&self) -> &PollOptions {
+        &self.options
+    }
+
+    /// Every queue's latest statistics.
+    pub fn stats(&self) -> &Arc<StatsBoard> {
+        &self.stats
+    }
+
+    /// Wakes every worker without a command: a polling worker then looks
+    /// at the memory map again (after SET_MEM_TABLE) before it sleeps.
+    pub fn nudge_all(&self) {
+        for h in &self.workers {
+            let _ = h.wake.write(1);
+        }
     }
 
     /// Number of workers.
@@ -179,6 +229,42 @@ struct Worker {
     rx: Receiver<WorkerCommand>,
     queues: Vec<Option<ServedQueue>>,
     drains: Vec<(u32, SyncSender<()>)>,
+    /// The CPU this worker is bound to.
+    cpu: Option<usize>,
+    /// The CPUs left for backstore completion work of polled queues.
+    steer: Option<Vec<usize>>,
+    board: Arc<StatsBoard>,
+    ticker: StatsTicker,
+}
+
+/// The CPUs no poll thread is bound to, for backstore completion work;
+/// `None` when nothing is bound or no CPU is left (logged).
+fn steering(bound: &[usize]) -> Option<Vec<usize>> {
+    if bound.is_empty() {
+        return None;
+    }
+    let allowed = match crate::cpu::allowed_cpus() {
+        Ok(a) => a,
+        Err(e) => {
+            warn!("cannot read the CPU affinity: backstore completion work not steered: {e}");
+            return None;
+        }
+    };
+    let free = crate::cpu::free_cpus(&allowed, bound);
+    if free.is_empty() {
+        info!(
+            "every CPU of {allowed:?} runs a poll thread: backstore completion work is not steered"
+        );
+        return None;
+    }
+    info!("backstore completion work of polled queues steered to CPUs {free:?}");
+    Some(free)
+}
+
+/// Milliseconds for `epoll_wait`, rounded up so a deadline is not missed
+/// by a fraction of a millisecond (and then spun for).
+fn millis_ceil(d: std::time::Duration) -> i32 {
+    i32::try_from(d.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
 }
 
 fn token(slot: usize, source: usize) -> u64 {
@@ -198,15 +284,23 @@ impl Worker {
     }
 
     fn run(mut self) {
+        if let Some(cpu) = self.cpu {
+            match crate::cpu::bind_current_thread(cpu) {
+                Ok(()) => info!(worker = self.id, "poll thread bound to cpu{cpu}"),
+                Err(e) => error!(worker = self.id, "cannot bind to cpu{cpu}: {e}"),
+            }
+        }
         let mut events = vec![EpollEvent::default(); 64];
         loop {
+            let stats = self.ticker.timeout(&self.board);
             let timeout = self
                 .queues
                 .iter()
                 .flatten()
                 .filter_map(ServedQueue::poll_timeout)
+                .chain(stats)
                 .min()
-                .map_or(-1, |d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX));
+                .map_or(-1, millis_ceil);
             let n = match self.epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -234,6 +328,9 @@ impl Worker {
                 }
             }
             self.check_drains();
+            crate::poll::spin(&mut self.queues);
+            let reports = self.queues.iter().flatten().map(ServedQueue::report);
+            self.ticker.tick(self.id, &self.board, reports);
         }
         self.stop_all();
     }
@@ -263,6 +360,13 @@ impl Worker {
                     self.drains.push((device, reply));
                     self.check_drains();
                 }
+                WorkerCommand::SetTarget {
+                    device,
+                    target,
+                    reply,
+                } => {
+                    let _ = reply.send(self.set_target(device, &target));
+                }
                 WorkerCommand::Exit => {
                     self.stop_all();
                     return false;
@@ -281,6 +385,11 @@ impl Worker {
     fn start(&mut self, start: QueueStart) -> Result<(), QueueError> {
         let key = start.key;
         let mut q = ServedQueue::start(start)?;
+        if let Some(cpus) = &self.steer
+            && q.is_polled()
+        {
+            q.steer_completions(cpus);
+        }
         let slot = match self.queues.iter().position(Option::is_none) {
             Some(s) => s,
             None => {
@@ -288,17 +397,7 @@ impl Worker {
                 self.queues.len() - 1
             }
         };
-        let mut fds: Vec<(RawFd, u64)> = vec![(q.kick_fd(), token(slot, 0))];
-        fds.extend(q.completion_fds().map(|(i, fd)| (fd, token(slot, i + 1))));
-        for (fd, t) in &fds {
-            if let Err(e) = self.epoll.ctl(
-                ControlOperation::Add,
-                *fd,
-                EpollEvent::new(EventSet::IN, *t),
-            ) {
-                error!(worker = self.id, vq = key.vq, "cannot watch fd {fd}: {e}");
-            }
-        }
+        self.watch(slot, &q);
         debug!(
             worker = self.id,
             device = key.device,
@@ -317,8 +416,42 @@ impl Worker {
         let q = self.queues[slot].take()?;
         self.unwatch(&q);
         let report = q.stop();
+        self.board.post(report.stats);
         self.check_drains();
         Some(report)
+    }
+
+    fn watch(&self, slot: usize, q: &ServedQueue) {
+        let mut fds: Vec<(RawFd, u64)> = vec![(q.kick_fd(), token(slot, 0))];
+        fds.extend(q.completion_fds().map(|(i, fd)| (fd, token(slot, i + 1))));
+        for (fd, t) in &fds {
+            if let Err(e) = self.epoll.ctl(
+                ControlOperation::Add,
+                *fd,
+                EpollEvent::new(EventSet::IN, *t),
+            ) {
+                error!(worker = self.id, vq = q.key.vq, "cannot watch fd {fd}: {e}");
+            }
+        }
+    }
+
+    /// Hands a new LUN snapshot to every queue of `device` (their
+    /// completion descriptors change, so they are watched anew).
+    fn set_target(&mut self, device: u32, target: &Arc<Target>) -> Result<(), QueueError> {
+        let mut result = Ok(());
+        for slot in 0..self.queues.len() {
+            let Some(mut q) = self.queues[slot].take_if(|q| q.key.device == device) else {
+                continue;
+            };
+            self.unwatch(&q);
+            if let Err(e) = q.set_target(target) {
+                error!(worker = self.id, vq = q.key.vq, "new LUN snapshot: {e}");
+                result = Err(e);
+            }
+            self.watch(slot, &q);
+            self.queues[slot] = Some(q);
+        }
+        result
     }
 
     fn unwatch(&self, q: &ServedQueue) {
@@ -334,7 +467,7 @@ impl Worker {
         for slot in 0..self.queues.len() {
             if let Some(q) = self.queues[slot].take() {
                 self.unwatch(&q);
-                q.stop();
+                self.board.post(q.stop().stats);
             }
         }
         self.check_drains();

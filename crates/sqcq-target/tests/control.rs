@@ -89,7 +89,11 @@ fn events_reach_the_event_queue() {
     assert_eq!(evq.wait_used(&g), (head, 16));
     let e = g.read(buf, 16);
     assert_eq!(&e[0..4], &1u32.to_le_bytes(), "TRANSPORT_RESET");
-    assert_eq!(&e[4..8], &lun_field(0, 1)[..4]);
+    assert_eq!(
+        &e[4..12],
+        &[1, 0, 0, 1, 0, 0, 0, 0],
+        "LUN 1 as REPORT LUNS encodes it"
+    );
     assert_eq!(&e[12..16], &1u32.to_le_bytes(), "RESCAN");
     daemon.shutdown();
 }

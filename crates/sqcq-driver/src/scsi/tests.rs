@@ -25,6 +25,8 @@ struct Rig {
     queue: ScsiQueue,
     device: Queue,
     data: GuestAddress,
+    /// The driver poll thread of the doorbell modes.
+    _poll: Option<crate::sqcq::PollGroup>,
 }
 
 fn config(event_idx: bool) -> QueueConfig {
@@ -37,8 +39,21 @@ fn config(event_idx: bool) -> QueueConfig {
 
 fn rig_with(mode: NotifyMode, event_idx: bool, hangup: Option<OwnedFd>, timeout: Duration) -> Rig {
     let mut mem = DriverMemory::new(4 << 20).unwrap();
-    let events = QueueEvents::new(hangup, timeout).unwrap();
-    let vq = Virtqueue::new(&mut mem, 2, config(event_idx), mode, events).unwrap();
+    let mut events = QueueEvents::new(hangup, timeout).unwrap();
+    let (vq, poll) = if mode.doorbells() {
+        let mut group = crate::sqcq::PollGroupBuilder::new(
+            crate::sqcq::PollThreads::PerDevice,
+            sqcq_protocol::SpinConfig::default(),
+        );
+        let ring = crate::SplitQueue::new(&mut mem, config(event_idx)).unwrap();
+        let inline = mode == NotifyMode::SqcqInline;
+        let notifier = group.attach(&mem, 2, &ring, &mut events, inline).unwrap();
+        let vq = Virtqueue::with_notifier(2, ring, notifier, events);
+        (vq, Some(group.start().unwrap()))
+    } else {
+        let vq = Virtqueue::new(&mut mem, 2, config(event_idx), mode, events).unwrap();
+        (vq, None)
+    };
     let [desc, avail, used] = vq.addresses();
     let mut device = Queue::new(SIZE).unwrap();
     let split = |gpa: GuestAddress| {
@@ -62,6 +77,7 @@ fn rig_with(mode: NotifyMode, event_idx: bool, hangup: Option<OwnedFd>, timeout:
         queue,
         device,
         data,
+        _poll: poll,
     }
 }
 
@@ -382,6 +398,19 @@ fn a_bogus_used_entry_fails_every_request_in_flight() {
         let seen = rig.device_pop().unwrap();
         rig.device_complete(&seen, 0, 0);
         rig.forge_used(1, 1000, 0, 2);
+        if mode.doorbells() {
+            // The device's CQ publication: `cq.idx` = used->idx.
+            let mem = std::sync::Arc::new(rig.mem.guest_memory().clone());
+            let ring = rig.queue.virtqueue().ring();
+            let addrs = sqcq_protocol::RingAddrs {
+                desc: ring.desc_table().0,
+                avail: ring.avail_ring().0,
+                used: ring.used_ring().0,
+            };
+            let location = sqcq_protocol::doorbell_location(addrs, SIZE).unwrap();
+            let (_, cq) = sqcq_protocol::guest_doorbells(&mem, location).unwrap();
+            let _ = sqcq_protocol::CqProducer::new(&cq).publish(2);
+        }
         rig.queue.virtqueue().events().call_fd().write(1).unwrap();
 
         let mut tokens = Vec::new();

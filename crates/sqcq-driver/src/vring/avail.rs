@@ -145,17 +145,9 @@ impl SplitQueue {
     /// with one store of `avail->idx`, and says whether to kick it.
     pub fn publish(&mut self) -> NotifyDecision {
         let old = self.published_idx;
-        let new = self.avail_idx;
-        if new == old {
+        let Some(new) = self.publish_index() else {
             return NotifyDecision::Suppressed;
-        }
-        // Release: pairs with the device's Acquire load of avail->idx
-        // (virtio-queue's `iter`), so the descriptors and avail entries
-        // written by `add` are visible before the index that announces them.
-        self.ring
-            .u16(self.layout.avail_idx())
-            .store(new.to_le(), Ordering::Release);
-        self.published_idx = new;
+        };
         // SeqCst: our store of avail->idx must be ordered before our load of
         // avail_event / used->flags below. It pairs with the device's fence
         // between storing avail_event (or clearing NO_NOTIFY) and re-reading
@@ -188,6 +180,28 @@ impl SplitQueue {
         } else {
             NotifyDecision::Suppressed
         }
+    }
+}
+
+impl SplitQueue {
+    /// Makes every request added since the last call visible to the
+    /// device, with one store of `avail->idx`, and returns the new index;
+    /// `None` when nothing was added. No kick decision: with
+    /// VIRTIO_F_SQCQ_POLL the caller stores the index in `sq.idx` and
+    /// decides from `sq.flags` alone (spec section 5.1).
+    pub fn publish_index(&mut self) -> Option<u16> {
+        let new = self.avail_idx;
+        if new == self.published_idx {
+            return None;
+        }
+        // Release: pairs with the device's Acquire load of avail->idx
+        // (virtio-queue's `iter`), so the descriptors and avail entries
+        // written by `add` are visible before the index that announces them.
+        self.ring
+            .u16(self.layout.avail_idx())
+            .store(new.to_le(), Ordering::Release);
+        self.published_idx = new;
+        Some(new)
     }
 }
 

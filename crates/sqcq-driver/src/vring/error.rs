@@ -51,6 +51,11 @@ pub enum QueueError {
         /// Descriptors free.
         free: u16,
     },
+    /// A doorbell mode was asked of [`Virtqueue::new`](crate::Virtqueue::new),
+    /// which builds standard modes only; doorbell modes need a poll thread
+    /// ([`PollGroupBuilder::attach`](crate::sqcq::PollGroupBuilder::attach)).
+    #[error("mode {0} needs a driver poll thread")]
+    NeedsPollThread(&'static str),
     /// The device broke the queue earlier; see
     /// [`SplitQueue::fail_in_flight`](super::SplitQueue::fail_in_flight).
     #[error("the queue is broken")]

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod sqcq;
+
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use sqcq_target::Daemon;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, LunSpec, QueueMap};
+use sqcq_target::poll::PollOptions;
 use vhost::vhost_user::message::{
     VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
@@ -273,6 +276,17 @@ impl Vq {
 /// Connects and negotiates: features (with EVENT_IDX when asked),
 /// protocol features MQ | CONFIG | REPLY_ACK, memory, and the vrings.
 pub fn connect(path: &Path, g: &Guest, vqs: &mut [Vq], event_idx: bool) -> Frontend {
+    connect_with(path, g, vqs, event_idx, 0)
+}
+
+/// Like [`connect`], also asking for the feature bits in `extra`.
+pub fn connect_with(
+    path: &Path,
+    g: &Guest,
+    vqs: &mut [Vq],
+    event_idx: bool,
+    extra: u64,
+) -> Frontend {
     let deadline = Instant::now() + WAIT;
     let mut fe = loop {
         match Frontend::connect(path, vqs.len() as u64) {
@@ -294,6 +308,7 @@ pub fn connect(path: &Path, g: &Guest, vqs: &mut [Vq], event_idx: bool) -> Front
     if event_idx {
         wanted |= 1 << 29;
     }
+    wanted |= extra;
     assert_eq!(offered & wanted, wanted, "device must offer {wanted:#x}");
     let proto = fe.get_protocol_features().unwrap();
     let want_proto = VhostUserProtocolFeatures::MQ
@@ -451,9 +466,20 @@ pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
 }
 
 pub fn start(dir: &TempDir, workers: usize) -> (Daemon, std::path::PathBuf) {
+    start_with(dir, workers, PollOptions::default())
+}
+
+/// Like [`start`], with poll options (`--no-sqcq`, `--poll ring`, ...).
+pub fn start_with(
+    dir: &TempDir,
+    workers: usize,
+    poll: PollOptions,
+) -> (Daemon, std::path::PathBuf) {
     let socket = dir.path("scsi.sock");
     let config = DaemonConfig {
+        poll,
         workers,
+        admin_socket: None,
         devices: vec![DeviceConfig {
             socket_path: socket.clone(),
             luns: vec![

@@ -1,0 +1,238 @@
+//! End to end against the project's own daemon, sqcqd, with its
+//! VIRTIO_F_SQCQ_POLL device side: every notification mode, the doorbell
+//! modes' idle handshake and bursts separated by idle gaps. Idle is
+//! detected by the doorbell flags and the driver poll thread's flag (the
+//! bench's `--bursts`), never by sleeping; a lost wakeup ends the run with
+//! an I/O timeout, a duplicate completion with "completion for an I/O not
+//! in flight".
+//!
+//! sqcqd is $SQCQ_TARGET_BIN, or target/{debug,release}/sqcqd (build it
+//! with `cargo build -p sqcq-target`); the tests are skipped, saying why,
+//! when there is none. An sqcqd that does not offer bit 42 fails them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_sqcq-bench");
+
+fn sqcqd() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SQCQ_TARGET_BIN") {
+        return Some(PathBuf::from(path));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    let found = ["debug", "release"]
+        .iter()
+        .map(|p| root.join(p).join("sqcqd"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        eprintln!("SKIPPED: no sqcqd in target/ (cargo build -p sqcq-target)");
+    }
+    found
+}
+
+fn bench(sqcqd: &Path, args: &[&str]) -> (Output, Value) {
+    let out = Command::new(BENCH)
+        .arg("--target-bin")
+        .arg(sqcqd)
+        .args([
+            "--io-timeout",
+            "20",
+            "--eta",
+            "never",
+            "--output-format",
+            "json",
+        ])
+        .args(args)
+        .output()
+        .expect("sqcq-bench runs");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{args:?}: {out:?}");
+    let json = serde_json::from_slice(&out.stdout).expect("JSON output");
+    (out, json)
+}
+
+fn ios(job: &Value) -> u64 {
+    job["read"]["total_ios"].as_u64().unwrap() + job["write"]["total_ios"].as_u64().unwrap()
+}
+
+const MODES: [&str; 5] = ["notify", "poll-queue", "ring-poll", "sqcq", "sqcq-inline"];
+
+#[test]
+fn every_mode_runs_against_sqcqd() {
+    let Some(bin) = sqcqd() else { return };
+    for mode in MODES {
+        for qd in ["1", "16"] {
+            let (_, v) = bench(
+                &bin,
+                &[
+                    "--rw",
+                    "randrw",
+                    "--size",
+                    "2m",
+                    "--iodepth",
+                    qd,
+                    "--mode",
+                    mode,
+                ],
+            );
+            assert_eq!(v["sqcq"]["mode"], mode, "{mode}: no fallback from sqcqd");
+            assert!(v["sqcq"]["mode_fallback"].is_null());
+            assert_eq!(ios(&v["jobs"][0]), 512, "{mode} qd{qd}");
+            let doorbells = mode.starts_with("sqcq");
+            assert_eq!(v["sqcq"]["driver_queues"].is_array(), doorbells, "{mode}");
+            assert!(v["sqcq"]["device_stats"]["queues"].is_array(), "{mode}");
+        }
+    }
+}
+
+#[test]
+fn verify_passes_in_every_mode_with_several_jobs() {
+    let Some(bin) = sqcqd() else { return };
+    for mode in MODES {
+        let (_, v) = bench(
+            &bin,
+            &[
+                "--rw",
+                "randwrite",
+                "--verify",
+                "crc32c",
+                "--size",
+                "2m",
+                "--bs",
+                "8k",
+                "--iodepth",
+                "8",
+                "--numjobs",
+                "3",
+                "--mode",
+                mode,
+            ],
+        );
+        assert_eq!(v["sqcq"]["mode"], mode);
+        for job in v["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "{mode}");
+            assert_eq!(job["write"]["total_ios"], 256, "{mode}");
+            assert_eq!(job["read"]["total_ios"], 256, "{mode}");
+        }
+    }
+}
+
+#[test]
+fn after_idling_both_sides_sleep_and_the_next_submission_wakes_them() {
+    let Some(bin) = sqcqd() else { return };
+    for mode in ["sqcq", "sqcq-inline"] {
+        // Two bursts: between them the job waits (bounded) until the
+        // driver poll thread is asleep with CQ NEED_WAKEUP set and the
+        // device's poller asked for a kick with SQ NEED_WAKEUP.
+        let (_, v) = bench(
+            &bin,
+            &[
+                "--size",
+                "64k",
+                "--iodepth",
+                "1",
+                "--bursts",
+                "2",
+                "--mode",
+                mode,
+            ],
+        );
+        let job = &v["jobs"][0];
+        assert_eq!(job["sqcq"]["idle_gaps_asleep"], 1, "{mode}");
+        assert_eq!(ios(job), 16, "{mode}");
+        // The first submission after the gap found the device asleep and
+        // kicked; the device found the poll thread asleep and called.
+        assert!(v["sqcq"]["kicks"].as_u64().unwrap() >= 1, "{mode}");
+        assert!(v["sqcq"]["calls"].as_u64().unwrap() >= 1, "{mode}");
+        let q = &v["sqcq"]["driver_queues"][0];
+        assert!(q["sleeps"].as_u64().unwrap() >= 1, "{mode}: {q}");
+    }
+}
+
+#[test]
+fn bursts_and_idle_gaps_complete_every_request_exactly_once() {
+    let Some(bin) = sqcqd() else { return };
+    for (mode, threads) in [
+        ("sqcq", "per-device"),
+        ("sqcq", "per-queue"),
+        ("sqcq-inline", "per-device"),
+    ] {
+        let (_, v) = bench(
+            &bin,
+            &[
+                "--rw",
+                "randrw",
+                "--size",
+                "400k",
+                "--bs",
+                "4k",
+                "--iodepth",
+                "4",
+                "--numjobs",
+                "2",
+                "--bursts",
+                "50",
+                "--mode",
+                mode,
+                "--poll-threads",
+                threads,
+            ],
+        );
+        for job in v["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "{mode} {threads}");
+            assert_eq!(ios(job), 100, "{mode} {threads}");
+            assert_eq!(job["sqcq"]["idle_gaps_asleep"], 49, "{mode} {threads}");
+        }
+        assert!(v["sqcq"]["kicks"].as_u64().unwrap() >= 49);
+    }
+}
+
+#[test]
+fn a_daemon_withholding_bit_42_gets_notify() {
+    let Some(bin) = sqcqd() else { return };
+    let help = Command::new(&bin).arg("--help").output().unwrap();
+    if !String::from_utf8_lossy(&help.stdout).contains("--no-sqcq") {
+        eprintln!("SKIPPED: this sqcqd cannot withhold bit 42");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sqcq-nosqcq-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("sock");
+    let mut child = Command::new(&bin)
+        .arg("--socket-path")
+        .arg(&socket)
+        .args(["--lun", "kind=null,size=64m", "--no-sqcq"])
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !socket.exists() {
+        assert!(start.elapsed().as_secs() < 10, "sqcqd did not start");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let out = Command::new(BENCH)
+        .arg("--socket")
+        .arg(&socket)
+        .args([
+            "--size",
+            "1m",
+            "--mode",
+            "sqcq",
+            "--eta",
+            "never",
+            "--output-format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("falls back to notify"), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["sqcq"]["mode"], "notify");
+    assert_eq!(v["sqcq"]["mode_fallback"]["requested"], "sqcq");
+}

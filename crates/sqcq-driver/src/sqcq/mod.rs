@@ -1,0 +1,61 @@
+//! VIRTIO_F_SQCQ_POLL on the driver side: the doorbells of each queue, the
+//! driver's poll thread, and the submitter's half (the `sqcq` and
+//! `sqcq-inline` [`NotifyMode`](crate::NotifyMode)s).
+//!
+//! - [`bell`]: the two doorbells of a queue in driver memory (where
+//!   `sqcq_protocol::doorbell_location` puts them, zeroed before the queue
+//!   is enabled), and the per-queue state the poll thread and the
+//!   submitter share, including the *mailbox* through which the poll
+//!   thread signals completions.
+//! - [`poll_thread`]: one thread per device (default) or per queue that
+//!   watches the CQ doorbells, spins for the adaptive window, then sets
+//!   NEED_WAKEUP on all of them and sleeps in `epoll_wait` over their call
+//!   eventfds (spec section 11.2).
+//! - [`notifier`]: the submitter: `avail->idx`, then `sq.idx` through
+//!   `SqProducer`, a kick only on `Wake::Owed`; waiting for completions on
+//!   the mailbox with the same spin-then-sleep handshake.
+//!
+//! # Completion dispatch
+//!
+//! The ring stays the submitter's alone: it adds requests and pops used
+//! entries, and no lock or shared free list exists. The poll thread never
+//! touches the used ring; when it sees `cq.idx` move it forwards that value
+//! to the queue's mailbox, an in-process [`Doorbell`](sqcq_protocol::Doorbell)
+//! with the CQ roles: the poll thread is its producer
+//! (`CqProducer::publish`: store, `fence(SeqCst)`, load NEED_WAKEUP) and the
+//! submitter its consumer (`Poller<CqConsumer>`: spin, then set
+//! NEED_WAKEUP, `fence(SeqCst)`, re-check, sleep on the mailbox eventfd).
+//! Those two fences pair with each other exactly as fences 3 and 4 of the
+//! protocol do; the code is the protocol crate's, model-checked there.
+//! A forwarded value only says "`used->idx` moved": the poll thread's
+//! Acquire on `cq.idx` (pairing with the device's Release) and the
+//! mailbox's Release/Acquire pass the device's used-ring writes on to the
+//! submitter, which then pops and validates them itself.
+//!
+//! In `sqcq-inline` the submitter also polls its own used ring while it
+//! spins, so completions reach it without the hop through the poll thread;
+//! once its window expires it sleeps on the mailbox like `sqcq`, and the
+//! poll thread, the secondary poller, wakes it.
+
+pub mod bell;
+pub mod notifier;
+pub mod poll_thread;
+#[cfg(test)]
+mod tests;
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+pub use bell::{DoorbellError, GuestBell};
+pub use poll_thread::{PollGroup, PollGroupBuilder, PollStats, PollThreads};
+
+/// Nanoseconds since the first call: the clock of every poller here.
+pub(crate) fn now_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Polls of a spinning loop between two `yield_now`s: on a machine with
+/// more runnable threads than CPUs the thread that will write the doorbell
+/// may be waiting for this very CPU.
+pub(crate) const POLLS_PER_YIELD: u32 = 16;

@@ -1,0 +1,384 @@
+//! The driver's poll thread: watches the CQ doorbells of its queues, hands
+//! every move of `cq.idx` to the queue's submitter through its mailbox, and
+//! sleeps when every queue has been quiet for its spin window.
+//!
+//! One thread per device is the default (spec section 11.2): it costs one
+//! spinning CPU per device, which matters on a 2-CPU machine.
+//! [`PollThreads::PerQueue`] gives each queue its own thread instead.
+//!
+//! Before sleeping the thread runs, for each queue, C3-C5 of the
+//! handshake (`Poller::prepare_sleep`: NEED_WAKEUP, fence 4, re-check). It
+//! sleeps only if every queue answered `Sleep`; if one found work, the
+//! others' flags are cleared again (`cancel_sleep`) and polling goes on.
+//! It then waits in `epoll_wait` on all the call eventfds, which the device
+//! signals only when it sees NEED_WAKEUP after its fence 3.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+
+use sqcq_protocol::{
+    CqConsumer, CqProducer, Poll, Poller, QueueStats, SleepCheck, SpinConfig, SpinPolicy, Wake,
+};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::bell::{CqBell, DoorbellError, QueueShared, ThreadState, queue_doorbells};
+use super::notifier::DoorbellNotifier;
+use super::{POLLS_PER_YIELD, now_ns};
+use crate::memory::DriverMemory;
+use crate::notify::{Notifier, QueueEvents};
+use crate::vring::SplitQueue;
+
+/// Polls between two stores of the statistics while spinning.
+const POLLS_PER_STATS: u32 = 1024;
+/// epoll data of the stop eventfd.
+const STOP: u64 = u64::MAX;
+
+/// How many driver poll threads serve the doorbell queues of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PollThreads {
+    /// One thread for every queue of the device (the default).
+    #[default]
+    PerDevice,
+    /// One thread per queue.
+    PerQueue,
+}
+
+impl PollThreads {
+    /// The name used on command lines and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PerDevice => "per-device",
+            Self::PerQueue => "per-queue",
+        }
+    }
+}
+
+/// Collects the doorbell queues of a device, then starts their poll
+/// threads.
+#[derive(Debug)]
+pub struct PollGroupBuilder {
+    threads: PollThreads,
+    spin: SpinConfig,
+    queues: Vec<(Arc<QueueShared>, EventFd)>,
+}
+
+impl PollGroupBuilder {
+    /// A group with `threads` poll threads spinning by `spin`.
+    pub fn new(threads: PollThreads, spin: SpinConfig) -> Self {
+        Self {
+            threads,
+            spin,
+            queues: Vec::new(),
+        }
+    }
+
+    /// Sets up the doorbells of vring `index` (zeroed; call before the
+    /// queue is started) and returns the submitter's strategy for it.
+    /// `inline`: the submitter also polls its used ring (`sqcq-inline`).
+    pub fn attach(
+        &mut self,
+        mem: &DriverMemory,
+        index: u16,
+        ring: &SplitQueue,
+        events: &mut QueueEvents,
+        inline: bool,
+    ) -> Result<Box<dyn Notifier>, DoorbellError> {
+        let (sq, cq) = queue_doorbells(mem, ring)?;
+        let shared =
+            Arc::new(QueueShared::new(index, ring.size(), sq, cq).map_err(DoorbellError::Thread)?);
+        let call = events.share_call().map_err(DoorbellError::Thread)?;
+        self.queues.push((Arc::clone(&shared), call));
+        let spin = SpinPolicy::new(self.spin).unwrap_or_default();
+        Ok(Box::new(DoorbellNotifier::new(shared, spin, inline)))
+    }
+
+    /// Starts the poll threads. Each one runs until the group is stopped
+    /// or dropped.
+    pub fn start(self) -> Result<PollGroup, DoorbellError> {
+        let spin = SpinPolicy::new(self.spin).unwrap_or_default();
+        let groups: Vec<Vec<(Arc<QueueShared>, EventFd)>> = match self.threads {
+            PollThreads::PerDevice => vec![self.queues],
+            PollThreads::PerQueue => self.queues.into_iter().map(|q| vec![q]).collect(),
+        };
+        let mut threads = Vec::new();
+        let mut queues = Vec::new();
+        for group in groups.into_iter().filter(|g| !g.is_empty()) {
+            let state = Arc::new(ThreadState::new().map_err(DoorbellError::Thread)?);
+            let mut watched = Vec::new();
+            for (shared, call) in group {
+                // Set once per queue: each queue is in exactly one group.
+                let _ = shared.thread.set(Arc::clone(&state));
+                queues.push(Arc::clone(&shared));
+                watched.push(Watched::new(shared, call, spin.clone()));
+            }
+            let name = format!("sqcq-poll-{}", watched[0].shared.queue);
+            let thread = PollThread::new(watched, Arc::clone(&state))?;
+            let handle = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || thread.run())
+                .map_err(DoorbellError::Thread)?;
+            threads.push((state, handle));
+        }
+        Ok(PollGroup {
+            threads,
+            stats: PollStats { queues },
+        })
+    }
+}
+
+/// The running poll threads of a device. Dropping it stops them.
+#[derive(Debug)]
+pub struct PollGroup {
+    threads: Vec<(Arc<ThreadState>, JoinHandle<()>)>,
+    stats: PollStats,
+}
+
+impl PollGroup {
+    /// A handle on the per-queue statistics, for a reporting thread.
+    pub fn stats(&self) -> PollStats {
+        self.stats.clone()
+    }
+
+    /// Poll threads running.
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Stops the threads and waits for them. Call after the device stopped
+    /// the queues (GET_VRING_BASE), or at least after the last request.
+    pub fn stop(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        for (state, _) in &self.threads {
+            // Release: the thread's Acquire load of `stop` then sees
+            // everything before; the eventfd ends a sleep.
+            state.stop.store(true, Ordering::Release);
+            let _ = state.stop_fd.write(1);
+        }
+        for (_, handle) in self.threads.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for PollGroup {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+/// The per-queue statistics of a group's poll threads, in the RFC's terms
+/// (`wakeups` are the submitters' kicks).
+#[derive(Debug, Clone)]
+pub struct PollStats {
+    queues: Vec<Arc<QueueShared>>,
+}
+
+impl PollStats {
+    /// One line per queue.
+    pub fn snapshot(&self) -> Vec<QueueStats> {
+        self.queues.iter().map(|q| q.stats()).collect()
+    }
+
+    /// Calls the device sent, per queue.
+    pub fn calls(&self) -> Vec<u64> {
+        self.queues
+            .iter()
+            .map(|q| q.stats.0.calls.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+/// One queue as its poll thread sees it.
+struct Watched {
+    shared: Arc<QueueShared>,
+    /// C1-C7 on the CQ doorbell in driver memory.
+    poller: Poller<CqConsumer<CqBell>>,
+    /// The producer half of the mailbox to the submitter.
+    mailbox: CqProducer<Arc<QueueShared>>,
+    call: EventFd,
+    last: u16,
+    asked: bool,
+}
+
+impl Watched {
+    fn new(shared: Arc<QueueShared>, call: EventFd, spin: SpinPolicy) -> Self {
+        let cq = CqBell(Arc::clone(&shared));
+        Self {
+            poller: Poller::new(CqConsumer::new(cq, 0), spin, shared.queue),
+            mailbox: CqProducer::new(Arc::clone(&shared)),
+            shared,
+            call,
+            last: 0,
+            asked: false,
+        }
+    }
+
+    /// `cq.idx` moved to `idx`: tell the submitter.
+    fn forward(&mut self, idx: u16) {
+        // A hint, never used to index anything: counted for the statistics
+        // (bounded by the queue size, as a sane device's jump is), then
+        // forwarded. The submitter validates `used->idx` itself.
+        let jump = idx.wrapping_sub(self.last).min(self.shared.size);
+        self.last = idx;
+        self.poller.count_completions(u64::from(jump));
+        // CqProducer::publish: Release store of the mailbox index, then
+        // fence(SeqCst) (pairs with the submitter's fence in its
+        // `prepare_sleep` on the mailbox), then the NEED_WAKEUP load.
+        if self.mailbox.publish(idx) == Wake::Owed {
+            // A failed write leaves the submitter to its bounded wait.
+            let _ = self.shared.wake.write(1);
+        }
+    }
+
+    fn store_stats(&self) {
+        let s = self.poller.stats();
+        let cell = &self.shared.stats.0;
+        // Relaxed: figures for reports only.
+        cell.completions.store(s.completions, Ordering::Relaxed);
+        cell.ema_ns.store(s.ema_ns, Ordering::Relaxed);
+        cell.interval_ns.store(s.interval_ns, Ordering::Relaxed);
+        cell.spins.store(s.spins, Ordering::Relaxed);
+        cell.sleeps.store(s.sleeps, Ordering::Relaxed);
+    }
+
+    fn drain_call(&self) {
+        if let Ok(n) = self.call.read() {
+            let calls = &self.shared.stats.0.calls;
+            // Relaxed: only this thread writes the counter.
+            calls.store(
+                calls.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+struct PollThread {
+    watched: Vec<Watched>,
+    state: Arc<ThreadState>,
+    epoll: Epoll,
+    events: Vec<EpollEvent>,
+}
+
+impl PollThread {
+    fn new(watched: Vec<Watched>, state: Arc<ThreadState>) -> Result<Self, DoorbellError> {
+        let epoll = Epoll::new().map_err(DoorbellError::Thread)?;
+        let add = |fd, data| {
+            epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, data),
+                )
+                .map_err(DoorbellError::Thread)
+        };
+        use std::os::fd::AsRawFd;
+        add(state.stop_fd.as_raw_fd(), STOP)?;
+        for (i, w) in watched.iter().enumerate() {
+            add(w.call.as_raw_fd(), i as u64)?;
+        }
+        let events = vec![EpollEvent::default(); watched.len() + 1];
+        Ok(Self {
+            watched,
+            state,
+            epoll,
+            events,
+        })
+    }
+
+    fn run(mut self) {
+        let mut polls = 0u32;
+        // Acquire: pairs with the Release store in `PollGroup::stop`.
+        while !self.state.stop.load(Ordering::Acquire) {
+            let now = now_ns();
+            let mut spinning = false;
+            for w in &mut self.watched {
+                match w.poller.poll(now) {
+                    Poll::Work(idx) => {
+                        w.forward(idx);
+                        spinning = true;
+                    }
+                    Poll::Idle => spinning = true,
+                    Poll::Expired => {}
+                }
+            }
+            if spinning {
+                polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(POLLS_PER_STATS) {
+                    self.watched.iter().for_each(Watched::store_stats);
+                }
+                if polls.is_multiple_of(POLLS_PER_YIELD) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            if self.prepare_sleep(now) {
+                self.sleep();
+            }
+        }
+        self.watched.iter().for_each(Watched::store_stats);
+    }
+
+    /// Every window expired: asks each queue's device for a call. Returns
+    /// whether the thread may sleep (no queue found work meanwhile).
+    fn prepare_sleep(&mut self, now: u64) -> bool {
+        let mut found = false;
+        for w in &mut self.watched {
+            // Poller::prepare_sleep: NEED_WAKEUP, fence 4 (pairs with the
+            // device's fence 3 between its `cq.idx` store and `cq.flags`
+            // load), re-check of `cq.idx`.
+            match w.poller.prepare_sleep(now) {
+                SleepCheck::Sleep => w.asked = true,
+                SleepCheck::Work(idx) => {
+                    w.asked = false;
+                    w.forward(idx);
+                    found = true;
+                }
+            }
+        }
+        if found {
+            for w in self.watched.iter_mut().filter(|w| w.asked) {
+                w.poller.cancel_sleep();
+                w.asked = false;
+            }
+        }
+        !found
+    }
+
+    fn sleep(&mut self) {
+        self.watched.iter().for_each(Watched::store_stats);
+        // Relaxed: a counter for observers.
+        self.state.sleeps.fetch_add(1, Ordering::Relaxed);
+        // Release: an observer that sees `asleep` (Acquire) also sees the
+        // NEED_WAKEUP stores made above.
+        self.state.asleep.store(true, Ordering::Release);
+        let ready = loop {
+            match self.epoll.wait(-1, &mut self.events) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // Nothing sensible to do but poll again.
+                Err(_) => break 0,
+            }
+        };
+        self.state.asleep.store(false, Ordering::Relaxed);
+        for ev in &self.events[..ready] {
+            if let Some(w) = usize::try_from(ev.data())
+                .ok()
+                .and_then(|i| self.watched.get(i))
+            {
+                w.drain_call();
+            }
+        }
+        for w in &mut self.watched {
+            w.poller.woke();
+            w.asked = false;
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! The admin socket (`--admin-socket PATH`): LUN changes and statistics
+//! while the daemon runs, one text command per line, one line per reply.
+//!
+//! ```text
+//! lun add device=0 lun=1 kind=ram,size=64M,block-size=4096
+//! lun remove device=0 lun=1
+//! lun resize device=0 lun=0 size=128M
+//! stats
+//! ```
+//!
+//! A reply starts with `ok` or `error`. `device=` defaults to 0; `lun add`
+//! takes every key of a `--lun` spec and needs `lun=`. The socket is
+//! created with mode 0600: whoever can use it can make the daemon open
+//! any file it can open. One thread serves it, one connection and one
+//! command at a time, so changes are serialised; a command waits until
+//! its change reached every worker (and, for a removal, until the LUN's
+//! requests in flight completed) before it replies.
+//!
+//! `sqcqd admin --admin-socket PATH COMMAND...` ([`request`]) is the
+//! client.
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use thiserror::Error;
+use tracing::{error, info, warn};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::config::{ConfigError, LunSpec, parse_size};
+use crate::hotplug::DeviceControl;
+
+/// Longest command line accepted.
+const MAX_LINE: usize = 4096;
+/// How long the client waits for a reply (a removal waits for I/O).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// An admin command that could not be parsed.
+#[derive(Debug, Error)]
+pub enum CommandError {
+    /// Not a command this socket knows.
+    #[error("unknown command {0:?} (lun add|remove|resize, stats)")]
+    Unknown(String),
+    /// A `key=value` argument is missing or malformed.
+    #[error("{0}")]
+    Argument(String),
+    /// The LUN spec of `lun add` is invalid.
+    #[error(transparent)]
+    Spec(#[from] ConfigError),
+}
+
+/// One admin command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminCommand {
+    /// Add a LUN.
+    LunAdd {
+        /// Device number (configuration order).
+        device: u32,
+        /// The LUN (its `lun` is set).
+        spec: LunSpec,
+    },
+    /// Remove a LUN.
+    LunRemove {
+        /// Device number.
+        device: u32,
+        /// The LUN.
+        lun: u16,
+    },
+    /// Change the capacity of a LUN.
+    LunResize {
+        /// Device number.
+        device: u32,
+        /// The LUN.
+        lun: u16,
+        /// New size in bytes.
+        bytes: u64,
+    },
+    /// LUNs, per-queue statistics and error counters of every device.
+    Stats,
+}
+
+fn number<T: FromStr>(key: &str, value: &str) -> Result<T, CommandError> {
+    value
+        .parse()
+        .map_err(|_| CommandError::Argument(format!("bad {key}={value:?}")))
+}
+
+impl FromStr for AdminCommand {
+    type Err = CommandError;
+
+    fn from_str(line: &str) -> Result<Self, Self::Err> {
+        let mut words = line.split_whitespace();
+        let verb = (words.next(), words.next());
+        let mut device = 0u32;
+        let mut lun = None;
+        let mut size = None;
+        let mut rest = Vec::new();
+        for part in words.flat_map(|w| w.split(',')).filter(|p| !p.is_empty()) {
+            match part.split_once('=') {
+                Some(("device", v)) => device = number("device", v)?,
+                Some(("lun", v)) => lun = Some(number::<u16>("lun", v)?),
+                Some(("size", v)) => {
+                    size = Some(parse_size(v).map_err(CommandError::Argument)?);
+                    rest.push(part);
+                }
+                _ => rest.push(part),
+            }
+        }
+        let lun_or = || lun.ok_or_else(|| CommandError::Argument("lun= is required".into()));
+        match verb {
+            (Some("lun"), Some("add")) => {
+                let mut spec = LunSpec::from_str(&rest.join(","))?;
+                spec.lun = Some(lun_or()?);
+                Ok(AdminCommand::LunAdd { device, spec })
+            }
+            (Some("lun"), Some("remove")) if rest.is_empty() => Ok(AdminCommand::LunRemove {
+                device,
+                lun: lun_or()?,
+            }),
+            (Some("lun"), Some("resize")) if rest.len() <= 1 => Ok(AdminCommand::LunResize {
+                device,
+                lun: lun_or()?,
+                bytes: size.ok_or_else(|| CommandError::Argument("size= is required".into()))?,
+            }),
+            (Some("lun"), Some("remove" | "resize")) => Err(CommandError::Argument(format!(
+                "unexpected {}",
+                rest.join(",")
+            ))),
+            (Some("stats"), None) => Ok(AdminCommand::Stats),
+            _ => Err(CommandError::Unknown(line.trim().to_owned())),
+        }
+    }
+}
+
+/// Runs one command line; returns the reply line (without newline).
+pub fn execute(devices: &[DeviceControl], line: &str) -> String {
+    let cmd = match line.parse::<AdminCommand>() {
+        Ok(c) => c,
+        Err(e) => return format!("error {e}"),
+    };
+    let device = |d: u32| {
+        usize::try_from(d)
+            .ok()
+            .and_then(|i| devices.get(i))
+            .ok_or_else(|| format!("error no device {d}"))
+    };
+    let result = match cmd {
+        AdminCommand::LunAdd { device: d, spec } => device(d).map(|dev| {
+            dev.add_lun(&spec)
+                .map(|lun| format!("ok device={d} lun={lun} added"))
+        }),
+        AdminCommand::LunRemove { device: d, lun } => device(d).map(|dev| {
+            dev.remove_lun(lun)
+                .map(|()| format!("ok device={d} lun={lun} removed"))
+        }),
+        AdminCommand::LunResize {
+            device: d,
+            lun,
+            bytes,
+        } => device(d).map(|dev| {
+            dev.resize_lun(lun, bytes)
+                .map(|blocks| format!("ok device={d} lun={lun} blocks={blocks}"))
+        }),
+        AdminCommand::Stats => return stats(devices),
+    };
+    match result {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(e)) => format!("error {}", error_chain(&e)),
+        Err(reply) => reply,
+    }
+}
+
+/// An error with its causes, on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s.replace('\n', " ")
+}
+
+/// `ok` then, per device: its LUNs (`lunN=BLOCKSxBLOCK_SIZE`), the figures
+/// of every queue that did work (`vqN=COMPLETIONS/PUBLISHES/CALLS`) and
+/// its error counters.
+fn stats(devices: &[DeviceControl]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::from("ok");
+    for dev in devices {
+        let shared = &dev.shared;
+        let _ = write!(s, " device={}", shared.id);
+        for e in shared.target.current().luns() {
+            let _ = write!(
+                s,
+                " lun{}={}x{}",
+                e.lun,
+                e.unit.blocks(),
+                e.unit.block_size()
+            );
+        }
+        for (vq, completions, publishes, calls) in shared.counters.queues.active() {
+            let _ = write!(s, " vq{vq}={completions}/{publishes}/{calls}");
+        }
+        for (name, value) in shared.counters.snapshot() {
+            let _ = write!(s, " {name}={value}");
+        }
+    }
+    s
+}
+
+/// The admin socket's thread.
+#[derive(Debug)]
+pub struct AdminServer {
+    path: PathBuf,
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl AdminServer {
+    /// Binds `path` (replacing a stale socket, mode 0600) and serves it.
+    pub fn spawn(path: &Path, devices: Vec<DeviceControl>) -> io::Result<Self> {
+        match std::fs::remove_file(path) {
+            Ok(()) => info!("removed stale socket {}", path.display()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = EventFd::new(EFD_NONBLOCK)?;
+        let thread_stop = stop.try_clone()?;
+        let thread = std::thread::Builder::new()
+            .name("sqcq-admin".into())
+            .spawn(move || serve(&listener, &thread_stop, &devices))?;
+        info!("admin socket {}", path.display());
+        Ok(AdminServer {
+            path: path.to_owned(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops serving (after the command running, if any) and removes the
+    /// socket.
+    pub fn shutdown(mut self) {
+        self.stop_thread();
+    }
+
+    fn stop_thread(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            error!("admin thread panicked");
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+/// Waits until `fd` or `stop` is readable; false when stopping.
+fn wait(fd: i32, stop: &EventFd) -> bool {
+    let mut fds = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: stop.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: two valid pollfds for the duration of the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n > 0 {
+            return fds[1].revents == 0;
+        }
+        if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+}
+
+fn serve(listener: &UnixListener, stop: &EventFd, devices: &[DeviceControl]) {
+    while wait(listener.as_raw_fd(), stop) {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                if let Err(e) = connection(conn, stop, devices) {
+                    warn!("admin connection: {e}");
+                }
+            }
+            Err(e) => warn!("admin accept: {e}"),
+        }
+    }
+}
+
+/// Serves one connection until it closes, sends an over-long line, or
+/// the daemon stops.
+fn connection(mut conn: UnixStream, stop: &EventFd, devices: &[DeviceControl]) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 512];
+    while wait(conn.as_raw_fd(), stop) {
+        let n = conn.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            if line.trim().is_empty() {
+                continue;
+            }
+            let reply = execute(devices, &line);
+            info!("admin: {} -> {reply}", line.trim());
+            conn.write_all(reply.as_bytes())?;
+            conn.write_all(b"\n")?;
+        }
+        if buf.len() > MAX_LINE {
+            conn.write_all(b"error line too long\n")?;
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// `sqcqd admin`: the command line of the client.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "sqcqd admin",
+    about = "Send one command to a running sqcqd's admin socket",
+    after_help = "COMMAND: lun add device=D lun=N kind=..,size=..[,block-size=..] | \
+                  lun remove device=D lun=N | lun resize device=D lun=N size=S | stats"
+)]
+pub struct AdminCli {
+    /// The daemon's admin socket.
+    #[arg(long)]
+    pub admin_socket: PathBuf,
+    /// The command, e.g. `lun add device=0 lun=1 kind=ram,size=64M`.
+    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// The client: sends `line` to the admin socket at `path` and returns the
+/// reply line.
+pub fn request(path: &Path, line: &str) -> io::Result<String> {
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    conn.write_all(line.trim().as_bytes())?;
+    conn.write_all(b"\n")?;
+    conn.shutdown(std::net::Shutdown::Write)?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply)?;
+    Ok(reply.lines().next().unwrap_or("").to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BackstoreKind;
+
+    #[test]
+    fn commands_parse() {
+        let c: AdminCommand = "lun add device=1 lun=3 kind=ram,size=64M,block-size=4096"
+            .parse()
+            .unwrap();
+        let AdminCommand::LunAdd { device, spec } = c else {
+            panic!("{c:?}")
+        };
+        assert_eq!(
+            (device, spec.lun, spec.kind),
+            (1, Some(3), BackstoreKind::Ram)
+        );
+        assert_eq!((spec.size, spec.block_size), (Some(64 << 20), 4096));
+        assert_eq!(
+            "lun remove lun=2".parse::<AdminCommand>().unwrap(),
+            AdminCommand::LunRemove { device: 0, lun: 2 }
+        );
+        assert_eq!(
+            "lun resize device=0 lun=0 size=128M"
+                .parse::<AdminCommand>()
+                .unwrap(),
+            AdminCommand::LunResize {
+                device: 0,
+                lun: 0,
+                bytes: 128 << 20
+            }
+        );
+        assert_eq!(
+            "stats".parse::<AdminCommand>().unwrap(),
+            AdminCommand::Stats
+        );
+    }
+
+    #[test]
+    fn bad_commands_are_refused() {
+        for bad in [
+            "",
+            "lun",
+            "lun add kind=ram,size=1M",
+            "lun add lun=1 kind=tape",
+            "lun remove device=0",
+            "lun remove lun=1 size=4M",
+            "lun resize lun=1",
+            "lun resize lun=1 size=4Q",
+            "lun add lun=70000 kind=ram,size=1M",
+            "stats now",
+            "reboot",
+        ] {
+            assert!(bad.parse::<AdminCommand>().is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! LUNs added, removed and resized while a frontend runs I/O (virtio
+//! 5.6.6.3: hot plug and parameter change events).
+//!
+//! # The LUN table
+//!
+//! A device's LUNs are an immutable [`Target`] snapshot. The control plane
+//! (admin socket, control thread, a queue starting) reads the current one
+//! from [`LunTable`], under a mutex that also serialises changes with
+//! connections coming and going. The request path never touches it: every
+//! [`ServedQueue`] holds its own snapshot, aligned with its own backstore
+//! queues, and a change reaches it as a [`WorkerCommand::SetTarget`]
+//! through the worker channel, between two passes over the ring. A worker
+//! opens the backstore queues of new LUNs itself; the queues of a removed
+//! LUN stay (unreachable by new requests) until their I/O has completed and
+//! the next snapshot prunes them.
+//!
+//! # Each change
+//!
+//! - **add:** build the LU and its backstore, publish the snapshot (the new
+//!   LU learns every live I_T nexus: POWER ON unit attention; the others
+//!   get REPORTED LUNS DATA HAS CHANGED), hand it to every worker, then
+//!   report TRANSPORT_RESET / RESCAN.
+//! - **remove:** publish and hand over the snapshot without the LUN (new
+//!   requests to it get the absent-LUN answer), wait for every request of
+//!   the device in flight at that moment to complete (drain), prune the
+//!   LUN's backstore queues, then report TRANSPORT_RESET / REMOVED.
+//! - **resize:** grow the backstore then the LU (CAPACITY DATA HAS
+//!   CHANGED), or shrink the LU, drain, then the backstore; then report
+//!   PARAM_CHANGE with ASC/ASCQ 2Ah/09h.
+//!
+//! Events go through the device's control thread, which drops them unless
+//! the driver negotiated HOTPLUG (transport resets) or CHANGE (parameter
+//! changes).
+
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use sqcq_backstore::{BackstoreError, BackstoreQueue};
+use sqcq_scsi::{ConfigError, NexusId};
+use thiserror::Error;
+use tracing::{info, warn};
+use vmm_sys_util::eventfd::EventFd;
+
+use virtio_queue::QueueT;
+
+use crate::config::LunSpec;
+use crate::device::{DeviceShared, EventReport};
+use crate::lun::MAX_LUN;
+use crate::queue::{LunQueue, QueueError, ServedQueue};
+use crate::target::{LunEntry, Target, TargetError, build_lun, wwn_seed};
+use crate::wire::{EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET};
+use crate::worker::{WorkerCommand, WorkerPool};
+
+/// PARAM_CHANGE reason for CAPACITY DATA HAS CHANGED: the ASC in bits 0-7,
+/// the ASCQ in bits 8-15 (virtio 5.6.6.3.3).
+pub const REASON_CAPACITY_CHANGED: u32 = 0x2a | (0x09 << 8);
+
+/// Why a LUN change was refused or failed.
+#[derive(Debug, Error)]
+pub enum HotplugError {
+    /// The LUN number is missing or above 16383.
+    #[error("a LUN number 0..=16383 is required")]
+    BadLun,
+    /// `lun add` for a LUN that exists.
+    #[error("LUN {0} exists")]
+    Exists(u16),
+    /// `lun remove` or `lun resize` for a LUN that does not exist.
+    #[error("no LUN {0}")]
+    NoSuchLun(u16),
+    /// The LUN could not be built.
+    #[error("cannot build the LUN")]
+    Build(#[source] TargetError),
+    /// A worker could not open a backstore queue for the new LUN (the add
+    /// was rolled back).
+    #[error("a worker cannot serve the new LUN")]
+    Queue(#[source] QueueError),
+    /// The size is not a whole, non-zero number of blocks.
+    #[error("size {bytes} is not a non-zero multiple of the block size {block_size}")]
+    BadSize {
+        /// The size asked for.
+        bytes: u64,
+        /// The LUN's block size.
+        block_size: u32,
+    },
+    /// The backstore refused the new size.
+    #[error("the backstore cannot take the new size")]
+    Backstore(#[source] BackstoreError),
+    /// The logical unit refused the new capacity.
+    #[error("the logical unit refused the new capacity")]
+    Capacity(#[source] ConfigError),
+}
+
+/// A device's current LUN snapshot and the I_T nexuses connected to it.
+#[derive(Debug)]
+pub struct LunTable {
+    state: Mutex<TableState>,
+}
+
+#[derive(Debug)]
+struct TableState {
+    current: Arc<Target>,
+    nexuses: Vec<NexusId>,
+}
+
+impl LunTable {
+    /// A table starting with `target`.
+    pub fn new(target: Target) -> Self {
+        LunTable {
+            state: Mutex::new(TableState {
+                current: Arc::new(target),
+                nexuses: Vec::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TableState> {
+        // Nothing panics while holding the lock; recover anyway.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current snapshot (control plane only: takes the lock).
+    pub fn current(&self) -> Arc<Target> {
+        Arc::clone(&self.lock().current)
+    }
+
+    /// A new I_T nexus: every current LU learns it.
+    pub fn connect(&self, nexus: NexusId) {
+        let mut s = self.lock();
+        for e in s.current.luns() {
+            e.unit.add_nexus(nexus);
+        }
+        s.nexuses.push(nexus);
+    }
+
+    /// The I_T nexus is gone.
+    pub fn disconnect(&self, nexus: NexusId) {
+        let mut s = self.lock();
+        for e in s.current.luns() {
+            e.unit.nexus_loss(nexus);
+        }
+        s.nexuses.retain(|n| *n != nexus);
+    }
+
+    /// Publishes the snapshot with `entry` added.
+    fn install_added(&self, entry: LunEntry) -> Result<Arc<Target>, HotplugError> {
+        let mut s = self.lock();
+        if s.current.find(entry.lun).is_some() {
+            return Err(HotplugError::Exists(entry.lun));
+        }
+        for e in s.current.luns() {
+            e.unit.luns_changed();
+        }
+        for n in &s.nexuses {
+            entry.unit.add_nexus(*n);
+        }
+        s.current = Arc::new(s.current.next(Some(entry), None));
+        Ok(Arc::clone(&s.current))
+    }
+
+    /// Publishes the snapshot without `lun`.
+    fn install_removed(&self, lun: u16) -> Result<Arc<Target>, HotplugError> {
+        let mut s = self.lock();
+        if s.current.find(lun).is_none() {
+            return Err(HotplugError::NoSuchLun(lun));
+        }
+        s.current = Arc::new(s.current.next(None, Some(lun)));
+        for e in s.current.luns() {
+            e.unit.luns_changed();
+        }
+        Ok(Arc::clone(&s.current))
+    }
+}
+
+/// Sends event reports to a device's control thread.
+#[derive(Debug)]
+pub struct EventSender {
+    tx: Sender<EventReport>,
+    notify: EventFd,
+}
+
+impl EventSender {
+    pub(crate) fn new(tx: Sender<EventReport>, notify: EventFd) -> Self {
+        EventSender { tx, notify }
+    }
+
+    /// Reports `event` to the connected driver, if any.
+    pub fn send(&self, event: EventReport) {
+        if self.tx.send(event).is_ok() {
+            let _ = self.notify.write(1);
+        }
+    }
+}
+
+/// What a LUN change needs: the device, its event channel, the workers.
+#[derive(Debug)]
+pub struct DeviceControl {
+    /// The device.
+    pub shared: Arc<DeviceShared>,
+    /// Its event channel.
+    pub events: EventSender,
+    /// The worker pool serving it.
+    pub pool: Arc<WorkerPool>,
+}
+
+impl DeviceControl {
+    /// Adds the LUN `spec` describes (`spec.lun` is required).
+    pub fn add_lun(&self, spec: &LunSpec) -> Result<u16, HotplugError> {
+        let lun = spec
+            .lun
+            .filter(|l| *l <= MAX_LUN)
+            .ok_or(HotplugError::BadLun)?;
+        let dev = &self.shared;
+        if dev.target.current().find(lun).is_some() {
+            return Err(HotplugError::Exists(lun));
+        }
+        let entry = build_lun(lun, spec, wwn_seed(&dev.name)).map_err(HotplugError::Build)?;
+        let geometry = entry.backstore.geometry();
+        let target = dev.target.install_added(entry)?;
+        if let Err(e) = self.hand_over(&target) {
+            // Some worker could not open a backstore queue: take the LUN
+            // back out, everywhere.
+            if let Ok(t) = dev.target.install_removed(lun) {
+                let _ = self.hand_over(&t);
+            }
+            return Err(HotplugError::Queue(e));
+        }
+        info!(device = dev.id, lun, ?geometry, "LUN added");
+        self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_RESCAN);
+        Ok(lun)
+    }
+
+    /// Removes `lun` once the requests in flight to it have completed.
+    pub fn remove_lun(&self, lun: u16) -> Result<(), HotplugError> {
+        let dev = &self.shared;
+        let target = dev.target.install_removed(lun)?;
+        if let Err(e) = self.hand_over(&target) {
+            warn!(device = dev.id, lun, "removing: {e}");
+        }
+        self.drain();
+        // Same snapshot again: prunes the drained backstore queues.
+        let _ = self.hand_over(&target);
+        info!(device = dev.id, lun, "LUN removed");
+        self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_REMOVED);
+        Ok(())
+    }
+
+    /// Changes the capacity of `lun` to `bytes`.
+    pub fn resize_lun(&self, lun: u16, bytes: u64) -> Result<u64, HotplugError> {
+        let dev = &self.shared;
+        let target = dev.target.current();
+        let entry = target
+            .find(lun)
+            .map(|i| &target.luns()[i])
+            .ok_or(HotplugError::NoSuchLun(lun))?;
+        let block_size = entry.unit.block_size();
+        let bs = u64::from(block_size);
+        if bytes == 0 || !bytes.is_multiple_of(bs) {
+            return Err(HotplugError::BadSize { bytes, block_size });
+        }
+        let (old, new) = (entry.unit.blocks(), bytes / bs);
+        if new >= old {
+            // The storage exists before any command can address it.
+            entry
+                .backstore
+                .resize(bytes)
+                .map_err(HotplugError::Backstore)?;
+            entry.unit.resize(new).map_err(HotplugError::Capacity)?;
+        } else {
+            // No new command reaches past the new end, nothing in flight
+            // does either, then the storage goes.
+            entry.unit.resize(new).map_err(HotplugError::Capacity)?;
+            self.drain();
+            if let Err(e) = entry.backstore.resize(bytes) {
+                let _ = entry.unit.resize(old);
+                return Err(HotplugError::Backstore(e));
+            }
+        }
+        info!(device = dev.id, lun, blocks = new, "LUN resized");
+        self.event(lun, EVT_PARAM_CHANGE, REASON_CAPACITY_CHANGED);
+        Ok(new)
+    }
+
+    /// Gives `target` to every worker; the first failure, if any.
+    fn hand_over(&self, target: &Arc<Target>) -> Result<(), QueueError> {
+        let device = self.shared.id;
+        let mut result = Ok(());
+        for w in 0..self.pool.len() {
+            let reply = self.pool.call(w, |reply| WorkerCommand::SetTarget {
+                device,
+                target: Arc::clone(target),
+                reply,
+            });
+            if let Ok(Err(e)) = reply {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    /// Waits until every request of the device in flight now completed.
+    fn drain(&self) {
+        let device = self.shared.id;
+        for w in 0..self.pool.len() {
+            let _ = self
+                .pool
+                .call(w, |reply| WorkerCommand::Drain { device, reply });
+        }
+    }
+
+    fn event(&self, lun: u16, event: u32, reason: u32) {
+        self.events.send(EventReport { lun, event, reason });
+    }
+}
+
+impl ServedQueue {
+    /// Switches to `target` (ignored if older than the snapshot in use):
+    /// keeps the backstore queues of LUNs still there, opens queues for new
+    /// LUNs, keeps those of removed LUNs after the others while they have
+    /// requests in flight, drops them once idle. On error nothing changes.
+    pub(crate) fn set_target(&mut self, target: &Arc<Target>) -> Result<(), QueueError> {
+        if target.generation() < self.target.generation() {
+            return Ok(());
+        }
+        let depth = u32::from(self.queue.size());
+        let same =
+            |l: &LunQueue, e: &LunEntry| l.lun == e.lun && Arc::ptr_eq(&l.backstore, &e.backstore);
+        let mut opened: Vec<Option<Box<dyn BackstoreQueue>>> = Vec::new();
+        for e in target.luns() {
+            if self.luns.iter().any(|l| same(l, e)) {
+                opened.push(None);
+            } else {
+                let io = e
+                    .backstore
+                    .open_queue(depth)
+                    .map_err(|source| QueueError::Backstore { lun: e.lun, source })?;
+                opened.push(Some(io));
+            }
+        }
+        let mut old = std::mem::take(&mut self.luns);
+        for (e, io) in target.luns().iter().zip(opened) {
+            let queue = match io {
+                Some(io) => LunQueue {
+                    lun: e.lun,
+                    backstore: Arc::clone(&e.backstore),
+                    io,
+                    uncommitted: false,
+                },
+                None => {
+                    let i = old.iter().position(|l| same(l, e)).unwrap_or(0);
+                    old.swap_remove(i)
+                }
+            };
+            self.luns.push(queue);
+        }
+        // Removed LUNs: still reaped (every loop covers all of `luns`)
+        // until their requests completed.
+        self.luns.extend(
+            old.into_iter()
+                .filter(|l| l.uncommitted || l.io.in_flight() > 0),
+        );
+        let need = target
+            .luns()
+            .iter()
+            .map(|e| e.unit.max_data_out_len())
+            .max()
+            .unwrap_or(0);
+        if self.data_out.len() < need {
+            self.data_out.resize(need, 0);
+        }
+        self.target = Arc::clone(target);
+        Ok(())
+    }
+}

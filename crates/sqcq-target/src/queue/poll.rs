@@ -1,0 +1,377 @@
+//! A request queue in poll mode: what its poller watches, and the queue's
+//! side of the worker's poll loop ([`crate::poll`]).
+//!
+//! With VIRTIO_F_SQCQ_POLL the poller watches the SQ doorbell
+//! (`SqConsumer` over the guest memory at `doorbell_location`), every
+//! doorbell value is checked against the queue's next avail index, and
+//! completions are announced through the CQ doorbell: after the used index
+//! is published, `CqProducer::publish` says whether the driver's poller
+//! sleeps, and only then is the call eventfd signalled, whatever EVENT_IDX
+//! and VRING_AVAIL_F_NO_INTERRUPT say (spec section 5). A doorbell area
+//! that is not where the spec allows, or a doorbell value no correct
+//! driver writes, breaks the queue like a corrupt ring: it stops, the
+//! error eventfd is signalled, and the doorbells are not touched again.
+//!
+//! In `ring-poll` mode the poller watches the avail index
+//! ([`RingWatch`]) and completions follow the standard rules.
+
+use std::sync::Arc;
+
+use sqcq_protocol::{
+    CqProducer, DoorbellLocation, GuestDoorbell, GuestDoorbellError, LayoutError, NonsenseIndex,
+    Poll, Poller, QueueStats, RingAddrs, SleepCheck, SpinPolicy, SqConsumer, Wake, Watch,
+    check_index, doorbell_location, guest_doorbells,
+};
+use thiserror::Error;
+use tracing::{debug, error, warn};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+
+use super::{RingConfig, ServedQueue, SubmissionSource};
+use crate::guest_warn;
+use crate::ring_poll::RingWatch;
+use crate::stats::QueueReport;
+
+type Cell = GuestDoorbell<GuestMemoryMmap>;
+
+/// Why a polled queue cannot go on.
+#[derive(Debug, Error)]
+pub enum PollError {
+    /// The doorbell area cannot be where the ring addresses put it.
+    #[error("invalid doorbell location")]
+    Layout(#[source] LayoutError),
+    /// The doorbell area is not inside one region of guest memory.
+    #[error("doorbells not in guest memory")]
+    Memory(#[source] GuestDoorbellError),
+    /// The driver wrote a doorbell index no correct driver writes.
+    #[error("nonsense SQ doorbell index")]
+    Index(#[source] NonsenseIndex),
+    /// The avail ring could not be read or its flags written.
+    #[error("avail ring not accessible")]
+    Ring(#[source] virtio_queue::Error),
+}
+
+/// What a polled queue watches for submissions.
+#[derive(Debug)]
+pub(crate) enum SqWatch {
+    /// The SQ doorbell (VIRTIO_F_SQCQ_POLL).
+    Doorbell(SqConsumer<Cell>),
+    /// The avail index (`ring-poll`).
+    Ring(RingWatch),
+}
+
+impl Watch for SqWatch {
+    fn poll(&mut self) -> Option<u16> {
+        match self {
+            SqWatch::Doorbell(c) => c.poll(),
+            SqWatch::Ring(r) => r.poll(),
+        }
+    }
+    fn prepare_sleep(&mut self) -> SleepCheck {
+        match self {
+            SqWatch::Doorbell(c) => c.prepare_sleep(),
+            SqWatch::Ring(r) => r.prepare_sleep(),
+        }
+    }
+    fn finish_sleep(&mut self) {
+        match self {
+            SqWatch::Doorbell(c) => c.finish_sleep(),
+            SqWatch::Ring(r) => r.finish_sleep(),
+        }
+    }
+}
+
+/// The device's side of the CQ doorbell, and where the doorbells are.
+#[derive(Debug)]
+struct CqDoorbell {
+    producer: CqProducer<Cell>,
+    location: DoorbellLocation,
+}
+
+/// The poll state of one queue.
+#[derive(Debug)]
+pub(crate) struct QueuePoll {
+    poller: Poller<SqWatch>,
+    /// The CQ doorbell (VIRTIO_F_SQCQ_POLL only).
+    cq: Option<CqDoorbell>,
+    /// The memory map the doorbells (or the ring watch) point into.
+    map: Arc<GuestMemoryMmap>,
+    asleep: bool,
+}
+
+impl QueuePoll {
+    fn open(
+        source: SubmissionSource,
+        ring: &RingConfig,
+        map: Arc<GuestMemoryMmap>,
+        spin: SpinPolicy,
+        vq: u16,
+    ) -> Result<Self, PollError> {
+        let (watch, cq) = if source == SubmissionSource::Doorbell {
+            let addrs = RingAddrs {
+                desc: ring.desc,
+                avail: ring.avail,
+                used: ring.used,
+            };
+            let location = doorbell_location(addrs, ring.size).map_err(PollError::Layout)?;
+            let (sq, cq) = guest_doorbells(&map, location).map_err(PollError::Memory)?;
+            // Starts from the ring base: a doorbell written before the
+            // queue started reads as new work (spec 7.1); clears a stale
+            // NEED_WAKEUP.
+            let watch = SqWatch::Doorbell(SqConsumer::new(sq, ring.next_avail));
+            let cq = CqDoorbell {
+                producer: CqProducer::new(cq),
+                location,
+            };
+            (watch, Some(cq))
+        } else {
+            let watch = RingWatch::new(ring, Arc::clone(&map)).map_err(PollError::Ring)?;
+            (SqWatch::Ring(watch), None)
+        };
+        Ok(QueuePoll {
+            poller: Poller::new(watch, spin, vq),
+            cq,
+            map,
+            asleep: false,
+        })
+    }
+
+    /// Points the watch at `current` if the memory table changed.
+    fn refresh(&mut self, current: Arc<GuestMemoryMmap>) -> Result<(), PollError> {
+        if Arc::ptr_eq(&current, &self.map) {
+            return Ok(());
+        }
+        match (self.poller.watch_mut(), self.cq.as_mut()) {
+            (SqWatch::Doorbell(c), Some(d)) => {
+                let (sq, cq) = guest_doorbells(&current, d.location).map_err(PollError::Memory)?;
+                // Continues from the last value seen and the last index
+                // published (`CqProducer::new` reads it from the cell).
+                let seen = c.seen();
+                *c = SqConsumer::new(sq, seen);
+                d.producer = CqProducer::new(cq);
+            }
+            (SqWatch::Ring(r), _) => r.set_memory(Arc::clone(&current)),
+            // Not built: a doorbell watch always has its CQ doorbell.
+            (SqWatch::Doorbell(_), None) => {}
+        }
+        self.map = current;
+        Ok(())
+    }
+
+    fn take_error(&mut self) -> Option<PollError> {
+        match self.poller.watch_mut() {
+            SqWatch::Ring(r) => r.take_error().map(PollError::Ring),
+            SqWatch::Doorbell(_) => None,
+        }
+    }
+}
+
+impl ServedQueue {
+    /// Sets up poll mode if the queue's source asks for it; a doorbell
+    /// area that cannot be used breaks the queue.
+    pub(crate) fn open_poll(&mut self, ring: &RingConfig, spin: SpinPolicy) {
+        if self.source == SubmissionSource::Kick {
+            return;
+        }
+        let map = self.mem.memory().into_inner();
+        match QueuePoll::open(self.source, ring, map, spin, self.key.vq) {
+            Ok(p) => self.poll = Some(Box::new(p)),
+            Err(e) => self.poll_broken(&e),
+        }
+    }
+
+    /// Whether the worker polls this queue (poll mode, not broken).
+    pub fn is_polled(&self) -> bool {
+        self.poll.is_some() && !self.broken
+    }
+
+    /// Whether the queue polls and has not prepared to sleep.
+    pub(crate) fn is_spinning(&self) -> bool {
+        self.is_polled() && self.poll.as_ref().is_some_and(|p| !p.asleep)
+    }
+
+    /// The worker woke up (or goes on polling): clears NEED_WAKEUP after a
+    /// sleep and follows a new memory table.
+    pub(crate) fn poll_wake(&mut self) {
+        let current = self.mem.memory().into_inner();
+        let Some(p) = self.poll.as_mut() else { return };
+        if p.asleep {
+            p.asleep = false;
+            p.poller.woke();
+        }
+        if let Err(e) = p.refresh(current) {
+            self.poll_broken(&e);
+        }
+    }
+
+    /// Looks at the watched index once; processes the ring if it moved,
+    /// and reaps backstore completions while requests are in flight.
+    pub(crate) fn poll_once(&mut self, now: u64) -> Poll {
+        let Some(p) = self.poll.as_mut() else {
+            return Poll::Expired;
+        };
+        let found = p.poller.poll(now);
+        if let Some(e) = p.take_error() {
+            self.poll_broken(&e);
+            return Poll::Expired;
+        }
+        match found {
+            Poll::Work(idx) => self.on_index(idx),
+            Poll::Idle | Poll::Expired if !self.inflight.is_empty() => self.reap_all(),
+            Poll::Idle | Poll::Expired => {}
+        }
+        found
+    }
+
+    /// Asks for a notification and re-checks. Returns whether the queue
+    /// may sleep; `false` after it found and processed new work.
+    pub(crate) fn poll_prepare_sleep(&mut self, now: u64) -> bool {
+        if self.broken {
+            return true;
+        }
+        let Some(p) = self.poll.as_mut() else {
+            return true;
+        };
+        let check = p.poller.prepare_sleep(now);
+        if let Some(e) = p.take_error() {
+            self.poll_broken(&e);
+            return true;
+        }
+        match check {
+            SleepCheck::Sleep => {
+                p.asleep = true;
+                true
+            }
+            SleepCheck::Work(idx) => {
+                self.on_index(idx);
+                false
+            }
+        }
+    }
+
+    /// Another queue of the worker found work: do not sleep after all.
+    pub(crate) fn poll_cancel_sleep(&mut self) {
+        if let Some(p) = self.poll.as_mut()
+            && p.asleep
+        {
+            p.asleep = false;
+            p.poller.cancel_sleep();
+        }
+    }
+
+    /// Restricts the completion work of this queue's backstores to
+    /// `cpus` (the ones without a poll thread).
+    pub(crate) fn steer_completions(&mut self, cpus: &[usize]) {
+        let mut steered = false;
+        for l in &mut self.luns {
+            match l.io.steer_completions(cpus) {
+                Ok(s) => steered |= s,
+                Err(e) => warn!(device = %self.device.name, vq = self.key.vq,
+                    "cannot steer backstore completions: {e}"),
+            }
+        }
+        if steered {
+            debug!(device = %self.device.name, vq = self.key.vq,
+                "backstore completion work on CPUs {cpus:?}");
+        }
+    }
+
+    /// Takes every available request, then completes what it can.
+    pub(crate) fn drain_ring(&mut self) {
+        if self.broken {
+            return;
+        }
+        let mem = self.mem.memory().into_inner();
+        if !self.take_available(&mem) {
+            return;
+        }
+        self.commit();
+        for lun in 0..self.luns.len() {
+            self.reap(lun, &mem);
+        }
+        self.publish(&mem);
+    }
+
+    /// Publishes the used index and the CQ doorbell; the driver is called
+    /// only if its CQ poller set NEED_WAKEUP. Returns false when the queue
+    /// has no CQ doorbell (the standard rules apply).
+    pub(crate) fn publish_doorbell(&mut self, mem: &GuestMemoryMmap) -> bool {
+        if self.broken {
+            // A broken queue leaves its doorbells alone.
+            return false;
+        }
+        let Some(cq) = self.poll.as_mut().and_then(|p| p.cq.as_mut()) else {
+            return false;
+        };
+        match self.used.publish_index(mem) {
+            Ok(0) => {}
+            // Fence 3 of the protocol is inside `publish`: `cq.idx`
+            // store, fence(SeqCst), `cq.flags` load.
+            Ok(_) => {
+                if cq.producer.publish(self.used.next_used()) == Wake::Owed {
+                    self.signal_call();
+                }
+            }
+            Err(e) => {
+                error!(device = %self.device.name, vq = self.key.vq, "used ring: {e}");
+                self.mark_broken();
+            }
+        }
+        true
+    }
+
+    /// The queue's figures since it started.
+    pub fn report(&self) -> QueueReport {
+        let stats = self.poll.as_ref().map_or(
+            QueueStats {
+                queue: self.key.vq,
+                ..QueueStats::default()
+            },
+            |p| p.poller.stats(),
+        );
+        QueueReport {
+            device: self.key.device,
+            mode: match self.source {
+                SubmissionSource::Kick => "kick",
+                SubmissionSource::RingPoll => "ring-poll",
+                SubmissionSource::Doorbell => "sqcq",
+            },
+            stats: QueueStats {
+                completions: self.used.published_total(),
+                wakeups: self.calls,
+                ..stats
+            },
+            kicks: self.kicks,
+            broken: self.broken,
+            running: true,
+        }
+    }
+
+    fn on_index(&mut self, idx: u16) {
+        if self.source == SubmissionSource::Doorbell
+            && let Err(e) = check_index(idx, self.queue.next_avail(), self.queue.size())
+        {
+            self.poll_broken(&PollError::Index(e));
+            return;
+        }
+        self.drain_ring();
+    }
+
+    fn reap_all(&mut self) {
+        let mem = self.mem.memory().into_inner();
+        for lun in 0..self.luns.len() {
+            self.reap(lun, &mem);
+        }
+        self.publish(&mem);
+    }
+
+    /// Stops the queue for good (until the driver resets it): the
+    /// doorbells are not touched again.
+    fn poll_broken(&mut self, e: &PollError) {
+        let source = std::error::Error::source(e).map(ToString::to_string);
+        guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+            "{e}: {}: queue stopped, device needs reset", source.unwrap_or_default());
+        self.poll = None;
+        self.mark_broken();
+    }
+}

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Builds the guest of the QEMU interop suite from the host's Debian packages:
+# the kernel of linux-image-amd64, the modules the guest needs (with their
+# dependencies and soft dependencies, resolved by modprobe against the
+# kernel's own modules.dep/modules.softdep), busybox-static, sg3-utils, fio
+# and e2fsprogs with every shared library ldd reports, and tests/guest/init.
+#
+# The result is cached under target/guest/, keyed by the versions of the
+# packages it is made of and by the content of tests/guest/: a rerun with
+# nothing changed costs a few dpkg queries.
+#
+# Usage: tests/guest/build-initramfs.sh OUTDIR
+#   prints two lines: "kernel PATH" and "initrd PATH"
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:?usage: build-initramfs.sh OUTDIR}"
+mkdir -p "$out"
+
+log() { echo "guest-build: $*" >&2; }
+
+# The kernel: the newest one with both a vmlinuz and a module tree.
+kver=""
+for d in $(ls -1 /lib/modules 2>/dev/null | sort -V); do
+    [ -r "/boot/vmlinuz-$d" ] && [ -r "/lib/modules/$d/modules.dep" ] && kver="$d"
+done
+[ -n "$kver" ] || { log "no kernel with modules found (install linux-image-amd64)"; exit 1; }
+
+# Modules the guest loads, in this order; modprobe adds dependencies and
+# pre soft dependencies (ext4 -> crypto-crc32c -> crc32c-intel/generic).
+modules=(virtio_pci virtio_scsi sd_mod sg ext4)
+# Programs copied with their shared libraries (path in the guest = host path).
+programs=(
+    /usr/bin/sg_inq /usr/bin/sg_vpd /usr/bin/sg_readcap /usr/bin/sg_luns
+    /usr/bin/sg_turs /usr/bin/sg_modes /usr/bin/sg_requests /usr/bin/sg_sync
+    /usr/bin/sg_unmap /usr/bin/sg_write_same /usr/bin/sg_persist
+    /usr/bin/sg_rtpg /usr/bin/sg_dd /usr/bin/sg_opcodes
+    /usr/bin/fio
+    /usr/sbin/mke2fs /usr/sbin/e2fsck
+)
+pkgs=("linux-image-$kver" busybox-static sg3-utils fio e2fsprogs libc6)
+
+pkgver() { dpkg-query -W -f='${Package}=${Version}\n' "$@" 2>/dev/null | sort; }
+
+# Cache key: package versions + the suite's own files (the init script and
+# this builder). The manifest also records the packages that own the shared
+# libraries, which are re-checked on a hit.
+key="$( { echo "$kver"; pkgver "${pkgs[@]}"; cat "$here/init" "$here/build-initramfs.sh"; } \
+        | sha256sum | cut -c1-16)"
+initrd="$out/initramfs-$key.cpio"
+manifest="$out/initramfs-$key.libpkgs"
+kernel="/boot/vmlinuz-$kver"
+if [ -s "$initrd" ] && [ -s "$manifest" ] \
+   && [ "$(pkgver $(sed 's/=.*//' "$manifest"))" = "$(cat "$manifest")" ]; then
+    echo "kernel $kernel"
+    echo "initrd $initrd"
+    exit 0
+fi
+
+log "building the guest initramfs for kernel $kver (key $key)"
+stage="$(mktemp -d "$out/stage.XXXXXX")"
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,tmp,mnt,run,lib/modules}
+mknod -m 600 "$stage/dev/console" c 5 1
+mknod -m 666 "$stage/dev/null" c 1 3
+
+# busybox and its applets (real programs in /usr/{s,}bin come first in PATH)
+cp /bin/busybox "$stage/bin/busybox"
+for a in $(/bin/busybox --list); do
+    [ "$a" = busybox ] || ln -sf busybox "$stage/bin/$a"
+done
+
+# programs and libraries
+libs=()
+for p in "${programs[@]}"; do
+    [ -x "$p" ] || { log "missing $p"; exit 1; }
+    mkdir -p "$stage$(dirname "$p")"
+    cp -L "$p" "$stage$p"
+    while read -r lib; do libs+=("$lib"); done < <(
+        ldd "$p" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+done
+ln -sf e2fsck "$stage/usr/sbin/fsck.ext4"
+ln -sf mke2fs "$stage/usr/sbin/mkfs.ext4"
+[ -r /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$stage/etc/"
+mapfile -t libs < <(printf '%s\n' "${libs[@]}" | sort -u)
+for l in "${libs[@]}"; do
+    mkdir -p "$stage$(dirname "$l")"
+    cp -L "$l" "$stage$l"
+done
+# packages owning the libraries, for the cache check
+owners="$(for l in "${libs[@]}"; do
+    dpkg -S "$l" 2>/dev/null || dpkg -S "$(readlink -f "$l")" 2>/dev/null || true
+done | sed 's/:.*//; s/,.*//' | sort -u)"
+log "${#programs[@]} programs, ${#libs[@]} shared libraries"
+
+# modules: modprobe --show-depends gives dependencies and soft dependencies
+# in load order; keep the first occurrence of each.
+mods="$(for m in "${modules[@]}"; do
+    modprobe -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}'
+done | awk '!seen[$0]++')"
+: > "$stage/etc/modules.load"
+for m in $mods; do
+    rel="${m#/lib/modules/$kver/}"
+    mkdir -p "$stage/lib/modules/$(dirname "$rel")"
+    cp "$m" "$stage/lib/modules/$rel"
+    echo "/lib/modules/$rel" >> "$stage/etc/modules.load"
+done
+log "$(wc -l < "$stage/etc/modules.load") modules"
+
+install -m 755 "$here/init" "$stage/init"
+echo "$kver" > "$stage/etc/kernel-version"
+
+# Uncompressed: unpacking gzip under TCG costs more than the larger
+# fw_cfg transfer.
+(cd "$stage" && find . -mindepth 1 | sort | cpio --quiet -o -H newc -R 0:0) > "$initrd.tmp"
+mv "$initrd.tmp" "$initrd"
+pkgver ${owners} > "$manifest"
+# drop older cache entries
+for f in "$out"/initramfs-*.cpio; do
+    [ "$f" = "$initrd" ] || rm -f "$f" "${f%.cpio}.libpkgs"
+done
+log "initramfs $(du -h "$initrd" | cut -f1)"
+echo "kernel $kernel"
+echo "initrd $initrd"

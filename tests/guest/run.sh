@@ -1,0 +1,394 @@
+#!/usr/bin/env bash
+# The QEMU (TCG) interop suite: a real Linux guest against a vhost-user SCSI
+# daemon. See docs/guest-tests.md. Entry point: scripts/guest-test.sh.
+#
+# Runs, one QEMU at a time, against one daemon process:
+#   run1  qboot (or --bios), -no-reboot, every check (sqcq_mode=full)
+#   run2  SeaBIOS (or --bios2), a second QEMU after the first one exited,
+#         against the same daemon when it keeps serving (else a fresh one,
+#         --one-connection); the guest runs the quick checks, verifies
+#         run1's data, reboots itself, runs them again, powers off
+#         (with --no-reset: no reboot, qboot)
+# and prints every check, then "guest: N passed, M failed, K skipped".
+# Exit status 1 when any check failed.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cd "$repo"
+
+usage() {
+    cat <<'EOF'
+usage: scripts/guest-test.sh [options]
+  --daemon NAME         sqcqd (default) | vhost-device-scsi | custom
+  --daemon-cmd CMD      daemon command line; {socket} and {dir} (a scratch
+                        directory) are substituted. Implies --daemon custom
+                        unless --daemon is given. Env: SQCQ_GUEST_DAEMON_CMD
+  --num-queues N        virtio-scsi request queues (QEMU num_queues)
+  --disks N             disks (LUNs) the guest must find
+  --block-sizes A,B     logical block size of each disk, in HCTL order
+  --device-opts OPTS    extra vhost-user-scsi-pci properties (comma-separated)
+  --one-connection      the daemon serves one connection and exits: the
+                        second QEMU gets a fresh daemon (reported as SKIP)
+  --images A,B          create these 64 MiB sparse files in {dir} first
+  --file-backed         the LUNs keep their data across a daemon restart
+  --no-reset            the daemon is known not to survive a device reset
+                        within one connection: run2 does not reboot and
+                        both runs use qboot (both reported as SKIP);
+                        --reset forces the reset runs on
+  --bios qboot|seabios  firmware of run1 (default qboot when installed)
+  --bios2 qboot|seabios firmware of run2 (default seabios)
+  --only-run1           skip run2 (no reboot, no second QEMU)
+  --keep                keep the scratch directory (logs, images)
+Env: SQCQ_GUEST_DAEMON (= --daemon), SQCQD (path of sqcqd),
+     SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_STALL/_SHUTDOWN (seconds: 90/240/90/30;
+       STALL: longest time without a new CHECK line), SQCQ_GUEST_APPEND
+       (more kernel arguments; without "quiet" the kernel log stays on the
+       console: SQCQ_GUEST_APPEND=verbose)
+EOF
+}
+
+daemon="${SQCQ_GUEST_DAEMON:-}"
+images=()
+daemon_cmd="${SQCQ_GUEST_DAEMON_CMD:-}"
+nq="" disks="" bss="" one_conn="" file_backed="" no_reset="" bios="" bios2="" only_run1=0 keep=0
+no_reset_why="the daemon does not survive a device reset within a connection (--no-reset)"
+dev_opts="${SQCQ_GUEST_DEVICE_OPTS-unset}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --daemon) daemon="$2"; shift ;;
+    --daemon-cmd) daemon_cmd="$2"; shift ;;
+    --num-queues) nq="$2"; shift ;;
+    --disks) disks="$2"; shift ;;
+    --block-sizes) bss="$2"; shift ;;
+    --device-opts) dev_opts="$2"; shift ;;
+    --one-connection) one_conn=1 ;;
+    --file-backed) file_backed=1 ;;
+    --images) IFS=, read -r -a images <<< "$2"; shift ;;
+    --no-reset) no_reset=1 ;;
+    --reset) no_reset=0 ;;
+    --bios) bios="$2"; shift ;;
+    --bios2) bios2="$2"; shift ;;
+    --only-run1) only_run1=1 ;;
+    --keep) keep=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "guest-test: unknown option $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+[ -n "$daemon" ] || { [ -n "$daemon_cmd" ] && daemon=custom || daemon=sqcqd; }
+
+t_boot="${SQCQ_GUEST_TIMEOUT_BOOT:-90}"
+t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-240}"
+t_stall="${SQCQ_GUEST_TIMEOUT_STALL:-90}"
+t_shutdown="${SQCQ_GUEST_TIMEOUT_SHUTDOWN:-30}"
+t0=$(date +%s)
+say() { echo "guest-test: $*"; }
+
+# ------------------------------------------------------------ daemon profiles
+case "$daemon" in
+sqcqd)
+    bin="${SQCQD:-}"
+    if [ -z "$bin" ]; then
+        bin="$(ls -t target/release/sqcqd target/debug/sqcqd 2>/dev/null | head -n 1 || true)"
+    fi
+    if [ -z "$bin" ] || [ ! -x "$bin" ]; then
+        say "SKIP: sqcqd is not built (no target/release/sqcqd or target/debug/sqcqd;" \
+            "cargo build --release -p sqcq-target), nothing to test"
+        exit 0
+    fi
+    : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=ram,size=64M --lun kind=ram,size=64M,block-size=4096"}"
+    : "${nq:=2}" "${disks:=2}" "${bss:=512,4096}" "${one_conn:=0}" "${file_backed:=0}" "${no_reset:=0}"
+    ;;
+vhost-device-scsi)
+    bin="${SQCQ_TOOLS:-$repo/target/tools}/bin/vhost-device-scsi"
+    [ -x "$bin" ] || scripts/install-peers.sh
+    # one request queue, 512-byte blocks, one LUN per image file
+    : "${daemon_cmd:="$bin --socket-path {socket} {dir}/lun0.img {dir}/lun1.img"}"
+    [ "${#images[@]}" -gt 0 ] || images=(lun0.img lun1.img)
+    : "${nq:=1}" "${disks:=2}" "${bss:=512,512}" "${one_conn:=1}" "${file_backed:=1}"
+    # 0.1.0 keeps its used index across a device reset (its
+    # vhost-user-backend 0.10 SET_VRING_BASE sets next_avail, not
+    # next_used): after SeaBIOS or a guest reboot, Linux gets
+    # "virtio_scsi: request:id 0 is not a head!" and finds no disk.
+    if [ -z "$no_reset" ]; then
+        no_reset=1
+        no_reset_why="vhost-device-scsi 0.1.0 keeps a stale used index across a device reset (guest: 'request:id 0 is not a head!'); --reset runs it anyway"
+    fi
+    # it does not offer VIRTIO_SCSI_F_CHANGE, which QEMU 7.2 offers itself
+    # and forwards in SET_FEATURES: vhost-user-backend then drops the
+    # connection. param_change=off keeps the bit out.
+    [ "$dev_opts" != unset ] || dev_opts="param_change=off"
+    ;;
+custom)
+    [ -n "$daemon_cmd" ] || { say "--daemon custom needs --daemon-cmd"; exit 2; }
+    : "${nq:=1}" "${disks:=1}" "${one_conn:=0}" "${file_backed:=0}" "${no_reset:=0}"
+    ;;
+*) say "unknown daemon '$daemon'"; exit 2 ;;
+esac
+
+[ "$dev_opts" != unset ] || dev_opts=""
+qboot=/usr/share/qemu/qboot.rom
+if [ -z "$bios" ]; then [ -r "$qboot" ] && bios=qboot || bios=seabios; fi
+if [ -z "$bios2" ]; then [ "$no_reset" = 1 ] && bios2=$bios || bios2=seabios; fi
+
+# ------------------------------------------------- scratch, lock, cleanup
+mkdir -p target/guest
+# one harness (hence one QEMU) at a time on this machine
+exec 9> target/guest/qemu.lock
+if ! flock -w 900 9; then say "another guest test held target/guest/qemu.lock for 900 s"; exit 1; fi
+work="$(mktemp -d /tmp/sqcq-guest.XXXXXX)"
+sock="$work/vhost.sock"
+qemu_pid="" daemon_pid=""
+kill_group() { # pid: TERM its process group, then KILL
+    local p="$1"
+    [ -n "$p" ] || return 0
+    kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+}
+cleanup() {
+    kill_group "$qemu_pid"; qemu_pid=""
+    kill_group "$daemon_pid"; daemon_pid=""
+    if [ "$keep" = 1 ]; then say "kept $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM HUP
+
+# ------------------------------------------------------------- the guest
+kernel="" initrd=""
+while read -r k v; do
+    case "$k" in kernel) kernel="$v" ;; initrd) initrd="$v" ;; esac
+done < <(timeout 600 "$here/build-initramfs.sh" "$repo/target/guest")
+[ -n "$kernel" ] && [ -n "$initrd" ] || { say "building the guest failed"; exit 1; }
+t_build=$(( $(date +%s) - t0 ))
+
+# ------------------------------------------------------------- results
+results="$work/results"   # "name STATUS reason" lines
+: > "$results"
+host_check() { echo "$1 $2 ${*:3}" >> "$results"; }
+
+start_daemon() {
+    local cmd="${daemon_cmd//\{socket\}/$sock}"
+    cmd="${cmd//\{dir\}/$work}"
+    rm -f "$sock"
+    for img in "${images[@]}"; do
+        [ -e "$work/$img" ] || truncate -s 64M "$work/$img"
+    done
+    echo "== $(date +%T) $cmd" >> "$work/daemon.log"
+    # setsid: the daemon leads its own process group (killed as a group)
+    setsid sh -c "$cmd" >> "$work/daemon.log" 2>&1 < /dev/null &
+    daemon_pid=$!
+    for _ in $(seq 100); do
+        [ -S "$sock" ] && return 0
+        kill -0 "$daemon_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    say "the daemon did not create $sock within 10 s:"
+    tail -n 20 "$work/daemon.log" | sed 's/^/    /'
+    return 1
+}
+daemon_alive() { [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; }
+daemon_status() { # after it exited
+    local rc=0; wait "$daemon_pid" 2>/dev/null || rc=$?; echo "$rc"
+}
+
+# expected RUN BOOTSET... : expands checks.list for one boot
+expected() {
+    local sets=" ${*:1} " ndisk="$disks"
+    awk -v sets="$sets" -v n="$ndisk" '
+        /^#/ || NF < 3 { next }
+        index(sets, " " $1 " ") == 0 { next }
+        $2 == "global" { print $3 }
+        $2 == "disk"   { for (i = 0; i < n; i++) print "disk" i "/" $3 }
+        $2 == "disk0"  { print "disk0/" $3 }' "$here/checks.list"
+}
+
+# collect RUN LOG "BOOTSETS1" ["BOOTSETS2"]: guest checks of each boot
+collect() {
+    local run="$1" log="$2"; shift 2
+    local boot=0 label
+    local total=$#
+    for sets in "$@"; do
+        boot=$((boot + 1))
+        label="$run"; [ "$total" -gt 1 ] && label="$run.boot$boot"
+        # the CHECK lines between the boot-th SQCQ-INIT and the next one
+        tr -d '\r' < "$log" | awk -v b="$boot" '
+            /SQCQ-INIT/ { n++ } n == b && /^CHECK / { sub(/^CHECK /, ""); print }' \
+            > "$work/got"
+        while read -r name; do
+            line="$(awk -v n="$name" '$1 == n { print; exit }' "$work/got")"
+            if [ -n "$line" ]; then echo "$label/$line" >> "$results"
+            else echo "$label/$name FAIL not reported (the guest stopped before it)" >> "$results"; fi
+        done < <(expected $sets)
+        # anything reported but not expected is shown too
+        awk '{print $1}' "$work/got" | while read -r name; do
+            expected $sets | grep -qxF "$name" || grep "^$name " "$work/got" | head -n 1 | sed "s|^|$label/|" >> "$results"
+        done
+    done
+}
+
+# qemu RUN FIRMWARE MODE NONCE PREV BOOTS: one QEMU, supervised
+qemu_run() {
+    local run="$1" fw="$2" mode="$3" nonce="$4" prev="$5" boots="$6"
+    local log="$work/$run.console.log"
+    local append="console=ttyS0 panic=-1"
+    case "${SQCQ_GUEST_APPEND:-}" in
+        *verbose*) append="$append loglevel=7 ${SQCQ_GUEST_APPEND/verbose/}" ;;
+        *) append="$append quiet loglevel=3 ${SQCQ_GUEST_APPEND:-}" ;;
+    esac
+    append="$append sqcq_mode=$mode sqcq_disks=$disks"
+    append="$append sqcq_mq=$(( nq < 2 ? nq : 2 )) sqcq_nonce=$nonce sqcq_timeout=60"
+    [ -n "$bss" ] && append="$append sqcq_bs=$bss"
+    [ -n "$prev" ] && append="$append sqcq_prev=$prev"
+    local args=(qemu-system-x86_64 -accel tcg -cpu max -m 512M -smp 2
+        -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem
+        -chardev "socket,id=vus,path=$sock"
+        -device "vhost-user-scsi-pci,chardev=vus,num_queues=$nq${dev_opts:+,$dev_opts}"
+        -nodefaults -no-user-config -display none -nic none -monitor none
+        -serial "file:$log" -kernel "$kernel" -initrd "$initrd" -append "$append")
+    [ "$fw" = qboot ] && args+=(-bios "$qboot")
+    [ "$boots" = 1 ] && args+=(-no-reboot)
+    : > "$log"
+    echo "${args[*]}" > "$work/$run.cmdline"
+    local hard=$(( (t_boot + t_checks) * boots + t_shutdown ))
+    local start; start=$(date +%s)
+    setsid timeout -k 5 "$hard" "${args[@]}" > "$work/$run.qemu.log" 2>&1 < /dev/null &
+    qemu_pid=$!
+    say "$run: $fw, $mode, $boots boot(s), num_queues=$nq"
+    # the supervisor: stage deadlines, daemon watchdog, boot count
+    local state="" last="" changed=$start now inits dones reboots limit stage verdict=""
+    local checks progress=$start lastchecks=0
+    while kill -0 "$qemu_pid" 2>/dev/null; do
+        sleep 0.5
+        now=$(date +%s)
+        inits=$(grep -c SQCQ-INIT "$log" || true)
+        dones=$(grep -c SQCQ-DONE "$log" || true)
+        reboots=$(grep -c SQCQ-REBOOT "$log" || true)
+        checks=$(grep -c "^CHECK " "$log" || true)
+        [ "$checks" != "$lastchecks" ] && { lastchecks=$checks; progress=$now; }
+        state="$inits/$dones/$reboots"
+        [ "$state" != "$last" ] && { last="$state"; changed=$now; }
+        if [ "$inits" -gt "$boots" ]; then
+            verdict="FAIL unexpected boot $inits (expected $boots)"; break
+        elif [ "$inits" -eq 0 ] || { [ "$reboots" -ge "$inits" ] && [ "$dones" -ge "$inits" ]; }; then
+            stage=boot limit=$t_boot
+        elif [ "$dones" -lt "$inits" ]; then
+            stage=checks limit=$t_checks
+        else
+            stage=shutdown limit=$t_shutdown
+        fi
+        # watchdog: a daemon gone while the guest needs it stops the run;
+        # once the guest is powering off, QEMU's disconnect may end it
+        if [ "$stage" != shutdown ] && ! daemon_alive; then
+            verdict="FAIL the daemon died (status $(daemon_status)) during stage $stage"; break
+        fi
+        if [ $((now - changed)) -gt "$limit" ]; then
+            verdict="FAIL stage $stage exceeded $limit s"; break
+        fi
+        if [ "$stage" = checks ] && [ $((now - progress)) -gt "$t_stall" ] && [ $((now - changed)) -gt "$t_stall" ]; then
+            verdict="FAIL no check finished for $t_stall s (after $checks checks; the last: $(grep "^CHECK " "$log" | tail -n 1 | cut -d' ' -f2))"; break
+        fi
+    done
+    if [ -n "$verdict" ]; then
+        kill_group "$qemu_pid"
+    else
+        local rc=0; wait "$qemu_pid" || rc=$?
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then verdict="FAIL hard timeout $hard s"
+        elif [ "$rc" != 0 ]; then verdict="FAIL qemu exited with status $rc: $(tail -n 3 "$work/$run.qemu.log" | tr '\n' ' ')"
+        elif [ "$(grep -c SQCQ-DONE "$log" || true)" -lt "$boots" ]; then
+            verdict="FAIL qemu exited after $(grep -c SQCQ-INIT "$log" || true) of $boots boots without finishing"
+        else verdict="PASS $boots boot(s) and power-off in $(( $(date +%s) - start )) s"; fi
+    fi
+    qemu_pid=""
+    host_check "$run/qemu" $verdict
+    say "$run: $verdict ($(( $(date +%s) - start )) s)"
+}
+
+# ------------------------------------------------------------------ runs
+say "daemon: $daemon_cmd"
+say "guest: $kernel + $initrd ($(du -h "$initrd" | cut -f1)), built/cached in ${t_build} s"
+nonce1=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
+nonce2=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
+if start_daemon; then
+    qemu_run run1 "$bios" full "$nonce1" "" 1
+    collect run1 "$work/run1.console.log" full
+    prev=""
+    grep -q "^run1/qemu PASS" "$results" && grep -q "^run1/disk0/marker PASS" "$results" && prev="$nonce1"
+    if [ "$only_run1" = 0 ]; then
+        # lifecycle: does the daemon keep serving after QEMU went away?
+        for _ in $(seq 10); do daemon_alive || break; sleep 0.2; done
+        if daemon_alive && [ -S "$sock" ]; then
+            host_check lifecycle/daemon_survives_qemu PASS "still serving after run1's QEMU exited"
+        else
+            st=$(daemon_alive && echo running || daemon_status)
+            if [ "$one_conn" = 1 ]; then
+                host_check lifecycle/daemon_survives_qemu SKIP "the daemon serves one connection per process" \
+                    "(exited with status $st when run1's QEMU disconnected); run2 uses a fresh daemon"
+            else
+                host_check lifecycle/daemon_survives_qemu FAIL "the daemon is gone (status $st, socket" \
+                    "$([ -S "$sock" ] && echo present || echo missing)) after run1's QEMU exited"
+            fi
+            daemon_pid=""
+            [ "$file_backed" = 1 ] || prev=""
+            start_daemon || host_check lifecycle/daemon_restart FAIL "the daemon did not start again"
+        fi
+        if daemon_alive; then
+            if [ "$no_reset" = 1 ]; then
+                qemu_run run2 "$bios2" quick "$nonce2" "$prev" 1
+                b1="quick"; [ -n "$prev" ] && b1="quick prev"
+                collect run2 "$work/run2.console.log" "$b1"
+                host_check lifecycle/guest_reboot SKIP "$no_reset_why"
+            else
+                qemu_run run2 "$bios2" reboot "$nonce2" "$prev" 2
+                b1="quick"; [ -n "$prev" ] && b1="quick prev"
+                collect run2 "$work/run2.console.log" "$b1" "quick boot2"
+                if grep -q "^run2/qemu PASS" "$results" && ! grep -q "^run2.boot2/.* FAIL" "$results"; then
+                    host_check lifecycle/guest_reboot PASS "guest rebooted ($bios2) on the same connection, checks pass again"
+                else
+                    host_check lifecycle/guest_reboot FAIL "see run2.boot2 and run2/qemu"
+                fi
+            fi
+        fi
+    fi
+    # SeaBIOS drives the disk and resets the device before Linux starts
+    sea=""
+    [ "$bios" = seabios ] && sea="run1"
+    [ "$bios2" = seabios ] && [ -s "$work/run2.console.log" ] && sea="${sea:+$sea }run2"
+    if [ -n "$sea" ]; then
+        bad=""
+        for r in $sea; do
+            grep -Eq "^$r(\.boot1)?/disks PASS" "$results" || bad="$bad $r"
+        done
+        if [ -z "$bad" ]; then host_check lifecycle/seabios PASS "Linux found the disks after SeaBIOS used and reset the device ($sea)"
+        else host_check lifecycle/seabios FAIL "no disks after SeaBIOS ($bad)"; fi
+    elif [ "$no_reset" = 1 ]; then
+        host_check lifecycle/seabios SKIP "$no_reset_why"
+    fi
+else
+    host_check daemon/start FAIL "the daemon did not start: $(tail -n 1 "$work/daemon.log")"
+fi
+
+# ---------------------------------------------------------------- report
+echo
+awk '{ printf "  %-4s %-36s %s\n", $2, $1, substr($0, length($1) + length($2) + 3) }' "$results"
+npass=$(awk '$2=="PASS"' "$results" | wc -l)
+nfail=$(awk '$2=="FAIL"' "$results" | wc -l)
+nskip=$(awk '$2=="SKIP"' "$results" | wc -l)
+if [ "$nfail" -gt 0 ]; then
+    for f in "$work"/run*.console.log; do
+        [ -e "$f" ] || continue
+        echo; echo "---- tail of $(basename "$f") ----"
+        tr -d '\r' < "$f" | tail -n 60
+    done
+    for f in "$work"/run*.qemu.log; do
+        [ -s "$f" ] || continue
+        echo; echo "---- $(basename "$f") ----"; tail -n 20 "$f"
+    done
+    echo; echo "---- tail of daemon.log ----"; tail -n 30 "$work/daemon.log"
+    keep=1
+fi
+echo
+say "daemon $daemon, total $(( $(date +%s) - t0 )) s"
+echo "guest: $npass passed, $nfail failed, $nskip skipped"
+[ "$nfail" -eq 0 ]
