@@ -1,17 +1,12 @@
 #!/usr/bin/env bash
-# The project's main job on its embedded default: sets up, builds, runs.
-# Today: sqcq-bench starts sqcqd with a null LUN on a fresh socket and
-# runs a 4 KiB random-read load through the userspace virtio-scsi driver
-# (5 s, queue depth 1, then queue depth 32). Extra arguments go to
-# sqcq-bench and replace the defaults.
+# The project's main job on its embedded default: sets up, builds, and
+# runs the RFC's comparison (sqcq-compare): randread and randwrite x QD1
+# and QD32 x 1, 2 and 4 jobs x every notification mode, each run against
+# a fresh sqcqd with a null LUN. Short runs (2 s) by default; pass --long
+# for 10 s runs with 3 repeats. Other arguments go to sqcq-compare
+# (e.g. --modes notify,sqcq --qd 1 --jobs 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --quiet --release -p sqcq-target -p sqcq-bench
-bench=target/release/sqcq-bench
-if [ "$#" -gt 0 ]; then
-    exec "$bench" "$@"
-fi
-for qd in 1 32; do
-    "$bench" --rw randread --bs 4k --iodepth "$qd" --runtime 5 --time_based --ramp_time 1
-done
+cargo build --quiet --release -p sqcq-target -p sqcq-bench -p sqcq-compare
+exec target/release/sqcq-compare "$@"

@@ -1,10 +1,8 @@
 //! The null backstore: reads return zeros, writes are dropped.
 
 use crate::capacity::Capacity;
-use crate::slots::ImmediateCompletions;
-use crate::{
-    Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
-};
+use crate::slots::{Immediate, ImmediateQueue};
+use crate::{Backstore, BackstoreError, BackstoreQueue, Geometry, IoOp, check_range};
 
 /// A backstore that stores nothing, like Linux's null_blk: what it measures
 /// is the transport alone. Reads are zero-filled so that an initiator never
@@ -38,10 +36,10 @@ impl Backstore for NullBackstore {
     }
 
     fn open_queue(&self, depth: u32) -> Result<Box<dyn BackstoreQueue>, BackstoreError> {
-        Ok(Box::new(NullQueue {
+        let store = NullQueue {
             capacity: self.capacity.clone(),
-            done: ImmediateCompletions::new(depth),
-        }))
+        };
+        Ok(Box::new(ImmediateQueue::new(store, depth)))
     }
 
     fn resize(&self, bytes: u64) -> Result<Geometry, BackstoreError> {
@@ -54,18 +52,16 @@ impl Backstore for NullBackstore {
 #[derive(Debug)]
 struct NullQueue {
     capacity: Capacity,
-    done: ImmediateCompletions,
 }
 
-impl BackstoreQueue for NullQueue {
-    unsafe fn submit(
+impl Immediate for NullQueue {
+    unsafe fn perform(
         &mut self,
-        tag: u64,
         op: IoOp,
         iov: &[libc::iovec],
-    ) -> Result<(), BackstoreError> {
-        let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
-        let result = match op {
+        len: u32,
+    ) -> Result<u32, BackstoreError> {
+        match op {
             IoOp::Read { offset } => {
                 check_range(offset, u64::from(len), self.capacity.get()).map(|()| {
                     for v in iov {
@@ -83,23 +79,6 @@ impl BackstoreQueue for NullQueue {
             IoOp::Discard { offset, len } | IoOp::WriteZeroes { offset, len } => {
                 check_range(offset, len, self.capacity.get()).map(|()| 0)
             }
-        };
-        self.done.push(tag, result)
-    }
-
-    fn commit(&mut self) -> Result<(), BackstoreError> {
-        Ok(())
-    }
-
-    fn reap(&mut self, done: Completion<'_>) {
-        self.done.reap(done);
-    }
-
-    fn in_flight(&self) -> u32 {
-        self.done.len()
-    }
-
-    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
+        }
     }
 }

@@ -4,10 +4,8 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::capacity::Capacity;
-use crate::slots::ImmediateCompletions;
-use crate::{
-    Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
-};
+use crate::slots::{Immediate, ImmediateQueue};
+use crate::{Backstore, BackstoreError, BackstoreQueue, Geometry, IoOp, check_range};
 
 /// Checks a size and block size and returns the geometry they make.
 pub(crate) fn validated_geometry(bytes: u64, block_size: u32) -> Result<Geometry, BackstoreError> {
@@ -157,11 +155,11 @@ impl Backstore for RamBackstore {
     }
 
     fn open_queue(&self, depth: u32) -> Result<Box<dyn BackstoreQueue>, BackstoreError> {
-        Ok(Box::new(RamQueue {
+        let store = RamQueue {
             mapping: Arc::clone(&self.mapping),
             capacity: self.capacity.clone(),
-            done: ImmediateCompletions::new(depth),
-        }))
+        };
+        Ok(Box::new(ImmediateQueue::new(store, depth)))
     }
 
     /// Grows within the reservation, or shrinks: the bytes given up are
@@ -221,7 +219,6 @@ impl Backstore for RamBackstore {
 struct RamQueue {
     mapping: Arc<Mapping>,
     capacity: Capacity,
-    done: ImmediateCompletions,
 }
 
 impl RamQueue {
@@ -265,16 +262,15 @@ impl RamQueue {
     }
 }
 
-impl BackstoreQueue for RamQueue {
-    unsafe fn submit(
+impl Immediate for RamQueue {
+    unsafe fn perform(
         &mut self,
-        tag: u64,
         op: IoOp,
         iov: &[libc::iovec],
-    ) -> Result<(), BackstoreError> {
-        let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
+        len: u32,
+    ) -> Result<u32, BackstoreError> {
         let capacity = self.capacity.get();
-        let result = match op {
+        match op {
             IoOp::Read { offset } | IoOp::Write { offset, .. } => {
                 check_range(offset, u64::from(len), capacity).map(|()| {
                     // SAFETY: range checked; iovecs per our own contract.
@@ -289,23 +285,6 @@ impl BackstoreQueue for RamQueue {
                     0
                 })
             }
-        };
-        self.done.push(tag, result)
-    }
-
-    fn commit(&mut self) -> Result<(), BackstoreError> {
-        Ok(())
-    }
-
-    fn reap(&mut self, done: Completion<'_>) {
-        self.done.reap(done);
-    }
-
-    fn in_flight(&self) -> u32 {
-        self.done.len()
-    }
-
-    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
+        }
     }
 }

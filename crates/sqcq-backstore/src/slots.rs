@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::{BackstoreError, Completion};
+use crate::{BackstoreError, BackstoreQueue, Completion, IoOp, iov_len};
 
 /// Most data segments one request may carry. The target advertises a
 /// virtio-scsi `seg_max` below this.
@@ -48,6 +48,71 @@ impl ImmediateCompletions {
 
     pub(crate) fn len(&self) -> u32 {
         u32::try_from(self.done.len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// A backstore whose requests finish inside `submit` (null, RAM): it only
+/// says how to perform one operation.
+pub(crate) trait Immediate: Send + std::fmt::Debug {
+    /// Performs `op` of `len` bytes over `iov` now; returns the bytes
+    /// transferred.
+    ///
+    /// # Safety
+    ///
+    /// As [`BackstoreQueue::submit`].
+    unsafe fn perform(
+        &mut self,
+        op: IoOp,
+        iov: &[libc::iovec],
+        len: u32,
+    ) -> Result<u32, BackstoreError>;
+}
+
+/// The queue of an [`Immediate`] backstore: performs in `submit`, hands
+/// the results out in `reap`, in submission order.
+#[derive(Debug)]
+pub(crate) struct ImmediateQueue<T> {
+    store: T,
+    done: ImmediateCompletions,
+}
+
+impl<T> ImmediateQueue<T> {
+    pub(crate) fn new(store: T, depth: u32) -> Self {
+        ImmediateQueue {
+            store,
+            done: ImmediateCompletions::new(depth),
+        }
+    }
+}
+
+impl<T: Immediate> BackstoreQueue for ImmediateQueue<T> {
+    unsafe fn submit(
+        &mut self,
+        tag: u64,
+        op: IoOp,
+        iov: &[libc::iovec],
+    ) -> Result<(), BackstoreError> {
+        let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
+        // SAFETY: our caller upholds `submit`'s contract, which is
+        // `perform`'s.
+        let result = unsafe { self.store.perform(op, iov, len) };
+        self.done.push(tag, result)
+    }
+
+    fn commit(&mut self) -> Result<(), BackstoreError> {
+        Ok(())
+    }
+
+    fn reap(&mut self, done: Completion<'_>) {
+        self.done.reap(done);
+    }
+
+    fn in_flight(&self) -> u32 {
+        self.done.len()
+    }
+
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
     }
 }
 

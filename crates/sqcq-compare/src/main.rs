@@ -33,6 +33,10 @@ struct Args {
         default_value = "notify,poll-queue,ring-poll,sqcq,sqcq-inline"
     )]
     modes: Vec<String>,
+    /// Targets the bench starts: sqcqd, and rust-vmm's vhost-device-scsi
+    /// (one request queue; a sparse image file instead of a null LUN).
+    #[arg(long, value_delimiter = ',', default_value = "sqcqd")]
+    targets: Vec<String>,
     /// I/O patterns.
     #[arg(long, value_delimiter = ',', default_value = "randread,randwrite")]
     rw: Vec<String>,
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
     };
     let plan = matrix::Plan {
         modes: args.modes.clone(),
+        targets: args.targets.clone(),
         rw: args.rw.clone(),
         qd: args.qd.clone(),
         jobs: args.jobs.clone(),

@@ -5,13 +5,15 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::run::{self, Case, Figures, RunError};
+use crate::run::{self, Case, Cell, Figures, RunError};
 
 /// What to run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Plan {
     /// Notification modes; the first is the baseline.
     pub modes: Vec<String>,
+    /// Targets the bench starts.
+    pub targets: Vec<String>,
     /// I/O patterns.
     pub rw: Vec<String>,
     /// Queue depths.
@@ -29,13 +31,20 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The cells (rw, qd, jobs) in report order.
-    pub fn cells(&self) -> Vec<(String, u32, u32)> {
+    /// The cells in report order.
+    pub fn cells(&self) -> Vec<Cell> {
         let mut cells = Vec::new();
-        for rw in &self.rw {
-            for &qd in &self.qd {
-                for &jobs in &self.jobs {
-                    cells.push((rw.clone(), qd, jobs));
+        for target in &self.targets {
+            for rw in &self.rw {
+                for &qd in &self.qd {
+                    for &jobs in &self.jobs {
+                        cells.push(Cell {
+                            target: target.clone(),
+                            rw: rw.clone(),
+                            qd,
+                            jobs,
+                        });
+                    }
                 }
             }
         }
@@ -65,19 +74,17 @@ pub fn run_all(bench: &Path, plan: &Plan) -> Result<Vec<Outcome>, RunError> {
     let total = cells.len() * plan.modes.len() * plan.repeat as usize;
     let mut done = 0;
     let mut outcomes = Vec::new();
-    for (rw, qd, jobs) in cells {
+    for cell in cells {
         let mut runs: Vec<Vec<(Figures, serde_json::Value)>> = vec![Vec::new(); plan.modes.len()];
         let mut errors: Vec<Option<String>> = vec![None; plan.modes.len()];
         for _ in 0..plan.repeat {
             for (i, mode) in plan.modes.iter().enumerate() {
                 let case = Case {
-                    rw: rw.clone(),
-                    qd,
-                    jobs,
+                    cell: cell.clone(),
                     mode: mode.clone(),
                 };
                 done += 1;
-                eprint!("\r[{done}/{total}] {rw} QD{qd} NJ{jobs} {mode:<12}");
+                eprint!("\r[{done}/{total}] {} {mode:<12}", cell.label());
                 match run::run_once(bench, &case, &plan.bs, plan.runtime, plan.ramp) {
                     Ok(r) => runs[i].push(r),
                     Err(RunError::Failed { status, stderr }) => {
@@ -90,9 +97,7 @@ pub fn run_all(bench: &Path, plan: &Plan) -> Result<Vec<Outcome>, RunError> {
         }
         for (i, mode) in plan.modes.iter().enumerate() {
             let case = Case {
-                rw: rw.clone(),
-                qd,
-                jobs,
+                cell: cell.clone(),
                 mode: mode.clone(),
             };
             let mut mine = std::mem::take(&mut runs[i]);
@@ -124,6 +129,7 @@ mod tests {
     fn cells_follow_the_rfc_order() {
         let plan = Plan {
             modes: vec!["notify".into()],
+            targets: vec!["sqcqd".into()],
             rw: vec!["randread".into(), "randwrite".into()],
             qd: vec![1, 32],
             jobs: vec![1, 4],
@@ -134,8 +140,9 @@ mod tests {
         };
         let cells = plan.cells();
         assert_eq!(cells.len(), 8);
-        assert_eq!(cells[0], ("randread".into(), 1, 1));
-        assert_eq!(cells[3], ("randread".into(), 32, 4));
-        assert_eq!(cells[4], ("randwrite".into(), 1, 1));
+        let key = |c: &Cell| (c.rw.clone(), c.qd, c.jobs);
+        assert_eq!(key(&cells[0]), ("randread".into(), 1, 1));
+        assert_eq!(key(&cells[3]), ("randread".into(), 32, 4));
+        assert_eq!(key(&cells[4]), ("randwrite".into(), 1, 1));
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::matrix::{Outcome, Plan};
-use crate::report::Machine;
+use crate::report::{self, Machine};
 
 const COLORS: [&str; 6] = [
     "#7f7f7f", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e",
@@ -22,16 +22,9 @@ pub fn iops_svg(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
         .max(560.0);
     let ratios: Vec<Vec<Option<f64>>> = cells
         .iter()
-        .map(|(rw, qd, jobs)| {
+        .map(|cell| {
             let iops = |m: &str| {
-                results
-                    .iter()
-                    .find(|o| {
-                        &o.case.rw == rw
-                            && o.case.qd == *qd
-                            && o.case.jobs == *jobs
-                            && o.case.mode == m
-                    })
+                report::find(results, cell, m)
                     .and_then(|o| o.median.as_ref())
                     .map(|f| f.iops)
             };
@@ -88,7 +81,7 @@ pub fn iops_svg(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
             );
         }
     }
-    for (c, ((rw, qd, jobs), row)) in cells.iter().zip(&ratios).enumerate() {
+    for (c, (cell, row)) in cells.iter().zip(&ratios).enumerate() {
         let gx = left + group * c as f64;
         for (m, ratio) in row.iter().enumerate() {
             let Some(r) = ratio else { continue };
@@ -100,18 +93,21 @@ pub fn iops_svg(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
             };
             let _ = write!(
                 s,
-                r#"<rect x="{:.1}" y="{top_y:.1}" width="{bar}" height="{h:.1}" fill="{}"><title>{} {rw} QD{qd} NJ{jobs}: {r:.2}x</title></rect>"#,
+                r#"<rect x="{:.1}" y="{top_y:.1}" width="{bar}" height="{h:.1}" fill="{}"><title>{} {}: {r:.2}x</title></rect>"#,
                 gx + bar * m as f64,
                 COLORS[m % COLORS.len()],
-                plan.modes[m]
+                plan.modes[m],
+                cell.label()
             );
         }
         let lx = gx + group / 2.0 - gap / 2.0;
         let ly = top + height + 12.0;
-        let short = if rw.contains("write") { "W" } else { "R" };
+        let short = if cell.rw.contains("write") { "W" } else { "R" };
+        let peer = if cell.target == "sqcqd" { "" } else { "peer " };
         let _ = write!(
             s,
-            r#"<text x="{lx:.1}" y="{ly:.1}" transform="rotate(45 {lx:.1} {ly:.1})">{short} QD{qd} NJ{jobs}</text>"#
+            r#"<text x="{lx:.1}" y="{ly:.1}" transform="rotate(45 {lx:.1} {ly:.1})">{peer}{short} QD{} NJ{}</text>"#,
+            cell.qd, cell.jobs
         );
     }
     for (m, mode) in plan.modes.iter().enumerate() {

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::matrix::{Outcome, Plan};
 use crate::plot;
-use crate::run::Figures;
+use crate::run::{Cell, Figures};
 
 /// What the figures were measured on, and what else was running.
 #[derive(Clone, Debug, Serialize)]
@@ -53,16 +53,11 @@ impl Machine {
     }
 }
 
-fn find<'a>(
-    results: &'a [Outcome],
-    rw: &str,
-    qd: u32,
-    jobs: u32,
-    mode: &str,
-) -> Option<&'a Outcome> {
+/// The outcome of `cell` in `mode`.
+pub fn find<'a>(results: &'a [Outcome], cell: &Cell, mode: &str) -> Option<&'a Outcome> {
     results
         .iter()
-        .find(|o| o.case.rw == rw && o.case.qd == qd && o.case.jobs == jobs && o.case.mode == mode)
+        .find(|o| o.case.cell == *cell && o.case.mode == mode)
 }
 
 fn thousands(v: f64) -> String {
@@ -81,29 +76,29 @@ fn thousands(v: f64) -> String {
     out
 }
 
-/// One table: a row per cell, a column per mode, `cell` formatting each.
+/// One table: a row per cell, a column per mode, `show` formatting each.
 fn table(
     plan: &Plan,
     results: &[Outcome],
     title: &str,
-    cell: &dyn Fn(&Figures, Option<&Figures>) -> String,
+    show: &dyn Fn(&Figures, Option<&Figures>) -> String,
 ) -> String {
     let mut out = format!("\n{title}\n");
-    let _ = write!(out, "{:<20}", "Test");
+    let _ = write!(out, "{:<26}", "Test");
     for m in &plan.modes {
         let _ = write!(out, " {m:>18}");
     }
     out.push('\n');
-    for (rw, qd, jobs) in plan.cells() {
-        let _ = write!(out, "{:<20}", format!("{rw} QD{qd} NJ{jobs}"));
-        let base = find(results, &rw, qd, jobs, &plan.modes[0]).and_then(|o| o.median.as_ref());
+    for cell in plan.cells() {
+        let _ = write!(out, "{:<26}", cell.label());
+        let base = find(results, &cell, &plan.modes[0]).and_then(|o| o.median.as_ref());
         for m in &plan.modes {
-            let text = match find(results, &rw, qd, jobs, m) {
+            let text = match find(results, &cell, m) {
                 Some(Outcome {
                     median: Some(f), ..
                 }) => {
                     let fell_back = f.mode_run != *m;
-                    format!("{}{}", cell(f, base), if fell_back { "*" } else { "" })
+                    format!("{}{}", show(f, base), if fell_back { "*" } else { "" })
                 }
                 _ => "failed".into(),
             };
@@ -188,15 +183,18 @@ pub fn write_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::Case;
+    use crate::run::{Case, Cell};
     use std::time::Duration;
 
     fn outcome(mode: &str, iops: f64) -> Outcome {
         Outcome {
             case: Case {
-                rw: "randread".into(),
-                qd: 1,
-                jobs: 1,
+                cell: Cell {
+                    target: "sqcqd".into(),
+                    rw: "randread".into(),
+                    qd: 1,
+                    jobs: 1,
+                },
                 mode: mode.into(),
             },
             median: Some(Figures {
@@ -214,6 +212,7 @@ mod tests {
     fn iops_table_shows_change_against_the_first_mode() {
         let plan = Plan {
             modes: vec!["notify".into(), "sqcq".into()],
+            targets: vec!["sqcqd".into()],
             rw: vec!["randread".into()],
             qd: vec![1],
             jobs: vec![1],

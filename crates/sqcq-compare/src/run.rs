@@ -49,15 +49,37 @@ pub fn default_bench() -> Result<PathBuf, RunError> {
     }
 }
 
-/// One cell of the matrix in one mode.
+/// One cell of the matrix: everything but the mode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Case {
+pub struct Cell {
+    /// The target `sqcq-bench` starts (`sqcqd` or `vhost-device-scsi`).
+    pub target: String,
     /// I/O pattern.
     pub rw: String,
     /// Queue depth per job.
     pub qd: u32,
     /// Jobs.
     pub jobs: u32,
+}
+
+impl Cell {
+    /// The row label, in the RFC's words (the target only when not ours).
+    pub fn label(&self) -> String {
+        let target = if self.target == "sqcqd" {
+            String::new()
+        } else {
+            format!("{} ", self.target)
+        };
+        format!("{target}{} QD{} NJ{}", self.rw, self.qd, self.jobs)
+    }
+}
+
+/// One cell of the matrix in one mode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Case {
+    /// The cell.
+    #[serde(flatten)]
+    pub cell: Cell,
     /// Notification mode.
     pub mode: String,
 }
@@ -91,12 +113,10 @@ pub fn run_once(
     runtime: Duration,
     ramp: Duration,
 ) -> Result<(Figures, Value), RunError> {
+    let cell = &case.cell;
     let output = Command::new(bench)
+        .args(["--target", &cell.target, "--rw", &cell.rw, "--bs", bs])
         .args([
-            "--rw",
-            &case.rw,
-            "--bs",
-            bs,
             "--mode",
             &case.mode,
             "--output-format",
@@ -105,9 +125,9 @@ pub fn run_once(
         ])
         .args([
             "--iodepth",
-            &case.qd.to_string(),
+            &cell.qd.to_string(),
             "--numjobs",
-            &case.jobs.to_string(),
+            &cell.jobs.to_string(),
         ])
         .args(["--runtime", &format!("{}ms", runtime.as_millis())])
         .args(["--ramp_time", &format!("{}ms", ramp.as_millis())])
@@ -184,6 +204,19 @@ mod tests {
         assert_eq!((f.kicks_per_io, f.calls_per_io), (0.5, 0.25));
         assert_eq!((f.driver_cpu_us, f.target_cpu_us), (1.5, 2.5));
         assert_eq!(f.mode_run, "sqcq");
+    }
+
+    #[test]
+    fn labels_name_only_a_foreign_target() {
+        let mut cell = Cell {
+            target: "sqcqd".into(),
+            rw: "randread".into(),
+            qd: 32,
+            jobs: 4,
+        };
+        assert_eq!(cell.label(), "randread QD32 NJ4");
+        cell.target = "vhost-device-scsi".into();
+        assert_eq!(cell.label(), "vhost-device-scsi randread QD32 NJ4");
     }
 
     #[test]

@@ -377,6 +377,14 @@ impl ServedQueue {
         }
     }
 
+    /// Counts one published batch in the device's per-queue counters,
+    /// whichever way the queue is notified.
+    fn count_batch(&self, batch: u16, called: bool) {
+        if let Some(stats) = self.device.counters.queues.get(self.key.vq) {
+            stats.batch(batch, called);
+        }
+    }
+
     /// Publishes completed requests and notifies the driver if it asked.
     pub(crate) fn publish(&mut self, mem: &GuestMemoryMmap) {
         if self.publish_doorbell(mem) {
@@ -384,11 +392,8 @@ impl ServedQueue {
         }
         let batch = self.used.pending();
         let result = self.used.publish(mem);
-        if batch > 0
-            && let Some(stats) = self.device.counters.queues.get(self.key.vq)
-        {
-            let called = matches!(result, Ok(true)) && self.call.is_some();
-            stats.batch(batch, called);
+        if batch > 0 {
+            self.count_batch(batch, matches!(result, Ok(true)) && self.call.is_some());
         }
         match result {
             Ok(true) => self.signal_call(),

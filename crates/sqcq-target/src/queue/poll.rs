@@ -307,10 +307,12 @@ impl ServedQueue {
             Ok(0) => {}
             // Fence 3 of the protocol is inside `publish`: `cq.idx`
             // store, fence(SeqCst), `cq.flags` load.
-            Ok(_) => {
-                if cq.producer.publish(self.used.next_used()) == Wake::Owed {
+            Ok(batch) => {
+                let owed = cq.producer.publish(self.used.next_used()) == Wake::Owed;
+                if owed {
                     self.signal_call();
                 }
+                self.count_batch(batch, owed && self.call.is_some());
             }
             Err(e) => {
                 error!(device = %self.device.name, vq = self.key.vq, "used ring: {e}");
