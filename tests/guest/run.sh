@@ -96,7 +96,7 @@ sqcqd)
             "cargo build --release -p sqcq-target), nothing to test"
         exit 0
     fi
-    : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=ram,size=64M --lun kind=ram,size=64M,block-size=4096"}"
+    : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=ram,size=64M --lun kind=ram,size=64M,block-size=4096 --stats-file {dir}/stats.json --stats-interval 1"}"
     : "${nq:=2}" "${disks:=2}" "${bss:=512,4096}" "${one_conn:=0}" "${file_backed:=0}" "${no_reset:=0}"
     ;;
 vhost-device-scsi)
@@ -364,6 +364,19 @@ if start_daemon; then
         else host_check lifecycle/seabios FAIL "no disks after SeaBIOS ($bad)"; fi
     elif [ "$no_reset" = 1 ]; then
         host_check lifecycle/seabios SKIP "$no_reset_why"
+    fi
+    if [ -n "${bin:-}" ] && [ "$daemon" = sqcqd ] && [[ "$daemon_cmd" == *"{dir}/stats.json"* ]]; then
+        # Linux does not know VIRTIO_F_SQCQ_POLL (bit 42): every queue must
+        # have run as classic virtio, kicks and calls, no doorbell code.
+        st="$work/stats.json"
+        modes=$(grep -o '"mode": *"[a-z-]*"' "$st" 2>/dev/null | sed 's/.*"\([a-z-]*\)"$/\1/' | sort -u | tr '\n' ' ')
+        if [ -z "$modes" ]; then
+            host_check lifecycle/classic_virtio FAIL "sqcqd wrote no per-queue statistics to $st"
+        elif [ "$modes" = "kick " ]; then
+            host_check lifecycle/classic_virtio PASS "every queue was served by kicks and calls (bit 42 not negotiated)"
+        else
+            host_check lifecycle/classic_virtio FAIL "queues ran in modes: $modes"
+        fi
     fi
 else
     host_check daemon/start FAIL "the daemon did not start: $(tail -n 1 "$work/daemon.log")"

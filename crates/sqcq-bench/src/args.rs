@@ -63,8 +63,9 @@ pub struct Args {
     /// VIRTIO_F_SQCQ_POLL.
     #[arg(long, default_value = "notify", value_parser = parse_mode)]
     pub mode: NotifyMode,
-    /// Driver poll threads of the doorbell modes: one per device, or one
-    /// per request queue.
+    /// Driver poll threads of the sqcq mode: one per device, or one per
+    /// request queue (sqcq-inline has none: each job is its queue's CQ
+    /// consumer).
     #[arg(long = "poll-threads", value_enum, default_value = "per-device")]
     pub poll_threads: PollThreadsArg,
     /// Print the per-queue poll statistics (the RFC's `vq[N] cq=...`

@@ -92,8 +92,11 @@ pub struct ModeFallback {
 #[derive(Debug)]
 pub struct Device {
     frontend: Frontend,
-    /// The driver poll threads of the doorbell modes.
+    /// The driver poll threads of the sqcq mode.
     poll: Option<PollGroup>,
+    /// The figures of the request queues' driver-side pollers (poll
+    /// threads or the jobs' own), in the polling modes.
+    stats: Option<PollStats>,
     /// The mode the request queues run.
     pub mode: NotifyMode,
     /// Set when the mode asked for was not available.
@@ -182,6 +185,7 @@ impl Device {
             events(&frontend)?,
         )?;
         let mut queues = Vec::new();
+        let mut stats = PollStats::default();
         let mut poll = mode
             .doorbells()
             .then(|| PollGroupBuilder::new(spec.poll_threads, SpinConfig::default()));
@@ -197,6 +201,9 @@ impl Device {
                 }
                 None => Virtqueue::new(&mut mem, index, config(spec.queue_size), mode, events)?,
             };
+            if let Some(handle) = vq.stats_handle() {
+                stats.extend(handle);
+            }
             let queue = ScsiQueue::new(&mut mem, vq, &neg.config)?;
             let len =
                 usize::try_from(spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
@@ -227,6 +234,7 @@ impl Device {
         Ok(Self {
             frontend,
             poll,
+            stats: (!stats.is_empty()).then_some(stats),
             mode,
             fallback,
             _mem: mem,
@@ -243,9 +251,11 @@ impl Device {
         self.frontend.negotiated()
     }
 
-    /// The driver poll threads' statistics, in the doorbell modes.
+    /// The statistics of the request queues' driver-side pollers (the
+    /// poll threads of sqcq, the jobs themselves in poll-queue, ring-poll
+    /// and sqcq-inline); `None` in notify.
     pub fn poll_stats(&self) -> Option<PollStats> {
-        self.poll.as_ref().map(PollGroup::stats)
+        self.stats.clone()
     }
 
     /// Takes the vrings back and disconnects, then stops the driver poll

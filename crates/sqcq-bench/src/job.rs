@@ -249,11 +249,13 @@ impl Job {
     }
 
     /// Between two bursts, with nothing in flight: in the doorbell modes,
-    /// waits until the driver's poll thread and the device's poller of
+    /// waits until the driver's CQ consumer and the device's poller of
     /// this queue are both asleep with NEED_WAKEUP set (as the doorbells
-    /// and the poll thread's flag say), bounded by the I/O timeout. The
-    /// next burst's first submission must then wake both.
+    /// and the poll thread's flag say), bounded by the I/O timeout. In
+    /// sqcq-inline the job is the CQ consumer: it parks first (sets CQ
+    /// NEED_WAKEUP). The next burst's first submission must then wake both.
     fn idle_gap(&mut self) -> Result<(), BenchError> {
+        self.q.queue.park();
         let vq = self.q.queue.virtqueue();
         let Some(mut state) = vq.idle_state() else {
             return Ok(());

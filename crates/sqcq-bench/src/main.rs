@@ -305,8 +305,11 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
             json!({"requested": f.requested.name(), "used": f.used.name(), "reason": f.reason}),
         );
     }
-    if mode.doorbells() {
+    if mode == NotifyMode::Sqcq {
         sqcq_extra.insert("poll_threads".into(), json!(spec.poll_threads.name()));
+    } else if mode == NotifyMode::SqcqInline {
+        // Each job is its queue's CQ consumer.
+        sqcq_extra.insert("poll_threads".into(), json!("none"));
     }
     if let Some((stats, calls)) = &driver_queues {
         sqcq_extra.insert(

@@ -22,7 +22,7 @@ const TICK: Duration = Duration::from_millis(50);
 pub struct Periodic<'a> {
     /// Period.
     pub interval: Duration,
-    /// The driver poll threads' figures (doorbell modes).
+    /// The driver-side pollers' figures (polling modes).
     pub driver: Option<PollStats>,
     /// The target started here, for its statistics file.
     pub target: Option<&'a Target>,
@@ -104,7 +104,8 @@ pub fn queues_json(stats: &[QueueStats], calls: &[u64]) -> Value {
                     "queue": s.queue,
                     "cq": s.completions,
                     "ema_lat_ns": s.ema_ns,
-                    "interval_ns": s.interval_ns,
+                    // null: a poller that never sleeps (poll-queue).
+                    "interval_ns": (s.interval_ns != u64::MAX).then_some(s.interval_ns),
                     "spins": s.spins,
                     "sleeps": s.sleeps,
                     "wakeups": s.wakeups,

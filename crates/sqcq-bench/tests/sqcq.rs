@@ -80,8 +80,17 @@ fn every_mode_runs_against_sqcqd() {
             assert_eq!(v["sqcq"]["mode"], mode, "{mode}: no fallback from sqcqd");
             assert!(v["sqcq"]["mode_fallback"].is_null());
             assert_eq!(ios(&v["jobs"][0]), 512, "{mode} qd{qd}");
-            let doorbells = mode.starts_with("sqcq");
-            assert_eq!(v["sqcq"]["driver_queues"].is_array(), doorbells, "{mode}");
+            // Every polling mode reports its driver-side poller.
+            let q = &v["sqcq"]["driver_queues"][0];
+            assert_eq!(q.is_object(), mode != "notify", "{mode}");
+            if mode == "poll-queue" {
+                // Busy polling: no window, no sleep.
+                assert_eq!(q["sleeps"], 0, "{mode}: {q}");
+                assert!(q["interval_ns"].is_null(), "{mode}: {q}");
+            }
+            if mode != "notify" {
+                assert!(q["spins"].as_u64().is_some(), "{mode}: {q}");
+            }
             assert!(v["sqcq"]["device_stats"]["queues"].is_array(), "{mode}");
         }
     }
@@ -124,8 +133,9 @@ fn after_idling_both_sides_sleep_and_the_next_submission_wakes_them() {
     let Some(bin) = sqcqd() else { return };
     for mode in ["sqcq", "sqcq-inline"] {
         // Two bursts: between them the job waits (bounded) until the
-        // driver poll thread is asleep with CQ NEED_WAKEUP set and the
-        // device's poller asked for a kick with SQ NEED_WAKEUP.
+        // driver's CQ consumer (the poll thread; inline, the job itself,
+        // parked) asked for a call with CQ NEED_WAKEUP, and the device's
+        // poller for a kick with SQ NEED_WAKEUP.
         let (_, v) = bench(
             &bin,
             &[
@@ -143,7 +153,7 @@ fn after_idling_both_sides_sleep_and_the_next_submission_wakes_them() {
         assert_eq!(job["sqcq"]["idle_gaps_asleep"], 1, "{mode}");
         assert_eq!(ios(job), 16, "{mode}");
         // The first submission after the gap found the device asleep and
-        // kicked; the device found the poll thread asleep and called.
+        // kicked; the device found the CQ consumer asleep and called.
         assert!(v["sqcq"]["kicks"].as_u64().unwrap() >= 1, "{mode}");
         assert!(v["sqcq"]["calls"].as_u64().unwrap() >= 1, "{mode}");
         let q = &v["sqcq"]["driver_queues"][0];

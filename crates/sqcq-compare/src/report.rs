@@ -84,13 +84,13 @@ fn table(
     show: &dyn Fn(&Figures, Option<&Figures>) -> String,
 ) -> String {
     let mut out = format!("\n{title}\n");
-    let _ = write!(out, "{:<26}", "Test");
+    let _ = write!(out, "{:<36}", "Test");
     for m in &plan.modes {
         let _ = write!(out, " {m:>18}");
     }
     out.push('\n');
     for cell in plan.cells() {
-        let _ = write!(out, "{:<26}", cell.label());
+        let _ = write!(out, "{:<36}", cell.label());
         let base = find(results, &cell, &plan.modes[0]).and_then(|o| o.median.as_ref());
         for m in &plan.modes {
             let text = match find(results, &cell, m) {

@@ -8,6 +8,7 @@
 //! - [`notify`]: the notification mode of a queue, a strategy chosen once
 //!   ([`NotifyMode`], [`Notifier`]), with the kick/call eventfds and their
 //!   counters.
+//! - [`poll_stats`]: the driver-side pollers' per-queue figures.
 //! - [`sqcq`]: VIRTIO_F_SQCQ_POLL: the doorbells, the driver's poll
 //!   thread and the submitter's half of the doorbell modes.
 //! - [`virtqueue`]: a ring bound to its eventfds and strategy.
@@ -30,6 +31,7 @@
 pub mod frontend;
 pub mod memory;
 pub mod notify;
+pub mod poll_stats;
 pub mod scsi;
 pub mod sqcq;
 pub mod virtqueue;

@@ -11,31 +11,40 @@
 //! | [`NotifyMode`] | submission | completion |
 //! |---|---|---|
 //! | `Notify` | kick when the ring says so | sleep on the call eventfd, interrupts enabled only while waiting |
-//! | `PollQueue` | kick when the ring says so | the submitter polls the used ring, `NO_INTERRUPT` set |
-//! | `RingPoll` | kick only when the ring says so: a device polling the avail ring sets `NO_NOTIFY` (or stops moving `avail_event`) | as `PollQueue` |
-//!
+//! | `PollQueue` | kick when the ring says so | the submitter polls the used ring, `NO_INTERRUPT` set, and never sleeps |
+//! | `RingPoll` | kick only when the ring says so: a device polling the avail ring sets `NO_NOTIFY` (or stops moving `avail_event`) | the submitter polls the used ring, `NO_INTERRUPT` set, for the adaptive window of the doorbell modes; then re-enables interrupts, re-checks and sleeps on the call eventfd |
 //! | `Sqcq` | `sq.idx` doorbell, kick only on SQ NEED_WAKEUP | the driver's poll thread watches the CQ doorbell and signals the submitter |
-//! | `SqcqInline` | as `Sqcq` | the submitter polls its used ring, then defers to the poll thread |
+//! | `SqcqInline` | as `Sqcq` | the submitter is the CQ consumer: it polls `cq.idx` and its used ring for the adaptive window, then sets CQ NEED_WAKEUP, re-checks and sleeps on the call eventfd |
 //!
-//! The doorbell modes of VIRTIO_F_SQCQ_POLL need a driver poll thread, so
-//! their strategies come from [`crate::sqcq::PollGroupBuilder::attach`],
+//! `RingPoll`, `Sqcq` and `SqcqInline` run the same spin-then-sleep
+//! policy (`sqcq_protocol::PollState`), so that the benchmark compares the
+//! signalling mechanism alone: ring flags and EVENT_IDX against the
+//! doorbells. Every polling mode reports its poller's figures
+//! ([`Notifier::stats_handle`]).
+//!
+//! The doorbell modes of VIRTIO_F_SQCQ_POLL need their doorbells set up
+//! (and `sqcq` a driver poll thread), so their strategies come from [`crate::sqcq::PollGroupBuilder::attach`],
 //! not from [`NotifyMode::notifier`]; [`NotifyMode::required_features`]
 //! names the feature bit they need.
 
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use sqcq_protocol::QueueStats;
+use sqcq_protocol::{Poll, PollState, QueueStats, SleepCheck, SpinPolicy, Watch};
 
+use crate::poll_stats::{PollStats, StatsCell};
+use crate::sqcq::{POLLS_PER_YIELD, now_ns};
 use crate::vring::SplitQueue;
 
 /// Polls of the used ring between two checks of the deadline and the
-/// socket (and a `yield_now`, so that a device sharing our CPU runs).
-const POLLS_PER_CHECK: u32 = 256;
+/// socket (and, in `poll-queue`, a `yield_now`, so that a device sharing
+/// our CPU runs).
+pub(crate) const POLLS_PER_CHECK: u32 = 256;
 
 /// The notification mode of a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,8 +62,8 @@ pub enum NotifyMode {
     /// VIRTIO_F_SQCQ_POLL: `sq.idx` instead of kicks, `cq.idx` instead of
     /// calls, watched by the driver's poll thread.
     Sqcq,
-    /// VIRTIO_F_SQCQ_POLL with the submitter reaping its own completions
-    /// (the RFC's "poll-sqcq"); the poll thread is the secondary poller.
+    /// VIRTIO_F_SQCQ_POLL with the submitter as the CQ consumer (the
+    /// RFC's "poll-sqcq"): no driver poll thread.
     SqcqInline,
 }
 
@@ -89,19 +98,22 @@ impl NotifyMode {
         }
     }
 
-    /// Whether the mode uses the SQ/CQ doorbells (and a driver poll
-    /// thread).
+    /// Whether the mode uses the SQ/CQ doorbells.
     pub fn doorbells(self) -> bool {
         matches!(self, Self::Sqcq | Self::SqcqInline)
     }
 
-    /// The strategy implementing a standard mode, for one queue; `None`
-    /// for the doorbell modes, whose strategies belong to a poll thread
+    /// The strategy implementing a standard mode, for vring `queue`;
+    /// `None` for the doorbell modes, whose strategies need the doorbells
     /// ([`crate::sqcq::PollGroupBuilder::attach`]).
-    pub fn notifier(self) -> Option<Box<dyn Notifier>> {
+    pub fn notifier(self, queue: u16) -> Option<Box<dyn Notifier>> {
         match self {
             Self::Notify => Some(Box::new(Interrupts)),
-            Self::PollQueue | Self::RingPoll => Some(Box::new(UsedRingPoll { mode: self })),
+            Self::PollQueue => Some(Box::new(BusyPoll::new(queue))),
+            Self::RingPoll => Some(Box::new(AdaptiveRingPoll::new(
+                queue,
+                SpinPolicy::default(),
+            ))),
             Self::Sqcq | Self::SqcqInline => None,
         }
     }
@@ -190,6 +202,9 @@ pub struct QueueEvents {
     /// The driver's poll thread reads the call eventfd (doorbell modes):
     /// reading it here could steal the wakeup it sleeps for.
     calls_elsewhere: bool,
+    /// Where the queue's poller reports: kicks and calls are copied there
+    /// as they are counted.
+    report: Option<Arc<StatsCell>>,
 }
 
 impl QueueEvents {
@@ -204,6 +219,7 @@ impl QueueEvents {
             timeout,
             counters: NotifyCounters::default(),
             calls_elsewhere: false,
+            report: None,
         })
     }
 
@@ -240,6 +256,16 @@ impl QueueEvents {
         Ok(dup)
     }
 
+    /// From now on copies the kicks, and the calls unless a poll thread
+    /// counts them, into `cell`.
+    pub(crate) fn report_to(&mut self, cell: Arc<StatsCell>) {
+        cell.store_kicks(self.counters.kicks);
+        if !self.calls_elsewhere {
+            cell.store_calls(self.counters.calls);
+        }
+        self.report = Some(cell);
+    }
+
     /// Counts a publish of the avail index.
     pub(crate) fn count_publish(&mut self) {
         self.counters.publishes += 1;
@@ -271,6 +297,9 @@ impl QueueEvents {
     pub fn kick(&mut self) -> Result<(), NotifyError> {
         self.kick.write(1).map_err(NotifyError::Kick)?;
         self.counters.kicks += 1;
+        if let Some(cell) = &self.report {
+            cell.store_kicks(self.counters.kicks);
+        }
         Ok(())
     }
 
@@ -282,6 +311,9 @@ impl QueueEvents {
         match self.call.read() {
             Ok(n) => {
                 self.counters.calls = self.counters.calls.wrapping_add(n);
+                if let Some(cell) = &self.report {
+                    cell.store_calls(self.counters.calls);
+                }
                 Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
@@ -291,7 +323,7 @@ impl QueueEvents {
 
     /// Sleeps until the device calls, the socket hangs up or `deadline`
     /// passes.
-    fn sleep_on_call(&mut self, deadline: Instant) -> Result<(), NotifyError> {
+    pub(crate) fn sleep_on_call(&mut self, deadline: Instant) -> Result<(), NotifyError> {
         self.counters.sleeps += 1;
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
@@ -373,8 +405,8 @@ pub trait Notifier: Send + fmt::Debug {
     fn mode(&self) -> NotifyMode;
 
     /// Prepares the ring before the first request (interrupt suppression
-    /// for the polling modes).
-    fn start(&mut self, ring: &mut SplitQueue);
+    /// for the polling modes) and the events' reporting.
+    fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents);
 
     /// Makes the requests added to `ring` visible to the device and
     /// notifies it if needed.
@@ -399,11 +431,24 @@ pub trait Notifier: Send + fmt::Debug {
         None
     }
 
-    /// The per-queue statistics of the driver's poll thread, in the RFC's
-    /// terms, when the mode has one.
+    /// The statistics of the queue's driver-side poller (the poll thread,
+    /// or the submitter's own), in the RFC's terms, when the mode polls.
     fn poll_stats(&self) -> Option<QueueStats> {
+        self.stats_handle()
+            .and_then(|s| s.snapshot().into_iter().next())
+    }
+
+    /// A handle on the figures of [`Self::poll_stats`] that another thread
+    /// can read while the queue runs.
+    fn stats_handle(&self) -> Option<PollStats> {
         None
     }
+
+    /// The submitter has nothing in flight and stops waiting for a while.
+    /// A mode whose submitter is its own CQ consumer asks the device for a
+    /// call now, as a poll thread does before it sleeps, so that the
+    /// doorbells show the idle state and the next completion wakes it.
+    fn park(&mut self, _ring: &mut SplitQueue) {}
 
     /// Whether both sides' pollers of this queue are asleep, when the mode
     /// has doorbells.
@@ -417,10 +462,14 @@ pub trait Notifier: Send + fmt::Debug {
 /// bench's idle checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct IdleState {
+    /// A driver poll thread watches the queue's CQ doorbell (`sqcq`); in
+    /// `sqcq-inline` the submitter does, and there is none.
+    pub poll_thread: bool,
     /// The driver poll thread watching this queue is blocked in (or about
     /// to enter) its wait on the call eventfds.
     pub poll_thread_asleep: bool,
-    /// NEED_WAKEUP is set in `cq.flags`: the driver asked for a call.
+    /// NEED_WAKEUP is set in `cq.flags`: the driver (its poll thread, or
+    /// inline the parked submitter) asked for a call.
     pub cq_need_wakeup: bool,
     /// NEED_WAKEUP is set in `sq.flags`: the device's poller asked for a
     /// kick.
@@ -430,9 +479,10 @@ pub struct IdleState {
 }
 
 impl IdleState {
-    /// Both sides asleep, each having asked the other for a wakeup.
+    /// Both sides asleep, each having asked the other for a wakeup (and
+    /// the poll thread, if there is one, blocked).
     pub fn all_asleep(&self) -> bool {
-        self.poll_thread_asleep && self.cq_need_wakeup && self.sq_need_wakeup
+        (!self.poll_thread || self.poll_thread_asleep) && self.cq_need_wakeup && self.sq_need_wakeup
     }
 }
 
@@ -457,7 +507,7 @@ impl Notifier for Interrupts {
         NotifyMode::Notify
     }
 
-    fn start(&mut self, _ring: &mut SplitQueue) {}
+    fn start(&mut self, _ring: &mut SplitQueue, _events: &mut QueueEvents) {}
 
     fn publish(
         &mut self,
@@ -487,22 +537,109 @@ impl Notifier for Interrupts {
     }
 }
 
-/// [`NotifyMode::PollQueue`] and [`NotifyMode::RingPoll`]: interrupts
-/// suppressed for good, the submitter polls the used ring. The two differ
-/// on the device side only (whether it polls the avail ring, which the
-/// ring's kick decision then reflects).
-#[derive(Debug)]
-struct UsedRingPoll {
-    mode: NotifyMode,
-}
+/// The used ring as a [`Watch`], for the length of one wait: the
+/// submitter owns the ring and pops it between waits.
+pub(crate) struct UsedRing<'a>(pub(crate) &'a mut SplitQueue);
 
-impl Notifier for UsedRingPoll {
-    fn mode(&self) -> NotifyMode {
-        self.mode
+impl Watch for UsedRing<'_> {
+    fn poll(&mut self) -> Option<u16> {
+        // `has_used` loads used->idx Relaxed: a hint; `pop_used` does the
+        // Acquire fence that pairs with the device's Release store of it.
+        self.0.has_used().then(|| self.0.used_index())
     }
 
-    fn start(&mut self, ring: &mut SplitQueue) {
+    fn prepare_sleep(&mut self) -> SleepCheck {
+        // `enable_interrupts` clears NO_INTERRUPT (or moves used_event to
+        // the next entry), then fence(SeqCst), then re-loads used->idx: the
+        // fence pairs with the device's between its used->idx store and its
+        // flags / used_event load, so either it calls or we see the entry.
+        if self.0.enable_interrupts() {
+            // Polling again: no call wanted.
+            self.0.disable_interrupts();
+            SleepCheck::Work(self.0.used_index())
+        } else {
+            SleepCheck::Sleep
+        }
+    }
+
+    fn finish_sleep(&mut self) {
+        self.0.disable_interrupts();
+    }
+}
+
+/// Counts the completions the device published, for the statistics:
+/// how far `used->idx` moved since the last count (bounded by the ring
+/// size, as a sane device's jump is; `pop_used` validates it).
+#[derive(Debug, Default)]
+pub(crate) struct UsedCount {
+    last: u16,
+}
+
+impl UsedCount {
+    pub(crate) fn advance(&mut self, ring: &SplitQueue) -> u64 {
+        let idx = ring.used_index();
+        let n = idx.wrapping_sub(self.last).min(ring.size());
+        self.last = idx;
+        u64::from(n)
+    }
+}
+
+/// One empty poll of a spinning wait that may sleep: checks the deadline
+/// and the socket every [`POLLS_PER_CHECK`] polls, and yields every
+/// [`POLLS_PER_YIELD`] (the thread that will write the index may be
+/// waiting for this CPU). The doorbell modes pace their spins alike.
+pub(crate) fn pace(
+    polls: &mut u32,
+    events: &mut QueueEvents,
+    deadline: Instant,
+) -> Result<(), NotifyError> {
+    *polls = polls.wrapping_add(1);
+    if polls.is_multiple_of(POLLS_PER_CHECK) {
+        events.check_alive(deadline)?;
+    }
+    if polls.is_multiple_of(POLLS_PER_YIELD) {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+    Ok(())
+}
+
+/// [`NotifyMode::PollQueue`]: interrupts suppressed for good, the
+/// submitter polls the used ring and never sleeps (io_uring's hipri
+/// polling). It reports its spins and an endless window (`interval=inf`,
+/// `sleeps=0`).
+#[derive(Debug)]
+struct BusyPoll {
+    stats: Arc<StatsCell>,
+    spins: u64,
+    completions: u64,
+    used: UsedCount,
+}
+
+impl BusyPoll {
+    fn new(queue: u16) -> Self {
+        Self {
+            stats: Arc::new(StatsCell::new(queue)),
+            spins: 0,
+            completions: 0,
+            used: UsedCount::default(),
+        }
+    }
+}
+
+impl Notifier for BusyPoll {
+    fn mode(&self) -> NotifyMode {
+        NotifyMode::PollQueue
+    }
+
+    fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents) {
         ring.disable_interrupts();
+        events.report_to(Arc::clone(&self.stats));
+        self.stats.store(&QueueStats {
+            interval_ns: u64::MAX,
+            ..QueueStats::default()
+        });
     }
 
     fn publish(
@@ -528,6 +665,99 @@ impl Notifier for UsedRingPoll {
             }
             std::hint::spin_loop();
         }
+        self.spins = self.spins.wrapping_add(u64::from(polls));
+        self.completions = self.completions.wrapping_add(self.used.advance(ring));
+        self.stats.store(&QueueStats {
+            completions: self.completions,
+            interval_ns: u64::MAX,
+            spins: self.spins,
+            ..QueueStats::default()
+        });
         Ok(())
+    }
+
+    fn stats_handle(&self) -> Option<PollStats> {
+        Some(PollStats::new(vec![Arc::clone(&self.stats)]))
+    }
+}
+
+/// [`NotifyMode::RingPoll`]: the submitter polls the used ring with
+/// interrupts suppressed for the adaptive window of the doorbell modes'
+/// pollers, then re-enables interrupts (the ring's flags or EVENT_IDX),
+/// re-checks, and sleeps on the call eventfd: the standard-virtio
+/// counterpart of a CQ consumer.
+#[derive(Debug)]
+struct AdaptiveRingPoll {
+    state: PollState,
+    stats: Arc<StatsCell>,
+    used: UsedCount,
+}
+
+impl AdaptiveRingPoll {
+    fn new(queue: u16, spin: SpinPolicy) -> Self {
+        Self {
+            state: PollState::new(spin, queue),
+            stats: Arc::new(StatsCell::new(queue)),
+            used: UsedCount::default(),
+        }
+    }
+}
+
+impl Notifier for AdaptiveRingPoll {
+    fn mode(&self) -> NotifyMode {
+        NotifyMode::RingPoll
+    }
+
+    fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents) {
+        ring.disable_interrupts();
+        events.report_to(Arc::clone(&self.stats));
+        self.stats.store(&self.state.stats());
+    }
+
+    fn publish(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+    ) -> Result<(), NotifyError> {
+        publish_and_kick(ring, events)
+    }
+
+    fn wait(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+        deadline: Instant,
+    ) -> Result<(), NotifyError> {
+        let mut polls = 0u32;
+        let result = loop {
+            let mut used = UsedRing(ring);
+            match self.state.poll(&mut used, now_ns()) {
+                Poll::Work(_) => break Ok(()),
+                Poll::Idle => {
+                    if let Err(e) = pace(&mut polls, events, deadline) {
+                        break Err(e);
+                    }
+                }
+                Poll::Expired => match self.state.prepare_sleep(&mut used, now_ns()) {
+                    SleepCheck::Work(_) => break Ok(()),
+                    SleepCheck::Sleep => {
+                        self.stats.store(&self.state.stats());
+                        let slept = events.sleep_on_call(deadline);
+                        // Interrupts off again before anything else.
+                        self.state.woke(&mut used);
+                        if let Err(e) = slept {
+                            break Err(e);
+                        }
+                    }
+                },
+            }
+        };
+        self.state.count_completions(self.used.advance(ring));
+        self.stats.store(&self.state.stats());
+        result
+    }
+
+    fn stats_handle(&self) -> Option<PollStats> {
+        Some(PollStats::new(vec![Arc::clone(&self.stats)]))
     }
 }

@@ -9,6 +9,7 @@ use crate::memory::DriverMemory;
 use sqcq_protocol::QueueStats;
 
 use crate::notify::{IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents};
+use crate::poll_stats::PollStats;
 use crate::vring::{QueueConfig, QueueError, SplitQueue};
 
 /// A [`SplitQueue`] with its kick and call eventfds and the [`Notifier`]
@@ -35,7 +36,7 @@ impl Virtqueue {
         events: QueueEvents,
     ) -> Result<Self, QueueError> {
         let notifier = mode
-            .notifier()
+            .notifier(index)
             .ok_or(QueueError::NeedsPollThread(mode.name()))?;
         let ring = SplitQueue::new(mem, config)?;
         Ok(Self::with_notifier(index, ring, notifier, events))
@@ -47,9 +48,9 @@ impl Virtqueue {
         index: u16,
         mut ring: SplitQueue,
         mut notifier: Box<dyn Notifier>,
-        events: QueueEvents,
+        mut events: QueueEvents,
     ) -> Self {
-        notifier.start(&mut ring);
+        notifier.start(&mut ring, &mut events);
         Self {
             index,
             ring,
@@ -116,10 +117,26 @@ impl Virtqueue {
         counters
     }
 
-    /// The driver poll thread's statistics for this queue, in the doorbell
-    /// modes.
+    /// The statistics of this queue's driver-side poller (the poll thread
+    /// of `sqcq`, the submitter's own in the other polling modes).
     pub fn poll_stats(&self) -> Option<QueueStats> {
         self.notifier.poll_stats()
+    }
+
+    /// A handle on [`Self::poll_stats`] for another thread (a reporter),
+    /// valid while the queue runs and after.
+    pub fn stats_handle(&self) -> Option<PollStats> {
+        self.notifier.stats_handle()
+    }
+
+    /// Tells the queue its submitter has nothing in flight and stops
+    /// waiting for a while (between bursts). In `sqcq-inline`, where the
+    /// submitter is the queue's CQ consumer, it asks the device for a call
+    /// (CQ NEED_WAKEUP), so that the next completion wakes it; the next
+    /// [`Self::wait`] withdraws the request once it finds work. A no-op in
+    /// the other modes.
+    pub fn park(&mut self) {
+        self.notifier.park(&mut self.ring);
     }
 
     /// Whether both sides' pollers are asleep, in the doorbell modes.

@@ -67,6 +67,6 @@ pub use handshake::{
 pub use layout::{
     DoorbellLocation, LayoutError, NonsenseIndex, RingAddrs, check_index, doorbell_location,
 };
-pub use poller::{Poll, Poller, Watch};
+pub use poller::{Poll, PollState, Poller, Watch};
 pub use spin::{SpinConfig, SpinConfigError, SpinPolicy};
 pub use stats::QueueStats;

@@ -12,7 +12,8 @@ pub struct QueueStats {
     pub completions: u64,
     /// Moving average of arrival gaps, in nanoseconds (the RFC's `ema_lat`).
     pub ema_ns: u64,
-    /// The current spin window, in nanoseconds (the RFC's `interval`).
+    /// The current spin window, in nanoseconds (the RFC's `interval`);
+    /// `u64::MAX` for a poller that never sleeps, printed as `inf`.
     pub interval_ns: u64,
     /// Polls that found nothing new.
     pub spins: u64,
@@ -41,14 +42,18 @@ impl fmt::Display for QueueStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "vq[{}] cq={} ema_lat={}ns interval={}ns spins={} sleeps={} wakeups={}",
-            self.queue,
-            self.completions,
-            self.ema_ns,
-            self.interval_ns,
-            self.spins,
-            self.sleeps,
-            self.wakeups
+            "vq[{}] cq={} ema_lat={}ns interval=",
+            self.queue, self.completions, self.ema_ns,
+        )?;
+        if self.interval_ns == u64::MAX {
+            f.write_str("inf")?;
+        } else {
+            write!(f, "{}ns", self.interval_ns)?;
+        }
+        write!(
+            f,
+            " spins={} sleeps={} wakeups={}",
+            self.spins, self.sleeps, self.wakeups
         )
     }
 }
@@ -71,6 +76,18 @@ mod tests {
         assert_eq!(
             s.to_string(),
             "vq[2] cq=1000 ema_lat=4200ns interval=16800ns spins=7 sleeps=3 wakeups=1"
+        );
+    }
+
+    #[test]
+    fn a_window_that_never_ends_prints_as_inf() {
+        let s = QueueStats {
+            interval_ns: u64::MAX,
+            ..QueueStats::default()
+        };
+        assert_eq!(
+            s.to_string(),
+            "vq[0] cq=0 ema_lat=0ns interval=inf spins=0 sleeps=0 wakeups=0"
         );
     }
 

@@ -206,6 +206,12 @@ impl ScsiQueue {
         &self.vq
     }
 
+    /// With nothing in flight, tells the queue its submitter stops
+    /// waiting for a while ([`Virtqueue::park`]).
+    pub fn park(&mut self) {
+        self.vq.park();
+    }
+
     /// Commands submitted and not yet completed.
     pub fn in_flight(&self) -> u16 {
         self.vq.ring().in_flight()

@@ -345,6 +345,15 @@ fn polling_modes_suppress_interrupts() {
                 assert_eq!(rig.reap().len(), 1);
             }
             assert_eq!(rig.queue.counters().sleeps, 0, "{mode} never sleeps");
+            // Both report their poller; poll-queue's window never ends.
+            let stats = rig.queue.virtqueue().poll_stats().unwrap();
+            assert_eq!((stats.queue, stats.sleeps), (2, 0), "{mode}: {stats}");
+            assert_eq!(stats.completions, 3, "{mode}: {stats}");
+            assert_eq!(
+                stats.interval_ns == u64::MAX,
+                mode == NotifyMode::PollQueue,
+                "{mode}: {stats}"
+            );
         }
     }
 }

@@ -5,11 +5,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 
-use sqcq_protocol::{Doorbell, DoorbellCell, NEED_WAKEUP, QueueStats, RawDoorbell};
+use sqcq_protocol::{Doorbell, DoorbellCell, NEED_WAKEUP, RawDoorbell};
 use vm_memory::{GuestAddress, MmapRegion};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::memory::{DriverMemory, MemoryError};
+use crate::poll_stats::StatsCell;
 use crate::vring::{DOORBELL_RESERVE, SplitQueue};
 
 /// Byte offset of the CQ doorbell from the SQ doorbell.
@@ -104,24 +105,6 @@ pub fn queue_doorbells(
     ))
 }
 
-/// A value on a cache line of its own.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-pub(crate) struct Line<T>(pub(crate) T);
-
-/// The poll thread's figures for one queue, stored by the poll thread
-/// (Relaxed: read only for reports) and read by anyone.
-#[derive(Debug, Default)]
-pub(crate) struct StatsCell {
-    pub(crate) completions: AtomicU64,
-    pub(crate) ema_ns: AtomicU64,
-    pub(crate) interval_ns: AtomicU64,
-    pub(crate) spins: AtomicU64,
-    pub(crate) sleeps: AtomicU64,
-    /// Calls the device sent, counted from the call eventfd.
-    pub(crate) calls: AtomicU64,
-}
-
 /// State of one poll thread that the queues it serves can observe.
 #[derive(Debug)]
 pub(crate) struct ThreadState {
@@ -148,7 +131,8 @@ impl ThreadState {
 
 /// Everything about one queue that its poll thread and its submitter
 /// share. As a [`DoorbellCell`] it is the queue's mailbox: the poll
-/// thread produces (forwards `cq.idx`), the submitter consumes.
+/// thread produces (forwards `cq.idx`), the submitter consumes. An inline
+/// queue (`sqcq-inline`) has no poll thread and leaves the mailbox unused.
 #[derive(Debug)]
 pub(crate) struct QueueShared {
     pub(crate) queue: u16,
@@ -159,10 +143,9 @@ pub(crate) struct QueueShared {
     /// Signalled by the poll thread when the mailbox owes the submitter a
     /// wakeup.
     pub(crate) wake: EventFd,
-    /// Written by the poll thread only.
-    pub(crate) stats: Line<StatsCell>,
-    /// Kicks the submitter sent, written by the submitter only.
-    pub(crate) kicks: Line<AtomicU64>,
+    /// The figures of the queue's CQ poller (the poll thread, or inline
+    /// the submitter) and the submitter's kicks.
+    pub(crate) stats: Arc<StatsCell>,
     pub(crate) sq: GuestBell,
     pub(crate) cq: GuestBell,
     /// The poll thread serving the queue (set once it is assigned).
@@ -190,27 +173,11 @@ impl QueueShared {
             size,
             mailbox: Doorbell::new(),
             wake: EventFd::new(EFD_NONBLOCK)?,
-            stats: Line::default(),
-            kicks: Line::default(),
+            stats: Arc::new(StatsCell::new(queue)),
             sq,
             cq,
             thread: std::sync::OnceLock::new(),
         })
-    }
-
-    /// The poll thread's figures, with the submitter's kicks as wakeups.
-    pub(crate) fn stats(&self) -> QueueStats {
-        let s = &self.stats.0;
-        // Relaxed throughout: report figures, no ordering needed.
-        QueueStats {
-            queue: self.queue,
-            completions: s.completions.load(Ordering::Relaxed),
-            ema_ns: s.ema_ns.load(Ordering::Relaxed),
-            interval_ns: s.interval_ns.load(Ordering::Relaxed),
-            spins: s.spins.load(Ordering::Relaxed),
-            sleeps: s.sleeps.load(Ordering::Relaxed),
-            wakeups: self.kicks.0.load(Ordering::Relaxed),
-        }
     }
 }
 

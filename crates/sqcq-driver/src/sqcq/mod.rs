@@ -1,5 +1,5 @@
 //! VIRTIO_F_SQCQ_POLL on the driver side: the doorbells of each queue, the
-//! driver's poll thread, and the submitter's half (the `sqcq` and
+//! driver's poll thread (`sqcq`), and the submitter's half (the `sqcq` and
 //! `sqcq-inline` [`NotifyMode`](crate::NotifyMode)s).
 //!
 //! - [`bell`]: the two doorbells of a queue in driver memory (where
@@ -32,10 +32,15 @@
 //! mailbox's Release/Acquire pass the device's used-ring writes on to the
 //! submitter, which then pops and validates them itself.
 //!
-//! In `sqcq-inline` the submitter also polls its own used ring while it
-//! spins, so completions reach it without the hop through the poll thread;
-//! once its window expires it sleeps on the mailbox like `sqcq`, and the
-//! poll thread, the secondary poller, wakes it.
+//! In `sqcq-inline` there is no poll thread and no mailbox: the submitter
+//! is the queue's CQ consumer. It runs the same `Poller<CqConsumer>` over
+//! the CQ doorbell in driver memory that a poll thread would, polling its
+//! used ring too while it spins; once its window expires it sets CQ
+//! NEED_WAKEUP, executes fence 4 (pairing with the device's fence 3),
+//! re-checks `cq.idx`, and sleeps on the queue's call eventfd, which the
+//! device signals only then. Between bursts it can park
+//! ([`Virtqueue::park`](crate::Virtqueue::park)): NEED_WAKEUP stays set
+//! while it has nothing in flight, the idle state of the handshake.
 
 pub mod bell;
 pub mod notifier;
@@ -46,8 +51,9 @@ mod tests;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+pub use crate::poll_stats::PollStats;
 pub use bell::{DoorbellError, GuestBell};
-pub use poll_thread::{PollGroup, PollGroupBuilder, PollStats, PollThreads};
+pub use poll_thread::{PollGroup, PollGroupBuilder, PollThreads};
 
 /// Nanoseconds since the first call: the clock of every poller here.
 pub(crate) fn now_ns() -> u64 {

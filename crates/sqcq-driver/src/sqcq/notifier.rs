@@ -1,6 +1,6 @@
-//! The submitter's half of the doorbell modes: publish through `sq.idx`,
-//! wait for completions on the queue's mailbox (and, inline, on the used
-//! ring itself).
+//! The submitter's half of the doorbell modes: publish through `sq.idx`;
+//! wait for completions on the queue's mailbox (`sqcq`, fed by the poll
+//! thread) or, inline, on the CQ doorbell itself, as its consumer.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,32 +10,81 @@ use sqcq_protocol::{
     CqConsumer, Poll, Poller, QueueStats, SleepCheck, SpinPolicy, SqProducer, Wake,
 };
 
-use super::bell::{QueueShared, SqBell};
-use super::{POLLS_PER_YIELD, now_ns};
-use crate::notify::{IdleState, Notifier, NotifyError, NotifyMode, QueueEvents};
+use super::bell::{CqBell, QueueShared, SqBell};
+use super::now_ns;
+use crate::notify::{IdleState, Notifier, NotifyError, NotifyMode, QueueEvents, UsedCount, pace};
+use crate::poll_stats::PollStats;
 use crate::vring::SplitQueue;
 
-/// Polls between two checks of the deadline and the socket.
-const POLLS_PER_CHECK: u32 = 256;
+/// Tries of [`Notifier::park`] when `cq.idx` moves under it.
+const PARK_TRIES: usize = 8;
+
+/// Where the submitter learns of completions.
+#[derive(Debug)]
+enum Completions {
+    /// `sqcq`: the consumer half of the mailbox the poll thread forwards
+    /// `cq.idx` through.
+    Mailbox(Poller<CqConsumer<Arc<QueueShared>>>),
+    /// `sqcq-inline`: the submitter is the consumer of the CQ doorbell in
+    /// driver memory (C1-C7), and no poll thread exists.
+    Inline {
+        cq: Poller<CqConsumer<CqBell>>,
+        used: UsedCount,
+        park: Park,
+    },
+}
+
+/// An inline submitter's rest between bursts ([`Notifier::park`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Park {
+    /// CQ NEED_WAKEUP is set only while a wait prepares to sleep or
+    /// sleeps.
+    Awake,
+    /// Parked with nothing in flight: CQ NEED_WAKEUP set (after fence 4
+    /// and a re-check), the consumer asleep as far as the device can
+    /// tell. The next completion is owed a call.
+    Parked,
+    /// A wait found work while parked. NEED_WAKEUP stays set until the
+    /// next wait, so that the device, which stores `cq.idx` after the
+    /// used ring the submitter may have seen first, still finds it and
+    /// makes the call it owes.
+    Woken,
+}
 
 /// [`NotifyMode::Sqcq`] and [`NotifyMode::SqcqInline`] for one queue.
 #[derive(Debug)]
 pub(crate) struct DoorbellNotifier {
-    inline: bool,
     /// P1-P6 on the SQ doorbell.
     sq: SqProducer<SqBell>,
-    /// The consumer half of the mailbox the poll thread forwards `cq.idx`
-    /// through.
-    mailbox: Poller<CqConsumer<Arc<QueueShared>>>,
+    completions: Completions,
     shared: Arc<QueueShared>,
 }
 
 impl DoorbellNotifier {
-    pub(crate) fn new(shared: Arc<QueueShared>, spin: SpinPolicy, inline: bool) -> Self {
+    /// `sqcq`: completions come through the mailbox from the poll thread.
+    pub(crate) fn threaded(shared: Arc<QueueShared>, spin: SpinPolicy) -> Self {
+        let mailbox = Poller::new(CqConsumer::new(Arc::clone(&shared), 0), spin, shared.queue);
         Self {
-            inline,
             sq: SqProducer::new(SqBell(Arc::clone(&shared))),
-            mailbox: Poller::new(CqConsumer::new(Arc::clone(&shared), 0), spin, shared.queue),
+            completions: Completions::Mailbox(mailbox),
+            shared,
+        }
+    }
+
+    /// `sqcq-inline`: the submitter consumes the CQ doorbell itself.
+    pub(crate) fn inline(shared: Arc<QueueShared>, spin: SpinPolicy) -> Self {
+        let cq = Poller::new(
+            CqConsumer::new(CqBell(Arc::clone(&shared)), 0),
+            spin,
+            shared.queue,
+        );
+        Self {
+            sq: SqProducer::new(SqBell(Arc::clone(&shared))),
+            completions: Completions::Inline {
+                cq,
+                used: UsedCount::default(),
+                park: Park::Awake,
+            },
             shared,
         }
     }
@@ -43,17 +92,20 @@ impl DoorbellNotifier {
 
 impl Notifier for DoorbellNotifier {
     fn mode(&self) -> NotifyMode {
-        if self.inline {
-            NotifyMode::SqcqInline
-        } else {
-            NotifyMode::Sqcq
+        match self.completions {
+            Completions::Mailbox(_) => NotifyMode::Sqcq,
+            Completions::Inline { .. } => NotifyMode::SqcqInline,
         }
     }
 
-    fn start(&mut self, ring: &mut SplitQueue) {
+    fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents) {
         // The device decides on calls from `cq.flags` alone (spec 5.2); the
         // ring flag is kept consistent with a driver that polls.
         ring.disable_interrupts();
+        events.report_to(Arc::clone(&self.shared.stats));
+        if let Completions::Inline { cq, .. } = &self.completions {
+            self.shared.stats.store(&cq.stats());
+        }
     }
 
     fn publish(
@@ -71,12 +123,6 @@ impl Notifier for DoorbellNotifier {
         // store and its `sq.idx` re-check); then the `sq.flags` load.
         if self.sq.publish(idx) == Wake::Owed {
             events.kick()?;
-            let kicks = &self.shared.kicks.0;
-            // Relaxed: only this thread writes the counter.
-            kicks.store(
-                kicks.load(Ordering::Relaxed).wrapping_add(1),
-                Ordering::Relaxed,
-            );
         }
         Ok(())
     }
@@ -87,74 +133,190 @@ impl Notifier for DoorbellNotifier {
         events: &mut QueueEvents,
         deadline: Instant,
     ) -> Result<(), NotifyError> {
-        let mut polls = 0u32;
-        // The ring is looked at on entry and after every mailbox value;
-        // inline, on every poll too.
-        let mut look = true;
-        loop {
-            if (look || self.inline) && ring.has_used() {
-                if !look {
-                    self.mailbox.found_elsewhere(now_ns());
-                }
-                return Ok(());
+        match &mut self.completions {
+            Completions::Mailbox(mailbox) => {
+                wait_mailbox(mailbox, &self.shared, ring, events, deadline)
             }
-            look = false;
-            match self.mailbox.poll(now_ns()) {
-                // The poll thread forwarded a `cq.idx`: `used->idx` moved
-                // (the mailbox's Acquire made the used ring visible).
-                Poll::Work(_) => look = true,
-                Poll::Idle => {
-                    polls = polls.wrapping_add(1);
-                    if polls.is_multiple_of(POLLS_PER_CHECK) {
-                        events.check_alive(deadline)?;
-                    }
-                    if polls.is_multiple_of(POLLS_PER_YIELD) {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-                // Consumer::prepare_sleep on the mailbox: NEED_WAKEUP, then
-                // fence(SeqCst) (pairs with the poll thread's fence in
-                // `CqProducer::publish` between its mailbox index store and
-                // its NEED_WAKEUP load), then the re-check.
-                Poll::Expired => match self.mailbox.prepare_sleep(now_ns()) {
-                    SleepCheck::Work(_) => look = true,
-                    SleepCheck::Sleep => {
-                        // Completions reaped ahead of the poll thread
-                        // need no wakeup: a cheap last look.
-                        if ring.has_used() {
-                            self.mailbox.cancel_sleep();
-                            return Ok(());
-                        }
-                        let slept = events.sleep_on(&self.shared.wake, deadline);
-                        self.mailbox.woke();
-                        slept?;
-                        look = true;
-                    }
-                },
+            Completions::Inline { cq, used, park } => {
+                let result = wait_inline(cq, park, ring, events, deadline);
+                cq.count_completions(used.advance(ring));
+                self.shared.stats.store(&cq.stats());
+                result
             }
         }
     }
 
     fn calls(&self) -> Option<u64> {
-        // Relaxed: a counter for reports.
-        Some(self.shared.stats.0.calls.load(Ordering::Relaxed))
+        match self.completions {
+            // The poll thread reads the call eventfd and counts.
+            Completions::Mailbox(_) => Some(self.shared.stats.calls()),
+            // The queue reads its own call eventfd.
+            Completions::Inline { .. } => None,
+        }
     }
 
     fn poll_stats(&self) -> Option<QueueStats> {
-        Some(self.shared.stats())
+        Some(self.shared.stats.snapshot())
+    }
+
+    fn stats_handle(&self) -> Option<PollStats> {
+        Some(PollStats::new(vec![Arc::clone(&self.shared.stats)]))
+    }
+
+    fn park(&mut self, ring: &mut SplitQueue) {
+        let Completions::Inline { cq, park, .. } = &mut self.completions else {
+            return;
+        };
+        if *park == Park::Parked || ring.in_flight() > 0 {
+            return;
+        }
+        if *park == Park::Woken {
+            cq.woke();
+        }
+        // C3-C5, as before a sleep: NEED_WAKEUP, fence 4 (pairs with the
+        // device's fence 3 between its `cq.idx` store and `cq.flags`
+        // load), re-check. With nothing in flight `cq.idx` moves only to
+        // catch up with used entries popped already (the device stores it
+        // after the used ring): try again then, a few times at most
+        // against a device that keeps moving it.
+        for _ in 0..PARK_TRIES {
+            let now = now_ns();
+            // Starts the idle period, so that the next arrival's gap
+            // counts it.
+            let _ = cq.poll(now);
+            if cq.prepare_sleep(now) == SleepCheck::Sleep {
+                *park = Park::Parked;
+                break;
+            }
+            *park = Park::Awake;
+        }
+        self.shared.stats.store(&cq.stats());
     }
 
     fn idle_state(&self) -> Option<IdleState> {
         let thread = self.shared.thread.get();
         Some(IdleState {
+            poll_thread: thread.is_some(),
             // Acquire: pairs with the poll thread's Release store, so the
             // NEED_WAKEUP it set before is visible to the loads below.
             poll_thread_asleep: thread.is_some_and(|t| t.asleep.load(Ordering::Acquire)),
             cq_need_wakeup: self.shared.cq.need_wakeup(),
             sq_need_wakeup: self.shared.sq.need_wakeup(),
+            // Relaxed: a counter for observers.
             poll_thread_sleeps: thread.map_or(0, |t| t.sleeps.load(Ordering::Relaxed)),
         })
+    }
+}
+
+/// `sqcq`: spins on the mailbox, then sleeps on its eventfd; the poll
+/// thread forwards every move of `cq.idx`.
+fn wait_mailbox(
+    mailbox: &mut Poller<CqConsumer<Arc<QueueShared>>>,
+    shared: &QueueShared,
+    ring: &mut SplitQueue,
+    events: &mut QueueEvents,
+    deadline: Instant,
+) -> Result<(), NotifyError> {
+    let mut polls = 0u32;
+    // The ring is looked at on entry and after every mailbox value.
+    let mut look = true;
+    loop {
+        if look && ring.has_used() {
+            return Ok(());
+        }
+        look = false;
+        match mailbox.poll(now_ns()) {
+            // The poll thread forwarded a `cq.idx`: `used->idx` moved (the
+            // mailbox's Acquire made the used ring visible).
+            Poll::Work(_) => look = true,
+            Poll::Idle => pace(&mut polls, events, deadline)?,
+            // Consumer::prepare_sleep on the mailbox: NEED_WAKEUP, then
+            // fence(SeqCst) (pairs with the poll thread's fence in
+            // `CqProducer::publish` between its mailbox index store and its
+            // NEED_WAKEUP load), then the re-check.
+            Poll::Expired => match mailbox.prepare_sleep(now_ns()) {
+                SleepCheck::Work(_) => look = true,
+                SleepCheck::Sleep => {
+                    let slept = events.sleep_on(&shared.wake, deadline);
+                    mailbox.woke();
+                    slept?;
+                    look = true;
+                }
+            },
+        }
+    }
+}
+
+/// `sqcq-inline`: the submitter is the CQ consumer. It spins on `cq.idx`
+/// and on its used ring (which the device fills before it moves `cq.idx`,
+/// so completions show there first), then sets CQ NEED_WAKEUP, re-checks
+/// and sleeps on the queue's call eventfd, which the device signals only
+/// when it sees the flag.
+fn wait_inline(
+    cq: &mut Poller<CqConsumer<CqBell>>,
+    park: &mut Park,
+    ring: &mut SplitQueue,
+    events: &mut QueueEvents,
+    deadline: Instant,
+) -> Result<(), NotifyError> {
+    if *park == Park::Woken {
+        // C7 for the parked sleep: the owed call was made (or is on its
+        // way, harmless); no more are wanted.
+        cq.woke();
+        *park = Park::Awake;
+    }
+    let mut polls = 0u32;
+    let mut spun = *park == Park::Parked;
+    loop {
+        if ring.has_used() {
+            if spun {
+                cq.found_elsewhere(now_ns());
+            }
+            if *park == Park::Parked {
+                *park = Park::Woken;
+            }
+            return Ok(());
+        }
+        match cq.poll(now_ns()) {
+            // `cq.idx` moved: the Acquire fence in `Consumer::poll` (pairs
+            // with the device's Release store of `cq.idx`, made after its
+            // used-ring writes) makes the used ring visible; the loop's
+            // first line finds it. A value whose entries were already
+            // popped (found on the ring first) finds nothing: spin on.
+            Poll::Work(_) => {}
+            Poll::Idle => {
+                spun = true;
+                pace(&mut polls, events, deadline)?;
+            }
+            // Parked: NEED_WAKEUP has been set since `park`, whose re-check
+            // after fence 4 saw no new `cq.idx`, and this loop has seen
+            // none since; a device publishing now sees the flag and calls.
+            // The parked sleep was counted then.
+            Poll::Expired if *park == Park::Parked => {
+                let slept = events.sleep_on_call(deadline);
+                // C7: NEED_WAKEUP off, the device stops calling.
+                cq.woke();
+                *park = Park::Awake;
+                slept?;
+            }
+            // C3-C5 in `Consumer::prepare_sleep`: NEED_WAKEUP, fence 4
+            // (pairs with the device's fence 3 between its `cq.idx` store
+            // and its `cq.flags` load), re-check of `cq.idx`.
+            Poll::Expired => match cq.prepare_sleep(now_ns()) {
+                SleepCheck::Work(_) => {}
+                SleepCheck::Sleep => {
+                    // Entries on the ring whose `cq.idx` the device has
+                    // not stored yet need no call: a cheap last look.
+                    if ring.has_used() {
+                        cq.cancel_sleep();
+                        return Ok(());
+                    }
+                    let slept = events.sleep_on_call(deadline);
+                    // C7: NEED_WAKEUP off, the device stops calling.
+                    cq.woke();
+                    slept?;
+                }
+            },
+        }
     }
 }

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
 use sqcq_protocol::{
-    CqConsumer, CqProducer, Poll, Poller, QueueStats, SleepCheck, SpinConfig, SpinPolicy, Wake,
+    CqConsumer, CqProducer, Poll, Poller, SleepCheck, SpinConfig, SpinPolicy, Wake,
 };
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -28,6 +28,7 @@ use super::notifier::DoorbellNotifier;
 use super::{POLLS_PER_YIELD, now_ns};
 use crate::memory::DriverMemory;
 use crate::notify::{Notifier, QueueEvents};
+use crate::poll_stats::PollStats;
 use crate::vring::SplitQueue;
 
 /// Polls between two stores of the statistics while spinning.
@@ -76,7 +77,9 @@ impl PollGroupBuilder {
 
     /// Sets up the doorbells of vring `index` (zeroed; call before the
     /// queue is started) and returns the submitter's strategy for it.
-    /// `inline`: the submitter also polls its used ring (`sqcq-inline`).
+    /// `inline` (`sqcq-inline`): the submitter is the queue's CQ consumer
+    /// and no poll thread serves the queue; otherwise (`sqcq`) the group's
+    /// poll thread does.
     pub fn attach(
         &mut self,
         mem: &DriverMemory,
@@ -88,10 +91,14 @@ impl PollGroupBuilder {
         let (sq, cq) = queue_doorbells(mem, ring)?;
         let shared =
             Arc::new(QueueShared::new(index, ring.size(), sq, cq).map_err(DoorbellError::Thread)?);
+        let spin = SpinPolicy::new(self.spin).unwrap_or_default();
+        if inline {
+            // The submitter sleeps on the queue's own call eventfd.
+            return Ok(Box::new(DoorbellNotifier::inline(shared, spin)));
+        }
         let call = events.share_call().map_err(DoorbellError::Thread)?;
         self.queues.push((Arc::clone(&shared), call));
-        let spin = SpinPolicy::new(self.spin).unwrap_or_default();
-        Ok(Box::new(DoorbellNotifier::new(shared, spin, inline)))
+        Ok(Box::new(DoorbellNotifier::threaded(shared, spin)))
     }
 
     /// Starts the poll threads. Each one runs until the group is stopped
@@ -110,7 +117,7 @@ impl PollGroupBuilder {
             for (shared, call) in group {
                 // Set once per queue: each queue is in exactly one group.
                 let _ = shared.thread.set(Arc::clone(&state));
-                queues.push(Arc::clone(&shared));
+                queues.push(Arc::clone(&shared.stats));
                 watched.push(Watched::new(shared, call, spin.clone()));
             }
             let name = format!("sqcq-poll-{}", watched[0].shared.queue);
@@ -123,7 +130,7 @@ impl PollGroupBuilder {
         }
         Ok(PollGroup {
             threads,
-            stats: PollStats { queues },
+            stats: PollStats::new(queues),
         })
     }
 }
@@ -136,12 +143,13 @@ pub struct PollGroup {
 }
 
 impl PollGroup {
-    /// A handle on the per-queue statistics, for a reporting thread.
+    /// A handle on the per-queue statistics of the queues its threads
+    /// serve (not the inline ones), for a reporting thread.
     pub fn stats(&self) -> PollStats {
         self.stats.clone()
     }
 
-    /// Poll threads running.
+    /// Poll threads running (none when every queue is inline).
     pub fn threads(&self) -> usize {
         self.threads.len()
     }
@@ -171,28 +179,6 @@ impl Drop for PollGroup {
     }
 }
 
-/// The per-queue statistics of a group's poll threads, in the RFC's terms
-/// (`wakeups` are the submitters' kicks).
-#[derive(Debug, Clone)]
-pub struct PollStats {
-    queues: Vec<Arc<QueueShared>>,
-}
-
-impl PollStats {
-    /// One line per queue.
-    pub fn snapshot(&self) -> Vec<QueueStats> {
-        self.queues.iter().map(|q| q.stats()).collect()
-    }
-
-    /// Calls the device sent, per queue.
-    pub fn calls(&self) -> Vec<u64> {
-        self.queues
-            .iter()
-            .map(|q| q.stats.0.calls.load(Ordering::Relaxed))
-            .collect()
-    }
-}
-
 /// One queue as its poll thread sees it.
 struct Watched {
     shared: Arc<QueueShared>,
@@ -201,6 +187,8 @@ struct Watched {
     /// The producer half of the mailbox to the submitter.
     mailbox: CqProducer<Arc<QueueShared>>,
     call: EventFd,
+    /// Calls counted from `call` so far.
+    calls: u64,
     last: u16,
     asked: bool,
 }
@@ -213,6 +201,7 @@ impl Watched {
             mailbox: CqProducer::new(Arc::clone(&shared)),
             shared,
             call,
+            calls: 0,
             last: 0,
             asked: false,
         }
@@ -236,24 +225,13 @@ impl Watched {
     }
 
     fn store_stats(&self) {
-        let s = self.poller.stats();
-        let cell = &self.shared.stats.0;
-        // Relaxed: figures for reports only.
-        cell.completions.store(s.completions, Ordering::Relaxed);
-        cell.ema_ns.store(s.ema_ns, Ordering::Relaxed);
-        cell.interval_ns.store(s.interval_ns, Ordering::Relaxed);
-        cell.spins.store(s.spins, Ordering::Relaxed);
-        cell.sleeps.store(s.sleeps, Ordering::Relaxed);
+        self.shared.stats.store(&self.poller.stats());
     }
 
-    fn drain_call(&self) {
+    fn drain_call(&mut self) {
         if let Ok(n) = self.call.read() {
-            let calls = &self.shared.stats.0.calls;
-            // Relaxed: only this thread writes the counter.
-            calls.store(
-                calls.load(Ordering::Relaxed).wrapping_add(n),
-                Ordering::Relaxed,
-            );
+            self.calls = self.calls.wrapping_add(n);
+            self.shared.stats.store_calls(self.calls);
         }
     }
 }
@@ -371,7 +349,7 @@ impl PollThread {
         for ev in &self.events[..ready] {
             if let Some(w) = usize::try_from(ev.data())
                 .ok()
-                .and_then(|i| self.watched.get(i))
+                .and_then(|i| self.watched.get_mut(i))
             {
                 w.drain_call();
             }

@@ -81,6 +81,18 @@ impl SplitQueue {
         used_idx != self.last_used
     }
 
+    /// The device's `used->idx` as last stored: a hint for polling loops
+    /// and statistics, never used to index anything (`pop_used` validates).
+    pub fn used_index(&self) -> u16 {
+        // Relaxed: a hint only; `pop_used` does the Acquire fence that pairs
+        // with the device's Release store of used->idx.
+        u16::from_le(
+            self.ring
+                .u16(self.layout.used_idx())
+                .load(Ordering::Relaxed),
+        )
+    }
+
     fn break_queue(&mut self, error: DeviceError) -> DeviceError {
         self.broken = Some(error.clone());
         error
