@@ -18,7 +18,3 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
-
-# The interoperability peer the driver tests run against (rust-vmm's
-# vhost-device-scsi), built once into target/tools.
-"$(dirname "$0")/install-peers.sh"

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The project's test command (README, `.ci/run`): formatting, lints, the
-# proofs (loom with each fence removed, spin on the Promela model), and
-# every unit and integration test.
+# proofs (loom with each fence removed, spin on the Promela model), every
+# unit and integration test, and a Linux guest under QEMU against sqcqd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
+# The interoperability peer the driver tests run against (rust-vmm's
+# vhost-device-scsi), built once into target/tools.
+scripts/install-peers.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
