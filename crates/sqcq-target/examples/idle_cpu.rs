@@ -1,5 +1,5 @@
-//! How much CPU `sqcqd` uses once the load stops, in poll mode (issue 5:
-//! target under 1% of a CPU over 10 s of idle).
+//! How much CPU `sqcqd` uses once the load stops, in poll mode (the
+//! goal: under 1% of a CPU over 10 s of idle).
 //!
 //! Starts the release `sqcqd` next to this example with a null LUN and two
 //! request queues on two workers, negotiates VIRTIO_F_SQCQ_POLL, runs a

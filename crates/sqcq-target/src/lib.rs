@@ -39,7 +39,7 @@
 //! call ([`used`]). Bad input is answered, counted ([`counters`]) and
 //! logged through a rate limiter ([`ratelimit`]).
 //!
-//! # Poll mode (issue 5)
+//! # Poll mode (VIRTIO_F_SQCQ_POLL and ring polling)
 //!
 //! [`queue::SubmissionSource`] is where a queue decides how it learns of
 //! new requests: by kick, by polling the SQ doorbell of VIRTIO_F_SQCQ_POLL

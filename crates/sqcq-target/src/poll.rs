@@ -1,4 +1,4 @@
-//! Poll mode (issue 5): the options, and how one worker spins over the
+//! Poll mode: the options, and how one worker spins over the
 //! polled queues it serves and when it may sleep.
 //!
 //! A request queue is polled when VIRTIO_F_SQCQ_POLL is negotiated (its SQ

@@ -45,7 +45,7 @@ pub struct QueueKey {
 
 /// How a queue learns that the driver made requests available.
 ///
-/// The two poll variants (issue 5) run a `sqcq_protocol::Poller` over what
+/// The two poll variants run a `sqcq_protocol::Poller` over what
 /// they watch (module `poll` below): the worker spins over its polled
 /// queues for their adaptive windows ([`crate::poll`]), then each asks for
 /// a notification, and the worker sleeps on the same kick eventfds.

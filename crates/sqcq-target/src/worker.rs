@@ -9,7 +9,7 @@
 //! worker serves which queue is explicit (`--queue-map`) or round robin,
 //! and logged.
 //!
-//! The loop is written for a second kind of queue (issue 5, poll mode):
+//! The loop also serves polled queues (see `poll`):
 //! its `epoll_wait` timeout is the smallest [`ServedQueue::poll_timeout`],
 //! so a queue that polls its SQ doorbell keeps the worker awake while it
 //! spins and lets it sleep on the kick eventfd afterwards.

@@ -1,4 +1,4 @@
-//! Poll mode end to end (issue 5, device side): VIRTIO_F_SQCQ_POLL with
+//! Poll mode end to end (device side): VIRTIO_F_SQCQ_POLL with
 //! the doorbells at `doorbell_location`, `ring-poll` with standard virtio,
 //! and what happens to hostile doorbells. Waits are bounded loops on
 //! shared memory or counters; nothing asserts a timing.
