@@ -88,6 +88,10 @@ pub struct Args {
     /// ../tools/bin, then in PATH).
     #[arg(long = "target-bin")]
     pub target_bin: Option<PathBuf>,
+    /// Worker threads of a `sqcqd` started here (`--workers`; request
+    /// queues are spread over them round robin).
+    #[arg(long = "target-workers", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub target_workers: u16,
     /// SCSI target id and LUN to drive.
     #[arg(long, default_value_t = 0)]
     pub lun: u16,

@@ -89,6 +89,7 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
     let explicit = args.target_bin.as_deref();
     let options = TargetOptions {
         queues: args.numjobs,
+        workers: args.target_workers,
         ring_poll: args.mode == NotifyMode::RingPoll,
         stats_interval: Some(args.stats_interval),
     };

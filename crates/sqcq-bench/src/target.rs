@@ -73,6 +73,8 @@ pub struct Target {
 pub struct TargetOptions {
     /// Request queues (one per job).
     pub queues: u16,
+    /// Worker threads of a started `sqcqd`.
+    pub workers: u16,
     /// The device polls the avail ring (`--poll ring`): the device side of
     /// the `ring-poll` mode.
     pub ring_poll: bool,
@@ -175,6 +177,9 @@ impl Target {
                 cmd.arg("--lun").arg(format!("kind={kind},size={size}"));
                 if options.queues > 1 {
                     cmd.arg("--num-queues").arg(options.queues.to_string());
+                }
+                if options.workers > 1 {
+                    cmd.arg("--workers").arg(options.workers.to_string());
                 }
                 if options.ring_poll {
                     if supports(&bin, "--poll") {

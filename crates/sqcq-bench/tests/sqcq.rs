@@ -246,3 +246,34 @@ fn a_daemon_withholding_bit_42_gets_notify() {
     assert_eq!(v["sqcq"]["mode"], "notify");
     assert_eq!(v["sqcq"]["mode_fallback"]["requested"], "sqcq");
 }
+
+#[test]
+fn verify_passes_with_jobs_spread_over_two_device_workers() {
+    let Some(bin) = sqcqd() else { return };
+    for mode in ["notify", "sqcq"] {
+        let (_, v) = bench(
+            &bin,
+            &[
+                "--rw",
+                "randwrite",
+                "--verify",
+                "crc32c",
+                "--size",
+                "1m",
+                "--iodepth",
+                "8",
+                "--numjobs",
+                "3",
+                "--target-workers",
+                "2",
+                "--mode",
+                mode,
+            ],
+        );
+        assert_eq!(v["sqcq"]["mode"], mode);
+        for job in v["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "{mode}");
+            assert_eq!(job["read"]["total_ios"], 256, "{mode}");
+        }
+    }
+}

@@ -58,6 +58,9 @@ struct Args {
     /// Longer runs: 10 s measured, 2 s warm-up, 3 repeats.
     #[arg(long)]
     long: bool,
+    /// Worker threads of each sqcqd started (its `--workers`).
+    #[arg(long, default_value_t = 1)]
+    target_workers: u16,
     /// Block size.
     #[arg(long, default_value = "4k")]
     bs: String,
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
         qd: args.qd.clone(),
         jobs: args.jobs.clone(),
         bs: args.bs.clone(),
+        target_workers: args.target_workers,
         runtime: Duration::from_secs_f64(args.runtime),
         ramp: Duration::from_secs_f64(args.ramp),
         repeat: args.repeat.max(1),

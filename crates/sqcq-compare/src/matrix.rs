@@ -22,6 +22,8 @@ pub struct Plan {
     pub jobs: Vec<u32>,
     /// Block size.
     pub bs: String,
+    /// Worker threads of each sqcqd.
+    pub target_workers: u16,
     /// Measured time per run.
     pub runtime: Duration,
     /// Warm-up per run.
@@ -85,7 +87,7 @@ pub fn run_all(bench: &Path, plan: &Plan) -> Result<Vec<Outcome>, RunError> {
                 };
                 done += 1;
                 eprint!("\r[{done}/{total}] {} {mode:<12}", cell.label());
-                match run::run_once(bench, &case, &plan.bs, plan.runtime, plan.ramp) {
+                match run::run_once(bench, &case, plan) {
                     Ok(r) => runs[i].push(r),
                     Err(RunError::Failed { status, stderr }) => {
                         eprintln!("\n  failed: {status}: {stderr}");
@@ -134,6 +136,7 @@ mod tests {
             qd: vec![1, 32],
             jobs: vec![1, 4],
             bs: "4k".into(),
+            target_workers: 1,
             runtime: Duration::from_secs(1),
             ramp: Duration::ZERO,
             repeat: 1,

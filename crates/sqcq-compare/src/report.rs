@@ -217,6 +217,7 @@ mod tests {
             qd: vec![1],
             jobs: vec![1],
             bs: "4k".into(),
+            target_workers: 1,
             runtime: Duration::from_secs(1),
             ramp: Duration::ZERO,
             repeat: 1,

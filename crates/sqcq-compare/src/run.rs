@@ -2,11 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
+
+use crate::matrix::Plan;
 
 /// Why a run produced no figures.
 #[derive(Debug, Error)]
@@ -106,16 +107,14 @@ pub struct Figures {
 }
 
 /// Runs `sqcq-bench` once and extracts the figures.
-pub fn run_once(
-    bench: &Path,
-    case: &Case,
-    bs: &str,
-    runtime: Duration,
-    ramp: Duration,
-) -> Result<(Figures, Value), RunError> {
+pub fn run_once(bench: &Path, case: &Case, plan: &Plan) -> Result<(Figures, Value), RunError> {
     let cell = &case.cell;
-    let output = Command::new(bench)
-        .args(["--target", &cell.target, "--rw", &cell.rw, "--bs", bs])
+    let mut cmd = Command::new(bench);
+    if cell.target == "sqcqd" {
+        cmd.args(["--target-workers", &plan.target_workers.to_string()]);
+    }
+    let output = cmd
+        .args(["--target", &cell.target, "--rw", &cell.rw, "--bs", &plan.bs])
         .args([
             "--mode",
             &case.mode,
@@ -129,8 +128,8 @@ pub fn run_once(
             "--numjobs",
             &cell.jobs.to_string(),
         ])
-        .args(["--runtime", &format!("{}ms", runtime.as_millis())])
-        .args(["--ramp_time", &format!("{}ms", ramp.as_millis())])
+        .args(["--runtime", &format!("{}ms", plan.runtime.as_millis())])
+        .args(["--ramp_time", &format!("{}ms", plan.ramp.as_millis())])
         .output()
         .map_err(|source| RunError::Spawn {
             path: bench.to_path_buf(),
