@@ -409,12 +409,19 @@ pub trait Notifier: Send + fmt::Debug {
     fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents);
 
     /// Makes the requests added to `ring` visible to the device and
-    /// notifies it if needed.
+    /// notifies it if needed: by default the standard rule, a kick when
+    /// the ring's EVENT_IDX or NO_NOTIFY decision asks for one.
     fn publish(
         &mut self,
         ring: &mut SplitQueue,
         events: &mut QueueEvents,
-    ) -> Result<(), NotifyError>;
+    ) -> Result<(), NotifyError> {
+        events.count_publish();
+        if ring.publish().needs_kick() {
+            events.kick()?;
+        }
+        Ok(())
+    }
 
     /// Returns once `ring` has used entries to pop (or is broken), or fails
     /// at `deadline` or when the device hangs up. Never blocks unbounded.
@@ -486,16 +493,6 @@ impl IdleState {
     }
 }
 
-/// Publishes and kicks when the ring's decision says so: common to every
-/// standard mode.
-fn publish_and_kick(ring: &mut SplitQueue, events: &mut QueueEvents) -> Result<(), NotifyError> {
-    events.count_publish();
-    if ring.publish().needs_kick() {
-        events.kick()?;
-    }
-    Ok(())
-}
-
 /// [`NotifyMode::Notify`]: interrupts are enabled only while the submitter
 /// waits, the way Linux's virtio drivers enable callbacks only when their
 /// queue has nothing left to process.
@@ -508,14 +505,6 @@ impl Notifier for Interrupts {
     }
 
     fn start(&mut self, _ring: &mut SplitQueue, _events: &mut QueueEvents) {}
-
-    fn publish(
-        &mut self,
-        ring: &mut SplitQueue,
-        events: &mut QueueEvents,
-    ) -> Result<(), NotifyError> {
-        publish_and_kick(ring, events)
-    }
 
     fn wait(
         &mut self,
@@ -642,14 +631,6 @@ impl Notifier for BusyPoll {
         });
     }
 
-    fn publish(
-        &mut self,
-        ring: &mut SplitQueue,
-        events: &mut QueueEvents,
-    ) -> Result<(), NotifyError> {
-        publish_and_kick(ring, events)
-    }
-
     fn wait(
         &mut self,
         ring: &mut SplitQueue,
@@ -712,14 +693,6 @@ impl Notifier for AdaptiveRingPoll {
         ring.disable_interrupts();
         events.report_to(Arc::clone(&self.stats));
         self.stats.store(&self.state.stats());
-    }
-
-    fn publish(
-        &mut self,
-        ring: &mut SplitQueue,
-        events: &mut QueueEvents,
-    ) -> Result<(), NotifyError> {
-        publish_and_kick(ring, events)
     }
 
     fn wait(

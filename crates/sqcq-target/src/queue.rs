@@ -514,6 +514,9 @@ pub(crate) fn open_ring(
     if !queue.is_valid(mem) {
         return Err(QueueError::Ring(virtio_queue::Error::InvalidSize));
     }
+    // Where the used ring stands when the queue (re)starts: written last
+    // by this device (a previous worker's Release publish) or zeroed by
+    // the driver before it enabled the queue; Acquire pairs with either.
     let next_used = queue
         .used_idx(mem, std::sync::atomic::Ordering::Acquire)
         .map_err(QueueError::Ring)?

@@ -102,6 +102,8 @@ impl Watch for RingWatch {
             Ok(false) => SleepCheck::Sleep,
             Ok(true) => {
                 self.finish_sleep();
+                // Acquire: pairs with the driver's Release store of
+                // avail->idx, making the entries it announces visible.
                 match self.avail_idx(Ordering::Acquire) {
                     Some(idx) => {
                         self.seen = idx;
