@@ -19,6 +19,17 @@ pub enum BackstoreError {
         #[source]
         source: io::Error,
     },
+    /// `size=` asks for more than the existing file or device holds (the
+    /// daemon never grows an existing file).
+    #[error("{path} holds {available} bytes, fewer than size={size}")]
+    TooSmall {
+        /// The path given.
+        path: PathBuf,
+        /// The size asked for.
+        size: u64,
+        /// What the file or device holds.
+        available: u64,
+    },
     /// The geometry asked for is impossible (zero size, block size other
     /// than 512 or 4096, a size that is not a whole number of blocks).
     #[error("invalid geometry: {0}")]

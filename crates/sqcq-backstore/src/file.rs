@@ -35,9 +35,14 @@ const BLKZEROOUT: libc::Ioctl = 0x127f;
 pub struct FileOptions {
     /// A regular file or a block device.
     pub path: PathBuf,
-    /// For a regular file: create it if missing and grow it to this size.
-    /// `None` uses the current size.
+    /// Bytes to expose: at most the file's or device's size (the LUN is
+    /// then its first `size` bytes); the size of a file `create` makes.
+    /// `None` exposes the whole file or device. An existing file is never
+    /// grown or shrunk.
     pub size: Option<u64>,
+    /// Create the regular file (of `size` bytes) if it does not exist.
+    /// Without it a missing file is an error.
+    pub create: bool,
     /// Logical block size exposed to the initiator (512 or 4096).
     pub block_size: u32,
     /// Open read-only and refuse writes.
@@ -52,10 +57,32 @@ impl FileOptions {
         FileOptions {
             path: path.into(),
             size: None,
+            create: false,
             block_size: 512,
             read_only: false,
             direct: true,
         }
+    }
+}
+
+/// Opens the file, or with `create` makes it if it is missing (then
+/// `size` is needed). Returns whether it was created.
+fn open_or_create(open: &OpenOptions, options: &FileOptions) -> io::Result<(File, bool)> {
+    if !options.create || options.read_only {
+        return Ok((open.open(&options.path)?, false));
+    }
+    if options.size.is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "create needs size= for a missing file",
+        ));
+    }
+    match open.clone().create_new(true).open(&options.path) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            Ok((open.open(&options.path)?, false))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -71,8 +98,8 @@ pub struct FileBackstore {
 }
 
 impl FileBackstore {
-    /// Opens (and for a regular file with `size`, creates or grows) the
-    /// backing file.
+    /// Opens the backing file or device (creating a missing regular file
+    /// only with `create`).
     pub fn open(options: &FileOptions) -> Result<Self, BackstoreError> {
         let open_err = |source| BackstoreError::Open {
             path: options.path.clone(),
@@ -83,29 +110,34 @@ impl FileBackstore {
         }
         let mut open = OpenOptions::new();
         open.read(true).write(!options.read_only);
-        let creating = options.size.is_some() && !options.read_only;
-        let buffered = open
-            .clone()
-            .create(creating)
-            .open(&options.path)
-            .map_err(open_err)?;
+        let (buffered, created) = open_or_create(&open, options).map_err(open_err)?;
         let block_device = buffered
             .metadata()
             .map_err(open_err)?
             .file_type()
             .is_block_device();
-        let bytes = if block_device {
+        let current = if block_device {
             ioctl_u64(&buffered, BLKGETSIZE64).map_err(open_err)?
         } else {
-            let current = buffered.metadata().map_err(open_err)?.len();
-            match options.size {
-                Some(size) if size > current && !options.read_only => {
-                    buffered.set_len(size).map_err(open_err)?;
-                    size
+            buffered.metadata().map_err(open_err)?.len()
+        };
+        let bytes = match options.size {
+            Some(size) if created => {
+                if let Err(e) = buffered.set_len(size) {
+                    let _ = std::fs::remove_file(&options.path);
+                    return Err(open_err(e));
                 }
-                Some(size) => size.min(current),
-                None => current,
+                size
             }
+            Some(size) if size > current => {
+                return Err(BackstoreError::TooSmall {
+                    path: options.path.clone(),
+                    size,
+                    available: current,
+                });
+            }
+            Some(size) => size,
+            None => current,
         };
         let blocks = bytes / u64::from(options.block_size);
         if blocks == 0 {

@@ -232,6 +232,7 @@ fn file_keeps_data_through_io_uring() {
     let path = temp_path("file-backstore");
     let mut opts = FileOptions::new(&path);
     opts.size = Some(1 << 20);
+    opts.create = true;
     let file = FileBackstore::open(&opts).unwrap();
     assert_eq!(file.geometry().blocks, 2048);
     round_trip(&file);
@@ -245,6 +246,7 @@ fn file_completion_work_can_be_steered_to_cpus() {
     let path = temp_path("file-steer");
     let mut opts = FileOptions::new(&path);
     opts.size = Some(1 << 20);
+    opts.create = true;
     let file = FileBackstore::open(&opts).unwrap();
     let mut q = file.open_queue(8).unwrap();
     assert!(
@@ -289,6 +291,7 @@ fn a_file_that_shrinks_underneath_fails_reads_instead_of_inventing_data() {
     let path = temp_path("shrunk");
     let mut opts = FileOptions::new(&path);
     opts.size = Some(64 * 1024);
+    opts.create = true;
     let file = FileBackstore::open(&opts).unwrap();
     let mut q = file.open_queue(2).unwrap();
     std::fs::OpenOptions::new()
@@ -398,4 +401,39 @@ fn invalid_geometries_are_refused() {
     ));
     let missing = FileBackstore::open(&FileOptions::new("/nonexistent/dir/disk.img"));
     assert!(matches!(missing, Err(BackstoreError::Open { .. })));
+}
+
+#[test]
+fn existing_files_are_never_resized_and_missing_ones_need_create() {
+    let path = temp_path("no-resize");
+    let _ = std::fs::remove_file(&path);
+    let mut opts = FileOptions::new(&path);
+    opts.size = Some(1 << 20);
+    assert!(FileBackstore::open(&opts).is_err(), "missing, no create");
+    assert!(!path.exists(), "nothing created without create");
+    opts.create = true;
+    opts.size = None;
+    assert!(FileBackstore::open(&opts).is_err(), "create needs a size");
+    assert!(!path.exists());
+
+    std::fs::write(&path, vec![7u8; 8192]).unwrap();
+    opts.size = Some(1 << 20);
+    let e = FileBackstore::open(&opts).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BackstoreError::TooSmall {
+                available: 8192,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 8192, "not grown");
+    opts.size = Some(4096);
+    let file = FileBackstore::open(&opts).unwrap();
+    assert_eq!(file.geometry().blocks, 8, "the first 4096 bytes only");
+    drop(file);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 8192, "not shrunk");
+    std::fs::remove_file(path).unwrap();
 }

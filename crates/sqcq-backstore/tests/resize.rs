@@ -94,6 +94,7 @@ fn file_grows_on_disk_and_refuses_to_shrink() {
     let _ = std::fs::remove_file(&path);
     let file = FileBackstore::open(&FileOptions {
         size: Some(1 << 20),
+        create: true,
         ..FileOptions::new(&path)
     })
     .unwrap();

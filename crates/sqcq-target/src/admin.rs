@@ -34,11 +34,15 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::{ConfigError, LunSpec, parse_size};
 use crate::hotplug::DeviceControl;
+use crate::listen::ListeningSocket;
 
 /// Longest command line accepted.
 const MAX_LINE: usize = 4096;
 /// How long the client waits for a reply (a removal waits for I/O).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a connection may stay silent, or leave a reply unread,
+/// before the server closes it.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An admin command that could not be parsed.
 #[derive(Debug, Error)]
@@ -218,7 +222,6 @@ fn stats(devices: &[DeviceControl]) -> String {
 /// The admin socket's thread.
 #[derive(Debug)]
 pub struct AdminServer {
-    path: PathBuf,
     stop: EventFd,
     thread: Option<JoinHandle<()>>,
 }
@@ -226,21 +229,16 @@ pub struct AdminServer {
 impl AdminServer {
     /// Binds `path` (replacing a stale socket, mode 0600) and serves it.
     pub fn spawn(path: &Path, devices: Vec<DeviceControl>) -> io::Result<Self> {
-        match std::fs::remove_file(path) {
-            Ok(()) => info!("removed stale socket {}", path.display()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let listener = UnixListener::bind(path)?;
+        let socket = ListeningSocket::bind(path).map_err(io::Error::other)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         let stop = EventFd::new(EFD_NONBLOCK)?;
         let thread_stop = stop.try_clone()?;
+        // The thread owns the socket: it is removed when the thread ends.
         let thread = std::thread::Builder::new()
             .name("sqcq-admin".into())
-            .spawn(move || serve(&listener, &thread_stop, &devices))?;
+            .spawn(move || serve(socket.listener(), &thread_stop, &devices))?;
         info!("admin socket {}", path.display());
         Ok(AdminServer {
-            path: path.to_owned(),
             stop,
             thread: Some(thread),
         })
@@ -259,7 +257,6 @@ impl AdminServer {
         {
             error!("admin thread panicked");
         }
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -269,8 +266,9 @@ impl Drop for AdminServer {
     }
 }
 
-/// Waits until `fd` or `stop` is readable; false when stopping.
-fn wait(fd: i32, stop: &EventFd) -> bool {
+/// Waits until `fd` or `stop` is readable; false when stopping or after
+/// `timeout_ms` (-1: none).
+fn wait(fd: i32, stop: &EventFd, timeout_ms: i32) -> bool {
     let mut fds = [
         libc::pollfd {
             fd,
@@ -285,9 +283,12 @@ fn wait(fd: i32, stop: &EventFd) -> bool {
     ];
     loop {
         // SAFETY: two valid pollfds for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
         if n > 0 {
             return fds[1].revents == 0;
+        }
+        if n == 0 {
+            return false;
         }
         if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
             return false;
@@ -296,7 +297,7 @@ fn wait(fd: i32, stop: &EventFd) -> bool {
 }
 
 fn serve(listener: &UnixListener, stop: &EventFd, devices: &[DeviceControl]) {
-    while wait(listener.as_raw_fd(), stop) {
+    while wait(listener.as_raw_fd(), stop, -1) {
         match listener.accept() {
             Ok((conn, _)) => {
                 if let Err(e) = connection(conn, stop, devices) {
@@ -311,9 +312,13 @@ fn serve(listener: &UnixListener, stop: &EventFd, devices: &[DeviceControl]) {
 /// Serves one connection until it closes, sends an over-long line, or
 /// the daemon stops.
 fn connection(mut conn: UnixStream, stop: &EventFd, devices: &[DeviceControl]) -> io::Result<()> {
+    // One client at a time: one that stops reading or writing must not
+    // keep the others out for long.
+    conn.set_write_timeout(Some(IO_TIMEOUT))?;
+    let idle_ms = i32::try_from(IO_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 512];
-    while wait(conn.as_raw_fd(), stop) {
+    while wait(conn.as_raw_fd(), stop, idle_ms) {
         let n = conn.read(&mut chunk)?;
         if n == 0 {
             return Ok(());

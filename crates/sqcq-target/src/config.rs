@@ -74,12 +74,17 @@ pub struct LunSpec {
     #[serde(default)]
     pub lun: Option<u16>,
     /// Size in bytes (`K`, `M`, `G`, `T` suffixes accepted); required for
-    /// null and ram, optional for file (creates or grows a regular file).
+    /// null and ram; for file, the bytes of the file to expose (at most
+    /// its size: an existing file is never grown or shrunk) and the size
+    /// of a file `create` makes.
     #[serde(default, deserialize_with = "de_size")]
     pub size: Option<u64>,
     /// Backing file or block device.
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// File LUNs: create the file (of `size` bytes) if it is missing.
+    #[serde(default)]
+    pub create: bool,
     /// Logical block size: 512 or 4096.
     #[serde(default = "default_block_size")]
     pub block_size: u32,
@@ -101,8 +106,8 @@ fn default_block_size() -> u32 {
 impl FromStr for LunSpec {
     type Err = ConfigError;
 
-    /// Parses `kind=null|ram|file,size=..,path=..,block-size=512|4096,ro,
-    /// serial=..,wwn=0x..,lun=N`.
+    /// Parses `kind=null|ram|file,size=..,path=..,create,block-size=512|4096,
+    /// ro,serial=..,wwn=0x..,lun=N`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why: String| ConfigError::Lun {
             spec: s.to_owned(),
@@ -114,6 +119,7 @@ impl FromStr for LunSpec {
             lun: None,
             size: None,
             path: None,
+            create: false,
             block_size: 512,
             read_only: false,
             serial: None,
@@ -138,6 +144,7 @@ impl FromStr for LunSpec {
                         .map_err(|_| err(format!("bad block size {value:?}")))?
                 }
                 "ro" | "read-only" => spec.read_only = value.is_empty() || value == "on",
+                "create" => spec.create = value.is_empty() || value == "on",
                 "serial" => spec.serial = Some(value.to_owned()),
                 "wwn" => spec.wwn = Some(parse_wwn(value).map_err(err)?),
                 "lun" => {
@@ -279,7 +286,7 @@ pub struct Cli {
     /// vhost-user Unix socket to listen on (one device).
     #[arg(long)]
     pub socket_path: Option<PathBuf>,
-    /// A logical unit: kind=null|ram|file,size=..,path=..,block-size=512|4096,ro,serial=..,wwn=0x..,lun=N (repeat for more LUNs).
+    /// A logical unit: kind=null|ram|file,size=..,path=..,create,block-size=512|4096,ro,serial=..,wwn=0x..,lun=N (repeat for more LUNs; `create` makes a missing file of `size`).
     #[arg(long = "lun", value_name = "SPEC")]
     pub luns: Vec<LunSpec>,
     /// Request queues of the device.

@@ -12,14 +12,13 @@
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 
-use tracing::warn;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::chain::{self, ChainBuffers};
 use crate::counters::DeviceCounters;
+use crate::eventfd::{PeerEventFd, Signal};
 use crate::guest;
 use crate::guest_warn;
 use crate::lun::LunAddress;
@@ -41,6 +40,9 @@ pub const EVENT_KICK_TOKEN: u64 = 101;
 /// the next event delivered carries VIRTIO_SCSI_T_EVENTS_MISSED.
 const MAX_PENDING_EVENTS: usize = 64;
 
+/// Control requests served per pass of the control thread.
+const CONTROL_BUDGET: u32 = 16;
+
 /// Task management functions (virtio 5.6.6.2).
 mod tmf {
     pub const ABORT_TASK: u32 = 0;
@@ -56,8 +58,8 @@ mod tmf {
 struct CtrlQueue {
     queue: Queue,
     used: UsedRing,
-    kick: EventFd,
-    call: Option<EventFd>,
+    kick: PeerEventFd,
+    call: Option<PeerEventFd>,
 }
 
 /// The control and event queues of one connection.
@@ -67,6 +69,8 @@ pub struct ControlPlane {
     pending: VecDeque<Event>,
     missed: bool,
     chain: ChainBuffers,
+    /// The control queue has requests left over from the last pass.
+    pub(crate) more: bool,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -87,6 +91,7 @@ impl ControlPlane {
             pending: VecDeque::new(),
             missed: false,
             chain: ChainBuffers::with_capacity(8),
+            more: false,
         })
     }
 
@@ -101,11 +106,27 @@ impl ControlPlane {
         let n = self.epoll.wait(0, &mut events).unwrap_or(0);
         let mut fired = [false; 2];
         for e in &events[..n] {
-            match e.data() {
-                CONTROL_KICK_TOKEN => fired[CONTROL_VQ] = true,
-                EVENT_KICK_TOKEN => fired[EVENT_VQ] = true,
-                _ => {}
+            let vq = match e.data() {
+                CONTROL_KICK_TOKEN => CONTROL_VQ,
+                EVENT_KICK_TOKEN => EVENT_VQ,
+                _ => continue,
+            };
+            if e.event_set()
+                .intersects(EventSet::HANG_UP | EventSet::ERROR)
+            {
+                // Level-triggered and never cleared: stop watching it (an
+                // eventfd never does this; the queue is then served only
+                // when it starts or an event is reported).
+                if let Some(q) = &self.queues[vq] {
+                    let _ = self.epoll.ctl(
+                        ControlOperation::Delete,
+                        q.kick.as_raw_fd(),
+                        EpollEvent::default(),
+                    );
+                }
+                continue;
             }
+            fired[vq] = true;
         }
         fired
     }
@@ -116,9 +137,9 @@ impl ControlPlane {
         index: usize,
         ring: &RingConfig,
         mem: &GuestMemoryMmap,
-        kick: EventFd,
-        call: Option<EventFd>,
-        _err: Option<EventFd>,
+        kick: PeerEventFd,
+        call: Option<PeerEventFd>,
+        _err: Option<PeerEventFd>,
     ) -> Result<(), QueueError> {
         let (queue, used) = open_ring(ring, mem)?;
         let token = if index == CONTROL_VQ {
@@ -151,7 +172,7 @@ impl ControlPlane {
         Some(q.queue.next_avail())
     }
 
-    pub(crate) fn set_call(&mut self, index: usize, call: Option<EventFd>) {
+    pub(crate) fn set_call(&mut self, index: usize, call: Option<PeerEventFd>) {
         if let Some(q) = self.queues.get_mut(index).and_then(Option::as_mut) {
             q.call = call;
         }
@@ -174,11 +195,16 @@ impl ControlPlane {
     }
 }
 
+/// Publishes the used ring and calls the driver if it asked. The call
+/// never blocks; a saturated counter already holds a notification, and a
+/// call descriptor that fails otherwise is dropped (the queue goes on, the
+/// driver polls or times out: control traffic is rare).
 fn publish(q: &mut CtrlQueue, mem: &GuestMemoryMmap) {
     if let Ok(true) = q.used.publish(mem)
         && let Some(call) = &q.call
+        && let Signal::Failed(_) = call.signal()
     {
-        let _ = call.write(1);
+        q.call = None;
     }
 }
 
@@ -186,7 +212,7 @@ impl Session {
     /// The kick of vq `index` fired (or the vq just started): serve it.
     pub fn service_control(&mut self, index: usize) {
         if let Some(q) = self.control.queues.get(index).and_then(Option::as_ref) {
-            let _ = q.kick.read();
+            let _ = q.kick.drain();
         }
         match index {
             CONTROL_VQ => self.process_control(),
@@ -224,7 +250,7 @@ impl Session {
             let chain = match q.queue.iter(&*mem) {
                 Ok(mut it) => it.next(),
                 Err(e) => {
-                    warn!(device = %self.dev.name, "event queue: {e}");
+                    guest_warn!(self.dev.limiter, device = %self.dev.name, "event queue: {e}");
                     break;
                 }
             };
@@ -251,20 +277,47 @@ impl Session {
         publish(q, &mem);
     }
 
+    /// Serves up to [`CONTROL_BUDGET`] control requests; leaves
+    /// `control.more` set when requests are left, for the control thread
+    /// to come back after its other events (a guest that keeps the queue
+    /// full cannot hold the thread, or SIGTERM, for good).
     fn process_control(&mut self) {
         let mem = self.mem.memory().into_inner();
+        let mut budget = CONTROL_BUDGET;
+        self.control.more = false;
         loop {
             let chain = match self.control.queues[CONTROL_VQ].as_mut() {
                 Some(q) => match q.queue.iter(&*mem) {
                     Ok(mut it) => it.next(),
                     Err(e) => {
-                        warn!(device = %self.dev.name, "control queue: {e}");
+                        guest_warn!(self.dev.limiter, device = %self.dev.name, "control queue: {e}");
                         None
                     }
                 },
                 None => None,
             };
-            let Some(chain) = chain else { break };
+            let Some(chain) = chain else {
+                let Some(q) = self.control.queues[CONTROL_VQ].as_mut() else {
+                    return;
+                };
+                publish(q, &mem);
+                // Re-enable notifications; a request that came meanwhile is
+                // served now, as it may not be kicked.
+                match q.queue.enable_notification(&*mem) {
+                    Ok(true) => continue,
+                    Ok(false) | Err(_) => return,
+                }
+            };
+            if budget == 0 {
+                // Back to the ring later: this request stays available.
+                if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
+                    q.queue.go_to_previous_position();
+                    publish(q, &mem);
+                }
+                self.control.more = true;
+                return;
+            }
+            budget -= 1;
             let head = chain.head_index();
             let parsed = chain::parse(chain, &mem, 8, &mut self.control.chain);
             let len = match parsed {
@@ -278,10 +331,6 @@ impl Session {
             if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
                 let _ = q.used.push(&mem, head, len);
             }
-        }
-        if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
-            publish(q, &mem);
-            let _ = q.queue.enable_notification(&*mem);
         }
     }
 
@@ -349,7 +398,9 @@ impl Session {
             .map(|i| std::sync::Arc::clone(&target.luns()[i].unit));
         match req.subtype {
             tmf::I_T_NEXUS_RESET => {
-                self.drain_requests();
+                if !self.drain_requests() {
+                    return Response::Failure;
+                }
                 for e in target.luns() {
                     e.unit.nexus_loss(self.nexus);
                     e.unit.add_nexus(self.nexus);
@@ -365,7 +416,9 @@ impl Session {
                 let Some(unit) = unit else {
                     return Response::IncorrectLun;
                 };
-                self.drain_requests();
+                if !self.drain_requests() {
+                    return Response::Failure;
+                }
                 if req.subtype == tmf::LOGICAL_UNIT_RESET {
                     unit.reset();
                 }

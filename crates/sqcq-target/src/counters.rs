@@ -37,6 +37,19 @@ pub struct DeviceCounters {
     pub broken_rings: AtomicU64,
     /// Backstore I/O errors reported to the guest as sense data.
     pub io_errors: AtomicU64,
+    /// Calls merged into a notification still pending because the
+    /// frontend left the call counter saturated.
+    pub calls_coalesced: AtomicU64,
+    /// Kick descriptors that hung up or failed: their queue was stopped.
+    pub dead_kicks: AtomicU64,
+    /// vhost-user messages refused (bad values, unsupported requests).
+    pub failed_messages: AtomicU64,
+    /// Connections the daemon closed because the frontend misbehaved
+    /// (incomplete message, unread replies, repeated failures, lost
+    /// memory).
+    pub dropped_connections: AtomicU64,
+    /// Guest memory pages lost under a mapping (SIGBUS recovered).
+    pub memory_faults: AtomicU64,
     /// Per-virtqueue statistics.
     pub queues: QueueStatsTable,
 }
@@ -124,6 +137,11 @@ impl DeviceCounters {
             ("bad_control", get(&self.bad_control)),
             ("broken_rings", get(&self.broken_rings)),
             ("io_errors", get(&self.io_errors)),
+            ("calls_coalesced", get(&self.calls_coalesced)),
+            ("dead_kicks", get(&self.dead_kicks)),
+            ("failed_messages", get(&self.failed_messages)),
+            ("dropped_connections", get(&self.dropped_connections)),
+            ("memory_faults", get(&self.memory_faults)),
         ]
     }
 }

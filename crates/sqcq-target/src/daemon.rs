@@ -2,6 +2,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use thiserror::Error;
 use tracing::info;
@@ -12,6 +13,9 @@ use crate::device::DeviceHandle;
 use crate::hotplug::DeviceControl;
 use crate::target::{Target, TargetError, wwn_seed};
 use crate::worker::WorkerPool;
+
+/// How long [`Daemon::shutdown`] gives requests in flight to complete.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Why the daemon could not start.
 #[derive(Debug, Error)]
@@ -129,8 +133,11 @@ impl Daemon {
     }
 
     /// Stops accepting connections, finishes in-flight I/O, stops the
-    /// workers.
+    /// workers. Requests the backstore has not completed within
+    /// [`SHUTDOWN_GRACE`] are abandoned; whatever frontends do, nothing
+    /// here waits on them (see `docs/target.md`, "Hostile frontends").
     pub fn shutdown(self) {
+        self.pool.begin_shutdown(SHUTDOWN_GRACE);
         if let Some(admin) = self.admin {
             admin.shutdown();
         }

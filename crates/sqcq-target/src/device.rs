@@ -8,13 +8,12 @@
 //! new one is a new I_T nexus) and accepts the next frontend on the same
 //! socket.
 
+use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::{fs, io};
 
 use tracing::{error, info, warn};
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
@@ -23,10 +22,14 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::{DeviceConfig, QueueMap};
 use crate::counters::DeviceCounters;
+use crate::guest_warn;
 use crate::hotplug::{EventSender, LunTable};
+use crate::listen::ListeningSocket;
+use crate::memory::GuardedRegion;
 use crate::ratelimit::{DEFAULT_BURST, RateLimiter};
 use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
 use crate::target::Target;
+use crate::vhost_socket::{self, MAX_UNREAD_REPLIES, MESSAGE_TIMEOUT, Wait};
 use crate::worker::WorkerPool;
 
 const LISTEN_TOKEN: u64 = 1;
@@ -34,6 +37,10 @@ const STOP_TOKEN: u64 = 2;
 const NOTIFY_TOKEN: u64 = 3;
 const SOCKET_TOKEN: u64 = 4;
 const CONTROL_TOKEN: u64 = 5;
+const MEMORY_FAULT_TOKEN: u64 = 6;
+
+/// How often lingering guest memory of an ended connection is looked at.
+const LINGER_POLL_MS: i32 = 1000;
 
 /// Consecutive failed vhost-user messages after which a connection is
 /// dropped (a frontend that only sends garbage).
@@ -65,6 +72,10 @@ pub struct DeviceShared {
     pub counters: DeviceCounters,
     /// Rate limiter of guest-triggered log messages.
     pub limiter: RateLimiter,
+    /// Written by the SIGBUS guard when a page of this device's guest
+    /// memory was lost ([`crate::sigbus`]); the control thread then drops
+    /// the connection.
+    pub memory_fault: EventFd,
 }
 
 /// An event to report to the driver (virtio-scsi event queue).
@@ -82,7 +93,6 @@ pub struct EventReport {
 #[derive(Debug)]
 pub struct DeviceHandle {
     shared: Arc<DeviceShared>,
-    socket_path: PathBuf,
     stop: EventFd,
     notify: EventFd,
     events: Sender<EventReport>,
@@ -99,12 +109,7 @@ impl DeviceHandle {
         pool: Arc<WorkerPool>,
     ) -> io::Result<Self> {
         let path = config.socket_path.clone();
-        match fs::remove_file(&path) {
-            Ok(()) => info!("removed stale socket {}", path.display()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let listener = UnixListener::bind(&path)?;
+        let socket = ListeningSocket::bind(&path).map_err(io::Error::other)?;
         let shared = Arc::new(DeviceShared {
             id,
             name: path.display().to_string(),
@@ -116,6 +121,7 @@ impl DeviceHandle {
             target: LunTable::new(target),
             counters: DeviceCounters::default(),
             limiter: RateLimiter::new(DEFAULT_BURST),
+            memory_fault: EventFd::new(EFD_NONBLOCK)?,
         });
         for e in shared.target.current().luns() {
             info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
@@ -126,11 +132,12 @@ impl DeviceHandle {
         let control = ControlThread {
             shared: Arc::clone(&shared),
             pool,
-            listener,
+            socket,
             stop: stop.try_clone()?,
             notify: notify.try_clone()?,
             events: rx,
             epoll: Epoll::new()?,
+            lingering: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("sqcq-dev{id}"))
@@ -138,7 +145,6 @@ impl DeviceHandle {
         info!(device = id, "listening on {}", path.display());
         Ok(DeviceHandle {
             shared,
-            socket_path: path,
             stop,
             notify,
             events,
@@ -174,12 +180,12 @@ impl DeviceHandle {
 
     fn stop_thread(&mut self) {
         let _ = self.stop.write(1);
+        // The control thread owns the socket and removes it when it ends.
         if let Some(t) = self.thread.take()
             && t.join().is_err()
         {
             error!(device = self.shared.id, "control thread panicked");
         }
-        let _ = fs::remove_file(&self.socket_path);
     }
 }
 
@@ -192,11 +198,14 @@ impl Drop for DeviceHandle {
 struct ControlThread {
     shared: Arc<DeviceShared>,
     pool: Arc<WorkerPool>,
-    listener: UnixListener,
+    socket: ListeningSocket,
     stop: EventFd,
     notify: EventFd,
     events: Receiver<EventReport>,
     epoll: Epoll,
+    /// Guest memory of ended connections still used by abandoned requests:
+    /// unmapped once they are gone.
+    lingering: Vec<GuardedRegion>,
 }
 
 /// Why a connection ended.
@@ -220,18 +229,32 @@ impl ControlThread {
             .ctl(ControlOperation::Delete, fd, EpollEvent::default());
     }
 
-    fn run(self) {
+    /// The epoll timeout: none, unless lingering memory must be looked at
+    /// again or the control queue has work left.
+    fn timeout(&self, control_pending: bool) -> i32 {
+        if control_pending {
+            0
+        } else if self.lingering.is_empty() {
+            -1
+        } else {
+            LINGER_POLL_MS
+        }
+    }
+
+    fn run(mut self) {
+        let listener = self.socket.listener().as_raw_fd();
         if let Err(e) = self
-            .watch(self.listener.as_raw_fd(), LISTEN_TOKEN)
+            .watch(listener, LISTEN_TOKEN)
             .and_then(|()| self.watch(self.stop.as_raw_fd(), STOP_TOKEN))
             .and_then(|()| self.watch(self.notify.as_raw_fd(), NOTIFY_TOKEN))
+            .and_then(|()| self.watch(self.shared.memory_fault.as_raw_fd(), MEMORY_FAULT_TOKEN))
         {
             error!(device = self.shared.id, "epoll: {e}");
             return;
         }
         let mut events = [EpollEvent::default(); 8];
         loop {
-            let n = match self.epoll.wait(-1, &mut events) {
+            let n = match self.epoll.wait(self.timeout(false), &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -239,6 +262,7 @@ impl ControlThread {
                     return;
                 }
             };
+            self.lingering.retain(GuardedRegion::in_use);
             for ev in &events[..n] {
                 match ev.data() {
                     STOP_TOKEN => return,
@@ -247,15 +271,19 @@ impl ControlThread {
                         let _ = self.notify.read();
                         while self.events.try_recv().is_ok() {}
                     }
-                    LISTEN_TOKEN => match self.listener.accept() {
+                    MEMORY_FAULT_TOKEN => {
+                        // A fault of an ended connection's lingering memory.
+                        let _ = self.shared.memory_fault.read();
+                    }
+                    LISTEN_TOKEN => match self.socket.listener().accept() {
                         Ok((stream, _)) => {
                             // One frontend at a time: another one waits in
                             // the backlog until this one disconnects.
-                            self.unwatch(self.listener.as_raw_fd());
+                            self.unwatch(listener);
                             if let Ended::Stop = self.serve(stream) {
                                 return;
                             }
-                            if let Err(e) = self.watch(self.listener.as_raw_fd(), LISTEN_TOKEN) {
+                            if let Err(e) = self.watch(listener, LISTEN_TOKEN) {
                                 error!(device = self.shared.id, "epoll: {e}");
                                 return;
                             }
@@ -268,7 +296,7 @@ impl ControlThread {
         }
     }
 
-    fn serve(&self, stream: UnixStream) -> Ended {
+    fn serve(&mut self, stream: UnixStream) -> Ended {
         let session = match Session::new(Arc::clone(&self.shared), Arc::clone(&self.pool)) {
             Ok(s) => Arc::new(Mutex::new(s)),
             Err(e) => {
@@ -299,22 +327,89 @@ impl ControlThread {
         let ended = self.connection_loop(&mut handler, &session);
         self.unwatch(socket_fd);
         self.unwatch(control_fd);
-        session
+        let lingering = session
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .teardown();
+        self.lingering.extend(lingering);
         ended
     }
 
-    fn connection_loop(
+    /// Drops a connection whose frontend misbehaved.
+    fn drop_connection(&self, why: std::fmt::Arguments<'_>) -> Ended {
+        DeviceCounters::bump(&self.shared.counters.dropped_connections);
+        guest_warn!(
+            self.shared.limiter,
+            device = self.shared.id,
+            "{why}: disconnecting the frontend"
+        );
+        Ended::Disconnected
+    }
+
+    /// Handles one vhost-user message once it has arrived whole (see
+    /// [`crate::vhost_socket`]); `Some` ends the connection.
+    fn message(
         &self,
+        handler: &mut BackendReqHandler<Mutex<Session>>,
+        errors: &mut u32,
+    ) -> Option<Ended> {
+        let fd = handler.as_raw_fd();
+        match vhost_socket::wait_for_message(fd, self.stop.as_raw_fd(), MESSAGE_TIMEOUT) {
+            Ok(Wait::Ready) => {}
+            Ok(Wait::Nothing) => return None,
+            Ok(Wait::Stopped) => return Some(Ended::Stop),
+            Ok(Wait::TimedOut) => {
+                return Some(self.drop_connection(format_args!(
+                    "message incomplete after {MESSAGE_TIMEOUT:?}"
+                )));
+            }
+            Err(e) => return Some(self.drop_connection(format_args!("socket: {e}"))),
+        }
+        match vhost_socket::unread_reply_bytes(fd) {
+            Ok(n) if n > MAX_UNREAD_REPLIES => {
+                return Some(
+                    self.drop_connection(format_args!("{n} bytes of replies left unread")),
+                );
+            }
+            Ok(_) => {}
+            Err(e) => return Some(self.drop_connection(format_args!("socket: {e}"))),
+        }
+        match handler.handle_request() {
+            Ok(()) => *errors = 0,
+            Err(
+                VhostError::Disconnected
+                | VhostError::PartialMessage
+                | VhostError::SocketBroken(_)
+                | VhostError::SocketError(_),
+            ) => return Some(Ended::Disconnected),
+            Err(e) => {
+                *errors += 1;
+                DeviceCounters::bump(&self.shared.counters.failed_messages);
+                guest_warn!(
+                    self.shared.limiter,
+                    device = self.shared.id,
+                    "vhost-user request failed: {e}"
+                );
+                if *errors >= MAX_CONSECUTIVE_ERRORS {
+                    return Some(self.drop_connection(format_args!(
+                        "{MAX_CONSECUTIVE_ERRORS} failed requests in a row"
+                    )));
+                }
+            }
+        }
+        None
+    }
+
+    fn connection_loop(
+        &mut self,
         handler: &mut BackendReqHandler<Mutex<Session>>,
         session: &Mutex<Session>,
     ) -> Ended {
         let mut events = [EpollEvent::default(); 8];
         let mut errors = 0u32;
+        let mut control_pending = false;
         loop {
-            let n = match self.epoll.wait(-1, &mut events) {
+            let n = match self.epoll.wait(self.timeout(control_pending), &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -322,36 +417,41 @@ impl ControlThread {
                     return Ended::Stop;
                 }
             };
+            self.lingering.retain(GuardedRegion::in_use);
+            if n == 0 && control_pending {
+                session
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .service_control(CONTROL_VQ);
+            }
             for ev in &events[..n] {
                 match ev.data() {
                     STOP_TOKEN => return Ended::Stop,
-                    SOCKET_TOKEN => match handler.handle_request() {
-                        Ok(()) => errors = 0,
-                        Err(
-                            VhostError::Disconnected
-                            | VhostError::PartialMessage
-                            | VhostError::SocketBroken(_)
-                            | VhostError::SocketError(_),
-                        ) => return Ended::Disconnected,
-                        Err(e) => {
-                            errors += 1;
-                            warn!(device = self.shared.id, "vhost-user request failed: {e}");
-                            if errors >= MAX_CONSECUTIVE_ERRORS {
-                                error!(
-                                    device = self.shared.id,
-                                    "too many failed requests: dropping the connection"
-                                );
-                                return Ended::Disconnected;
-                            }
+                    SOCKET_TOKEN => {
+                        if let Some(ended) = self.message(handler, &mut errors) {
+                            return ended;
                         }
-                    },
+                        session
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .release_retired();
+                    }
+                    MEMORY_FAULT_TOKEN => {
+                        let _ = self.shared.memory_fault.read();
+                        DeviceCounters::bump(&self.shared.counters.memory_faults);
+                        return self.drop_connection(format_args!(
+                            "guest memory lost its backing (the frontend shrank or \
+                             punched its memory file)"
+                        ));
+                    }
                     CONTROL_TOKEN => {
                         let mut s = session.lock().unwrap_or_else(PoisonError::into_inner);
                         let fired = s.control.fired();
-                        for vq in [CONTROL_VQ, EVENT_VQ] {
-                            if fired[vq] {
-                                s.service_control(vq);
-                            }
+                        if fired[CONTROL_VQ] {
+                            s.service_control(CONTROL_VQ);
+                        }
+                        if fired[EVENT_VQ] {
+                            s.service_control(EVENT_VQ);
                         }
                     }
                     NOTIFY_TOKEN => {
@@ -364,6 +464,11 @@ impl ControlThread {
                     _ => {}
                 }
             }
+            control_pending = session
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .control
+                .more;
         }
     }
 }

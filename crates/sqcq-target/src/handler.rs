@@ -7,9 +7,9 @@
 //! (memory slots, inflight fds, logging, device state) are refused.
 
 use std::fs::File;
-use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::fd::AsRawFd;
 
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use vhost::VhostUserMemoryRegionBase;
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
@@ -22,10 +22,9 @@ use virtio_bindings::bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VE
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
-use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
-use vmm_sys_util::eventfd::EventFd;
 
-use crate::session::{Mapping, Session};
+use crate::eventfd::{FdRole, PeerEventFd};
+use crate::session::Session;
 use crate::wire::{
     CONFIG_CDB_SIZE_OFFSET, CONFIG_SENSE_SIZE_OFFSET, MAX_CDB_SIZE, MAX_SENSE_SIZE, ScsiConfig,
     VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG,
@@ -52,10 +51,15 @@ fn not_supported<T>() -> Result<T> {
     Err(Error::InvalidOperation("not supported by this device"))
 }
 
-fn eventfd(file: Option<File>) -> Option<EventFd> {
-    // SAFETY: the File owned the descriptor alone; ownership moves to the
-    // EventFd, which closes it.
-    file.map(|f| unsafe { EventFd::from_raw_fd(f.into_raw_fd()) })
+/// Checks a kick, call or error descriptor (see [`crate::eventfd`]); a
+/// descriptor that is not a usable eventfd fails the message.
+fn eventfd(session: &Session, file: Option<File>, role: FdRole) -> Result<Option<PeerEventFd>> {
+    file.map(|f| PeerEventFd::adopt(f, role))
+        .transpose()
+        .map_err(|e| {
+            warn!(device = %session.dev.name, "{e}");
+            Error::InvalidParam
+        })
 }
 
 impl Session {
@@ -150,28 +154,21 @@ impl VhostUserBackendReqHandlerMut for Session {
         if postcopy_listening.is_some() {
             return not_supported();
         }
-        let mut regions = Vec::with_capacity(ctx.len());
-        let mut mappings = Vec::with_capacity(ctx.len());
-        for (region, file) in ctx.iter().zip(files) {
-            let (gpa, size, user_addr) =
-                (region.guest_phys_addr, region.memory_size, region.user_addr);
-            let mmap = region.mmap_region::<()>(file)?;
-            let r = GuestRegionMmap::new(mmap, GuestAddress(gpa)).ok_or(Error::InvalidParam)?;
-            regions.push(r);
-            mappings.push(Mapping {
-                user_addr,
-                size,
-                gpa,
-            });
-        }
-        let mem = GuestMemoryMmap::from_regions(regions).map_err(|_| Error::InvalidParam)?;
+        let shared = crate::memory::map(ctx, files, self.dev.memory_fault.as_raw_fd()).map_err(|e| {
+            warn!(device = %self.dev.name, "memory table refused: {}", crate::admin::error_chain(&e));
+            Error::InvalidParam
+        })?;
         // Workers load the map once per pass: the swap takes effect at
-        // their next pass; requests in flight keep the old map alive.
+        // their next pass; requests in flight keep the old map alive, and
+        // its regions stay mapped until they are done.
         self.mem
             .lock()
             .map_err(|_| Error::BackendInternalError)?
-            .replace(mem);
-        self.mappings = mappings;
+            .replace(shared.map);
+        self.mappings = shared.mappings;
+        let old = std::mem::replace(&mut self.regions, shared.regions);
+        self.retired.extend(old);
+        self.release_retired();
         // Polling workers rebuild their doorbells on the new map before
         // they sleep again.
         self.pool.nudge_all();
@@ -230,23 +227,24 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         let i = self.index(u32::from(index))?;
+        let kick = eventfd(self, fd, FdRole::Kick)?;
         // A new kick fd restarts the ring, which then looks at it once.
         self.stop(i);
-        self.vrings[i].kick = eventfd(fd);
+        self.vrings[i].kick = kick;
         self.update(i);
         Ok(())
     }
 
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         let i = self.index(u32::from(index))?;
-        self.vrings[i].call = eventfd(fd);
+        self.vrings[i].call = eventfd(self, fd, FdRole::Call)?;
         self.update_call(i);
         Ok(())
     }
 
     fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         let i = self.index(u32::from(index))?;
-        self.vrings[i].err = eventfd(fd);
+        self.vrings[i].err = eventfd(self, fd, FdRole::Err)?;
         Ok(())
     }
 

@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use sqcq_backstore::{BackstoreError, BackstoreQueue};
 use sqcq_scsi::{ConfigError, NexusId};
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use virtio_queue::QueueT;
@@ -49,7 +49,7 @@ use crate::lun::MAX_LUN;
 use crate::queue::{LunQueue, QueueError, ServedQueue};
 use crate::target::{LunEntry, Target, TargetError, build_lun, wwn_seed};
 use crate::wire::{EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET};
-use crate::worker::{WorkerCommand, WorkerPool};
+use crate::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 
 /// PARAM_CHANGE reason for CAPACITY DATA HAS CHANGED: the ASC in bits 0-7,
 /// the ASCQ in bits 8-15 (virtio 5.6.6.3.3).
@@ -285,13 +285,18 @@ impl DeviceControl {
         let device = self.shared.id;
         let mut result = Ok(());
         for w in 0..self.pool.len() {
-            let reply = self.pool.call(w, |reply| WorkerCommand::SetTarget {
+            let call = |reply| WorkerCommand::SetTarget {
                 device,
                 target: Arc::clone(target),
                 reply,
-            });
-            if let Ok(Err(e)) = reply {
-                result = Err(e);
+            };
+            match self
+                .pool
+                .call(w, call, self.pool.deadline(QUEUE_STOP_TIMEOUT))
+            {
+                Ok(Err(e)) => result = Err(e),
+                Ok(Ok(())) => {}
+                Err(e) => error!(device, "LUN snapshot: {e}"),
             }
         }
         result
@@ -300,10 +305,12 @@ impl DeviceControl {
     /// Waits until every request of the device in flight now completed.
     fn drain(&self) {
         let device = self.shared.id;
+        let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
         for w in 0..self.pool.len() {
-            let _ = self
-                .pool
-                .call(w, |reply| WorkerCommand::Drain { device, reply });
+            let call = |reply| WorkerCommand::Drain { device, reply };
+            if let Err(e) = self.pool.call(w, call, deadline) {
+                warn!(device, "drain: {e}");
+            }
         }
     }
 

@@ -1,9 +1,11 @@
 //! `sqcqd`: the sqcq vhost-user SCSI target daemon.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use sqcq_target::admin::AdminCli;
+use sqcq_target::daemon::SHUTDOWN_GRACE;
 use sqcq_target::{Cli, Daemon};
 use tracing::{error, info};
 
@@ -12,6 +14,7 @@ fn main() -> ExitCode {
         return admin();
     }
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -42,8 +45,33 @@ fn main() -> ExitCode {
     };
     let signal = wait_signal(&signals);
     info!("signal {signal}: stopping (finishing in-flight I/O)");
-    daemon.shutdown();
-    ExitCode::SUCCESS
+    shutdown_within(daemon, SHUTDOWN_GRACE + SHUTDOWN_MARGIN)
+}
+
+/// Time allowed for the daemon's threads to end after the grace period.
+const SHUTDOWN_MARGIN: Duration = Duration::from_secs(5);
+
+/// Stops the daemon; if that takes longer than `bound` (a bug: every wait
+/// of the shutdown path is bounded), exits anyway with an error.
+fn shutdown_within(daemon: Daemon, bound: Duration) -> ExitCode {
+    let (done, finished) = std::sync::mpsc::channel();
+    let stopper = std::thread::Builder::new()
+        .name("sqcq-shutdown".into())
+        .spawn(move || {
+            daemon.shutdown();
+            let _ = done.send(());
+        });
+    if let Err(e) = stopper {
+        error!("cannot start the shutdown thread: {e}");
+        return ExitCode::FAILURE;
+    }
+    match finished.recv_timeout(bound) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => {
+            error!("shutdown did not finish within {bound:?}: exiting anyway");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `sqcqd admin --admin-socket PATH COMMAND...`: prints the reply; exits 0

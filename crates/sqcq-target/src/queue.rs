@@ -19,11 +19,12 @@ use thiserror::Error;
 use tracing::{error, info};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::chain::ChainBuffers;
 use crate::counters::DeviceCounters;
 use crate::device::DeviceShared;
+use crate::eventfd::{PeerEventFd, Signal};
+use crate::guest_warn;
 use crate::inflight::Inflight;
 use crate::stats::QueueReport;
 use crate::target::Target;
@@ -97,11 +98,11 @@ pub struct QueueStart {
     /// The ring.
     pub ring: RingConfig,
     /// Driver-to-device notifications.
-    pub kick: EventFd,
+    pub kick: PeerEventFd,
     /// Device-to-driver notifications.
-    pub call: Option<EventFd>,
+    pub call: Option<PeerEventFd>,
     /// Error notifications.
-    pub err: Option<EventFd>,
+    pub err: Option<PeerEventFd>,
     /// How submissions are noticed.
     pub source: SubmissionSource,
     /// The adaptive spin window of a polled queue.
@@ -155,9 +156,9 @@ pub struct ServedQueue {
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
     pub(crate) queue: Queue,
     pub(crate) used: UsedRing,
-    kick: EventFd,
-    call: Option<EventFd>,
-    err: Option<EventFd>,
+    kick: PeerEventFd,
+    call: Option<PeerEventFd>,
+    err: Option<PeerEventFd>,
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
     poll: Option<Box<QueuePoll>>,
@@ -284,18 +285,27 @@ impl ServedQueue {
     }
 
     /// Replaces the call eventfd (SET_VRING_CALL while running).
-    pub fn set_call(&mut self, call: Option<EventFd>) {
+    pub fn set_call(&mut self, call: Option<PeerEventFd>) {
         self.call = call;
     }
 
     /// The kick eventfd fired.
     pub fn on_kick(&mut self) {
-        // Non-blocking in effect: epoll reported it readable. The value
-        // only counts kicks; the ring says what to do.
-        if let Ok(n) = self.kick.read() {
+        // Never blocks (see `PeerEventFd::drain`). The value only counts
+        // kicks; the ring says what to do.
+        if let Some(n) = self.kick.drain() {
             self.kicks = self.kicks.wrapping_add(n);
         }
         self.process();
+    }
+
+    /// The kick descriptor hung up or failed: the driver can no longer
+    /// notify this queue, which stops.
+    pub fn kick_failed(&mut self) {
+        DeviceCounters::bump(&self.device.counters.dead_kicks);
+        guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+            "kick descriptor hung up: queue stopped, device needs reset");
+        self.mark_broken();
     }
 
     /// A backstore queue's completion descriptor fired.
@@ -405,21 +415,28 @@ impl ServedQueue {
         }
     }
 
+    /// Notifies the driver. A saturated call counter means a notification
+    /// is pending already (counted, merged); a call descriptor that cannot
+    /// be written at all breaks the queue, since the driver would wait for
+    /// completions forever.
     fn signal_call(&mut self) {
         self.calls = self.calls.wrapping_add(1);
-        if let Some(call) = &self.call
-            && let Err(e) = call.write(1)
-        {
-            error!(device = %self.device.name, vq = self.key.vq, "call eventfd: {e}");
+        let Some(call) = &self.call else { return };
+        match call.signal() {
+            Signal::Sent => {}
+            Signal::Coalesced => DeviceCounters::bump(&self.device.counters.calls_coalesced),
+            Signal::Failed(e) => {
+                guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                    "call eventfd cannot be written ({e}): queue stopped");
+                self.call = None;
+                self.mark_broken();
+            }
         }
     }
 
     fn ring_broken(&mut self, e: &virtio_queue::Error) {
-        error!(
-            device = %self.device.name,
-            vq = self.key.vq,
-            "ring corrupt ({e}): queue stopped, device needs reset"
-        );
+        guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+            "ring corrupt ({e}): queue stopped, device needs reset");
         self.mark_broken();
     }
 
@@ -429,8 +446,9 @@ impl ServedQueue {
         }
         self.broken = true;
         DeviceCounters::bump(&self.device.counters.broken_rings);
+        // Whatever the error descriptor does, the queue is stopped already.
         if let Some(err) = &self.err {
-            let _ = err.write(1);
+            let _ = err.signal();
         }
     }
 
@@ -447,10 +465,9 @@ impl ServedQueue {
 
     /// Stops the queue: waits for the backstore to finish everything in
     /// flight, completes it to the driver, and says where to resume.
-    pub fn stop(mut self) -> StopReport {
+    pub fn stop(mut self, deadline: Instant) -> StopReport {
         let mem = self.mem.memory().into_inner();
         self.commit();
-        let deadline = Instant::now() + Duration::from_secs(60);
         while !self.inflight.is_empty() && Instant::now() < deadline {
             for lun in 0..self.luns.len() {
                 if self.luns[lun].io.in_flight() == 0 {
@@ -467,7 +484,7 @@ impl ServedQueue {
             error!(
                 device = %self.device.name,
                 vq = self.key.vq,
-                "{} requests still in flight after 60 s; abandoning them",
+                "{} requests still in flight at the stop deadline; abandoning them",
                 self.inflight.len()
             );
         }

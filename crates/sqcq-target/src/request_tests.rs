@@ -9,7 +9,6 @@ use sqcq_scsi::{LogicalUnit, LuConfig, NexusId};
 use virtio_queue::desc::{RawDescriptor, split::Descriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::QueueMap;
 use crate::counters::DeviceCounters;
@@ -51,6 +50,7 @@ fn device() -> Arc<DeviceShared> {
         }])),
         counters: DeviceCounters::default(),
         limiter: RateLimiter::new(100),
+        memory_fault: vmm_sys_util::eventfd::EventFd::new(0).unwrap(),
     })
 }
 
@@ -75,7 +75,7 @@ impl Fixture {
             cdb_size: 32,
             mem: GuestMemoryAtomic::new(mem.clone()),
             ring,
-            kick: EventFd::new(EFD_NONBLOCK).unwrap(),
+            kick: crate::eventfd::PeerEventFd::new().unwrap(),
             call: None,
             err: None,
             source: SubmissionSource::Kick,

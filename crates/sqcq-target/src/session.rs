@@ -15,13 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sqcq_scsi::NexusId;
 use tracing::{error, info, warn};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::control::ControlPlane;
 use crate::device::DeviceShared;
+use crate::eventfd::PeerEventFd;
+use crate::memory::{GuardedRegion, Mapping};
 use crate::poll::RingMode;
 use crate::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
-use crate::worker::{WorkerCommand, WorkerPool};
+use crate::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 
 /// Most request queues a device serves (QEMU creates 2 + its own
 /// `num_queues` vrings whatever GET_QUEUE_NUM says, so more than
@@ -34,6 +35,9 @@ pub const CONTROL_VQ: usize = 0;
 pub const EVENT_VQ: usize = 1;
 
 static NEXT_NEXUS: AtomicU64 = AtomicU64::new(1);
+
+/// How long after its deadline a worker's answer to a stop may take.
+const REPLY_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A fresh I_T nexus identifier (one per connection, daemon-wide).
 pub fn new_nexus() -> NexusId {
@@ -62,11 +66,11 @@ pub struct Vring {
     /// Next available index (SET_VRING_BASE, or where it stopped).
     pub base: u16,
     /// Kick eventfd.
-    pub kick: Option<EventFd>,
+    pub kick: Option<PeerEventFd>,
     /// Call eventfd.
-    pub call: Option<EventFd>,
+    pub call: Option<PeerEventFd>,
     /// Error eventfd.
-    pub err: Option<EventFd>,
+    pub err: Option<PeerEventFd>,
     /// SET_VRING_ENABLE state.
     pub enabled: bool,
     /// Where it runs.
@@ -88,17 +92,6 @@ impl Vring {
     }
 }
 
-/// A guest memory region as the frontend maps it.
-#[derive(Clone, Copy, Debug)]
-pub struct Mapping {
-    /// Frontend virtual address.
-    pub user_addr: u64,
-    /// Size.
-    pub size: u64,
-    /// Guest physical address.
-    pub gpa: u64,
-}
-
 /// The state of one connection, owned by the device's control thread.
 pub struct Session {
     pub(crate) dev: Arc<DeviceShared>,
@@ -109,6 +102,10 @@ pub struct Session {
     pub(crate) acked_protocol: u64,
     pub(crate) mem: GuestMemoryAtomic<GuestMemoryMmap>,
     pub(crate) mappings: Vec<Mapping>,
+    /// The mapped regions of the current memory table.
+    pub(crate) regions: Vec<GuardedRegion>,
+    /// Regions of replaced tables, unmapped once nothing uses them.
+    pub(crate) retired: Vec<GuardedRegion>,
     pub(crate) vrings: Vec<Vring>,
     pub(crate) cdb_size: u32,
     pub(crate) sense_size: u32,
@@ -140,6 +137,8 @@ impl Session {
             acked_protocol: 0,
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::default()),
             mappings: Vec::new(),
+            regions: Vec::new(),
+            retired: Vec::new(),
             vrings,
             cdb_size: crate::wire::DEFAULT_CDB_SIZE,
             sense_size: crate::wire::DEFAULT_SENSE_SIZE,
@@ -232,7 +231,7 @@ impl Session {
             return;
         };
         let v = &self.vrings[index];
-        let clone = |fd: &Option<EventFd>| fd.as_ref().and_then(|f| f.try_clone().ok());
+        let clone = |fd: &Option<PeerEventFd>| fd.as_ref().and_then(|f| f.try_clone().ok());
         let Some(kick) = clone(&v.kick) else { return };
         let (call, err) = (clone(&v.call), clone(&v.err));
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
@@ -268,10 +267,15 @@ impl Session {
             source: self.submission_source(),
             spin: self.pool.options().spin_policy(),
         };
-        let result = self.pool.call(worker, |reply| WorkerCommand::Start {
-            start: Box::new(start),
-            reply,
-        });
+        let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
+        let result = self.pool.call(
+            worker,
+            |reply| WorkerCommand::Start {
+                start: Box::new(start),
+                reply,
+            },
+            deadline,
+        );
         match result {
             Ok(Ok(())) => {
                 info!("device {} vq {vq} -> worker {worker}", self.dev.id);
@@ -293,10 +297,15 @@ impl Session {
                     device: self.dev.id,
                     vq,
                 };
-                match self
-                    .pool
-                    .call(w, |reply| WorkerCommand::Stop { key, reply })
-                {
+                // The worker waits for requests in flight until the
+                // deadline; its answer follows at once.
+                let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
+                let call = |reply| WorkerCommand::Stop {
+                    key,
+                    deadline,
+                    reply,
+                };
+                match self.pool.call(w, call, deadline + REPLY_MARGIN) {
                     Ok(Some(report)) => Some(report.next_avail),
                     Ok(None) => None,
                     Err(e) => {
@@ -348,8 +357,9 @@ impl Session {
     }
 
     /// Waits until every request of this device in flight now completed,
-    /// on every worker serving one of its queues.
-    pub(crate) fn drain_requests(&self) {
+    /// on every worker serving one of its queues, or
+    /// [`QUEUE_STOP_TIMEOUT`] passed; returns whether they all did.
+    pub(crate) fn drain_requests(&self) -> bool {
         let mut workers: Vec<usize> = self
             .vrings
             .iter()
@@ -361,23 +371,40 @@ impl Session {
         workers.sort_unstable();
         workers.dedup();
         let device = self.dev.id;
+        let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
+        let mut drained = true;
         for w in workers {
-            if let Err(e) = self
-                .pool
-                .call(w, |reply| WorkerCommand::Drain { device, reply })
-            {
+            let call = |reply| WorkerCommand::Drain { device, reply };
+            if let Err(e) = self.pool.call(w, call, deadline) {
                 error!(device = %self.dev.name, "drain: {e}");
+                drained = false;
             }
         }
+        drained
     }
 
-    /// Ends the connection: stops every queue and tells the logical units
-    /// that the I_T nexus is gone.
-    pub fn teardown(&mut self) {
+    /// Unmaps the regions of replaced memory tables that nothing uses
+    /// any more.
+    pub(crate) fn release_retired(&mut self) {
+        self.retired.retain(GuardedRegion::in_use);
+    }
+
+    /// Ends the connection: stops every queue, tells the logical units
+    /// that the I_T nexus is gone, and unmaps guest memory. Returns the
+    /// regions something still uses (requests abandoned by a queue that
+    /// could not stop in time), for the caller to unmap later.
+    pub fn teardown(&mut self) -> Vec<GuardedRegion> {
         self.reset_rings();
         // Every queue stopped and posted its final figures.
         self.pool.stats().write();
         self.dev.target.disconnect(self.nexus);
+        if let Ok(mem) = self.mem.lock() {
+            mem.replace(GuestMemoryMmap::default());
+        }
+        self.mappings.clear();
+        self.retired.append(&mut self.regions);
+        self.release_retired();
         info!(device = %self.dev.name, nexus = self.nexus.0, "connection closed");
+        std::mem::take(&mut self.retired)
     }
 }

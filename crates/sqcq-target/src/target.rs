@@ -167,6 +167,7 @@ pub(crate) fn build_lun(lun: u16, spec: &LunSpec, wwn_seed: u64) -> Result<LunEn
             })?;
             let options = FileOptions {
                 size: spec.size,
+                create: spec.create,
                 block_size,
                 read_only: spec.read_only,
                 ..FileOptions::new(path)

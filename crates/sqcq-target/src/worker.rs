@@ -17,14 +17,16 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::eventfd::PeerEventFd;
 use crate::poll::PollOptions;
 use crate::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
 use crate::stats::{StatsBoard, StatsTicker};
@@ -46,10 +48,13 @@ pub enum WorkerCommand {
         /// Whether it started.
         reply: SyncSender<Result<(), QueueError>>,
     },
-    /// Stop serving a queue after its in-flight requests completed.
+    /// Stop serving a queue after its in-flight requests completed (or
+    /// `deadline` passed: they are abandoned).
     Stop {
         /// The queue.
         key: QueueKey,
+        /// When to stop waiting for requests in flight.
+        deadline: Instant,
         /// Where it stopped (`None`: not served here).
         reply: SyncSender<Option<StopReport>>,
     },
@@ -58,7 +63,7 @@ pub enum WorkerCommand {
         /// The queue.
         key: QueueKey,
         /// The new eventfd.
-        call: Option<EventFd>,
+        call: Option<PeerEventFd>,
     },
     /// Answer once every request of `device` in flight now has completed.
     Drain {
@@ -78,14 +83,28 @@ pub enum WorkerCommand {
         /// LUN (that queue keeps its previous snapshot).
         reply: SyncSender<Result<(), QueueError>>,
     },
-    /// Stop every queue and end the thread.
-    Exit,
+    /// Stop every queue (waiting for requests in flight until `deadline`)
+    /// and end the thread.
+    Exit {
+        /// When to stop waiting for requests in flight.
+        deadline: Instant,
+    },
 }
 
-/// A worker thread is gone (it panicked or exited).
+/// How long stopping a queue waits for its requests in flight before it
+/// abandons them (the SCSI command timeout of Linux guests).
+pub const QUEUE_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A command could not be answered.
 #[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
-#[error("worker {0} is not running")]
-pub struct WorkerGone(pub usize);
+pub enum WorkerGone {
+    /// The worker thread is gone (it panicked or exited).
+    #[error("worker {0} is not running")]
+    Exited(usize),
+    /// It did not answer before the deadline.
+    #[error("worker {0} did not answer in time")]
+    TimedOut(usize),
+}
 
 struct WorkerHandle {
     tx: Sender<WorkerCommand>,
@@ -98,6 +117,8 @@ pub struct WorkerPool {
     workers: Vec<WorkerHandle>,
     options: PollOptions,
     stats: Arc<StatsBoard>,
+    /// Set when the daemon stops: no wait goes past it.
+    shutdown_by: OnceLock<Instant>,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -153,6 +174,7 @@ impl WorkerPool {
             workers,
             options,
             stats,
+            shutdown_by: OnceLock::new(),
         })
     }
 
@@ -186,26 +208,45 @@ impl WorkerPool {
 
     /// Sends a command to worker `w` and wakes it.
     pub fn send(&self, w: usize, cmd: WorkerCommand) -> Result<(), WorkerGone> {
-        let h = self.workers.get(w).ok_or(WorkerGone(w))?;
-        h.tx.send(cmd).map_err(|_| WorkerGone(w))?;
-        h.wake.write(1).map_err(|_| WorkerGone(w))
+        let h = self.workers.get(w).ok_or(WorkerGone::Exited(w))?;
+        h.tx.send(cmd).map_err(|_| WorkerGone::Exited(w))?;
+        h.wake.write(1).map_err(|_| WorkerGone::Exited(w))
     }
 
-    /// Sends a command with a reply channel and waits for the reply.
+    /// Sends a command with a reply channel and waits for the reply until
+    /// `deadline`.
     pub fn call<T>(
         &self,
         w: usize,
         make: impl FnOnce(SyncSender<T>) -> WorkerCommand,
+        deadline: Instant,
     ) -> Result<T, WorkerGone> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.send(w, make(tx))?;
-        rx.recv().map_err(|_| WorkerGone(w))
+        let wait = deadline.saturating_duration_since(Instant::now());
+        rx.recv_timeout(wait).map_err(|e| match e {
+            mpsc::RecvTimeoutError::Timeout => WorkerGone::TimedOut(w),
+            mpsc::RecvTimeoutError::Disconnected => WorkerGone::Exited(w),
+        })
+    }
+
+    /// `timeout` from now, but not past the shutdown deadline.
+    pub fn deadline(&self, timeout: Duration) -> Instant {
+        let d = Instant::now() + timeout;
+        self.shutdown_by.get().map_or(d, |&s| d.min(s))
+    }
+
+    /// From now on nothing waits past `now + grace` (see
+    /// [`crate::Daemon::shutdown`]).
+    pub fn begin_shutdown(&self, grace: Duration) {
+        let _ = self.shutdown_by.set(Instant::now() + grace);
     }
 
     /// Stops every worker (each stops its queues first) and joins them.
     pub fn shutdown(&self) {
+        let deadline = self.deadline(QUEUE_STOP_TIMEOUT);
         for w in 0..self.workers.len() {
-            let _ = self.send(w, WorkerCommand::Exit);
+            let _ = self.send(w, WorkerCommand::Exit { deadline });
         }
         for h in &self.workers {
             let thread = h
@@ -320,8 +361,21 @@ impl Worker {
                 }
                 let slot = usize::try_from(t >> SOURCE_BITS).unwrap_or(usize::MAX);
                 let source = usize::try_from(t & ((1 << SOURCE_BITS) - 1)).unwrap_or(0);
+                let hangup = ev
+                    .event_set()
+                    .intersects(EventSet::HANG_UP | EventSet::ERROR);
                 if let Some(q) = self.queues.get_mut(slot).and_then(Option::as_mut) {
                     match source {
+                        // An eventfd never hangs up; whatever this is, it
+                        // would be reported again at once: stop watching it.
+                        0 if hangup => {
+                            let _ = self.epoll.ctl(
+                                ControlOperation::Delete,
+                                q.kick_fd(),
+                                EpollEvent::default(),
+                            );
+                            q.kick_failed();
+                        }
                         0 => q.on_kick(),
                         n => q.on_completion(n - 1),
                     }
@@ -332,7 +386,7 @@ impl Worker {
             let reports = self.queues.iter().flatten().map(ServedQueue::report);
             self.ticker.tick(self.id, &self.board, reports);
         }
-        self.stop_all();
+        self.stop_all(Instant::now() + QUEUE_STOP_TIMEOUT);
     }
 
     /// Handles every queued command; returns false on Exit.
@@ -343,8 +397,12 @@ impl Worker {
                     let result = self.start(*start);
                     let _ = reply.send(result);
                 }
-                WorkerCommand::Stop { key, reply } => {
-                    let _ = reply.send(self.stop(key));
+                WorkerCommand::Stop {
+                    key,
+                    deadline,
+                    reply,
+                } => {
+                    let _ = reply.send(self.stop(key, deadline));
                 }
                 WorkerCommand::SetCall { key, call } => {
                     if let Some(q) = self.find(key).and_then(|s| self.queues[s].as_mut()) {
@@ -367,8 +425,8 @@ impl Worker {
                 } => {
                     let _ = reply.send(self.set_target(device, &target));
                 }
-                WorkerCommand::Exit => {
-                    self.stop_all();
+                WorkerCommand::Exit { deadline } => {
+                    self.stop_all(deadline);
                     return false;
                 }
             }
@@ -411,11 +469,11 @@ impl Worker {
         Ok(())
     }
 
-    fn stop(&mut self, key: QueueKey) -> Option<StopReport> {
+    fn stop(&mut self, key: QueueKey, deadline: Instant) -> Option<StopReport> {
         let slot = self.find(key)?;
         let q = self.queues[slot].take()?;
         self.unwatch(&q);
-        let report = q.stop();
+        let report = q.stop(deadline);
         self.board.post(report.stats);
         self.check_drains();
         Some(report)
@@ -463,11 +521,11 @@ impl Worker {
         }
     }
 
-    fn stop_all(&mut self) {
+    fn stop_all(&mut self, deadline: Instant) {
         for slot in 0..self.queues.len() {
             if let Some(q) = self.queues[slot].take() {
                 self.unwatch(&q);
-                self.board.post(q.stop().stats);
+                self.board.post(q.stop(deadline).stats);
             }
         }
         self.check_drains();

@@ -316,6 +316,7 @@ fn a_file_lun_writes_reads_flushes_and_grows() {
     let _ = std::fs::remove_file(&path);
     let spec = LunSpec {
         path: Some(path.clone()),
+        create: true,
         ..lun(BackstoreKind::File, 4 << 20)
     };
     let (daemon, socket, admin) = start_admin(&dir, vec![spec]);

@@ -18,8 +18,8 @@ use common::*;
 fn sqcqd_serves_and_exits_zero_on_sigterm() {
     let dir = TempDir::new("bin");
     let socket = dir.path("sqcqd.sock");
-    // A stale socket file from an earlier run is replaced.
-    std::fs::write(&socket, b"stale").unwrap();
+    // A stale socket file from an earlier run (nobody listens) is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     let mut child = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
         .arg("--socket-path")
         .arg(&socket)
@@ -73,4 +73,39 @@ fn sqcqd_rejects_a_bad_lun_spec() {
         .status()
         .unwrap();
     assert!(!status.success());
+}
+
+fn sqcqd_on(socket: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .arg("--socket-path")
+        .arg(socket)
+        .args(["--lun", "kind=null,size=1M"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn sqcqd_never_replaces_a_file_or_a_live_socket() {
+    let dir = TempDir::new("bin-safe");
+    // A disk image where the socket should go is left alone.
+    let image = dir.path("disk.img");
+    std::fs::write(&image, b"precious data").unwrap();
+    let out = sqcqd_on(&image);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a socket"), "stderr: {err}");
+    assert!(out.stdout.is_empty(), "logs go to stderr, not stdout");
+    assert_eq!(std::fs::read(&image).unwrap(), b"precious data");
+
+    // A socket another process listens on is not taken over.
+    let live = dir.path("live.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let out = sqcqd_on(&live);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use"), "stderr: {err}");
+    assert!(live.exists(), "the live socket is not removed");
+    drop(listener);
 }

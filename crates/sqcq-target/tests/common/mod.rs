@@ -458,6 +458,7 @@ pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
         lun: None,
         size: Some(size),
         path: None,
+        create: false,
         block_size: 512,
         read_only: false,
         serial: None,
