@@ -255,10 +255,25 @@ impl RamQueue {
         }
     }
 
+    /// Zeroes a checked range: whole pages are given back to the kernel
+    /// (`MADV_DONTNEED`, after which they read as zeros and cost no
+    /// memory), the partial pages at either end are cleared.
     fn zero(&self, offset: u64, len: u64) {
+        const PAGE: usize = 4096;
         let len = usize::try_from(len).unwrap_or(0);
+        let start = self.at(offset);
+        let head = start.align_offset(PAGE).min(len);
+        let pages = (len - head) / PAGE * PAGE;
         // SAFETY: the range was checked to lie in the mapping.
-        unsafe { std::ptr::write_bytes(self.at(offset), 0, len) };
+        unsafe { std::ptr::write_bytes(start, 0, head) };
+        if pages > 0 {
+            // SAFETY: whole pages inside the checked range of our own
+            // private anonymous mapping; they read as zeros afterwards.
+            unsafe { libc::madvise(start.wrapping_add(head).cast(), pages, libc::MADV_DONTNEED) };
+        }
+        let tail = len - head - pages;
+        // SAFETY: the rest of the checked range.
+        unsafe { std::ptr::write_bytes(start.wrapping_add(head + pages), 0, tail) };
     }
 }
 

@@ -437,3 +437,44 @@ fn existing_files_are_never_resized_and_missing_ones_need_create() {
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 8192, "not shrunk");
     std::fs::remove_file(path).unwrap();
 }
+
+#[test]
+fn ram_discards_zero_exactly_their_range() {
+    let ram = RamBackstore::new(64 << 10, 512).unwrap();
+    let mut q = ram.open_queue(2).unwrap();
+    let mut b = Buf::new(64 << 10);
+    b.bytes().fill(0x5a);
+    let all = b.iov(0, 64 << 10);
+    run(
+        &mut *q,
+        IoOp::Write {
+            offset: 0,
+            fua: false,
+        },
+        &[all],
+    )
+    .unwrap();
+    // Unaligned at both ends, several whole pages in between.
+    let (start, len) = (512 * 3, 512 * 40);
+    run(&mut *q, IoOp::Discard { offset: start, len }, &[]).unwrap();
+    b.bytes().fill(0xff);
+    let all = b.iov(0, 64 << 10);
+    run(&mut *q, IoOp::Read { offset: 0 }, &[all]).unwrap();
+    let (start, len) = (
+        usize::try_from(start).unwrap(),
+        usize::try_from(len).unwrap(),
+    );
+    let bytes = b.bytes();
+    assert!(
+        bytes[..start].iter().all(|&x| x == 0x5a),
+        "before the range"
+    );
+    assert!(
+        bytes[start..start + len].iter().all(|&x| x == 0),
+        "the range"
+    );
+    assert!(
+        bytes[start + len..].iter().all(|&x| x == 0x5a),
+        "after the range"
+    );
+}

@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use sqcq_backstore::Backstore;
 use sqcq_scsi::ScsiError;
 use vm_memory::GuestMemoryMmap;
 
@@ -29,8 +30,21 @@ pub enum OpKind {
     Other,
 }
 
+/// The kind of a range operation done in slices (see the request module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RangeOp {
+    /// Deallocate (UNMAP; WRITE SAME with zeros and UNMAP).
+    Discard,
+    /// Write zeros (WRITE SAME with zeros).
+    WriteZeroes,
+    /// Write the replicated pattern (WRITE SAME with data).
+    Pattern {
+        /// Force unit access.
+        fua: bool,
+    },
+}
+
 /// One request in flight.
-#[derive(Debug)]
 pub struct Slot {
     /// The slot holds a request.
     pub busy: bool,
@@ -58,6 +72,39 @@ pub struct Slot {
     pub iov: Vec<libc::iovec>,
     /// Replicated WRITE SAME pattern, when the pattern is not zeros.
     pub pattern: Vec<u8>,
+    /// The backstore of the request's LUN (to find its queue again when
+    /// the next slice goes out).
+    pub backstore: Option<Arc<dyn Backstore>>,
+    /// Byte ranges (offset, length) of a range operation not yet
+    /// submitted, from `next_range` on.
+    pub ranges: Vec<(u64, u64)>,
+    /// The first range with bytes left.
+    pub next_range: usize,
+    /// What the ranges are for.
+    pub range_op: RangeOp,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("busy", &self.busy)
+            .field("kind", &self.kind)
+            .field("pending_ops", &self.pending_ops)
+            .field(
+                "ranges_left",
+                &self.ranges.len().saturating_sub(self.next_range),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Slot {
+    /// Whether a range operation has slices left to submit.
+    pub fn has_slices_left(&self) -> bool {
+        self.ranges[self.next_range.min(self.ranges.len())..]
+            .iter()
+            .any(|r| r.1 > 0)
+    }
 }
 
 impl Slot {
@@ -76,6 +123,10 @@ impl Slot {
             error: None,
             iov: Vec::new(),
             pattern: Vec::new(),
+            backstore: None,
+            ranges: Vec::new(),
+            next_range: 0,
+            range_op: RangeOp::Discard,
         }
     }
 }
@@ -115,6 +166,8 @@ impl Inflight {
         slot.error = None;
         slot.writable.clear();
         slot.iov.clear();
+        slot.ranges.clear();
+        slot.next_range = 0;
         self.current += 1;
         Some(slot)
     }
@@ -134,6 +187,7 @@ impl Inflight {
         }
         slot.busy = false;
         slot.mem = None;
+        slot.backstore = None;
         if slot.old {
             self.old -= 1;
             self.old == 0

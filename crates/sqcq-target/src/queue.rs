@@ -172,6 +172,8 @@ pub struct ServedQueue {
     pub(crate) target: Arc<Target>,
     pub(crate) luns: Vec<LunQueue>,
     pub(crate) inflight: Inflight,
+    /// Heads of requests whose next slice goes out on the next pass.
+    pub(crate) resume: Vec<u16>,
     pub(crate) chain: ChainBuffers,
     pub(crate) max_segments: usize,
     pub(crate) header: Vec<u8>,
@@ -240,6 +242,7 @@ impl ServedQueue {
             target,
             luns,
             inflight: Inflight::new(ring.size),
+            resume: Vec::with_capacity(usize::from(ring.size)),
             chain: ChainBuffers::with_capacity(max_segments.min(64)),
             max_segments,
             header: vec![0; crate::wire::CMD_REQ_FIXED + cdb_size],
@@ -270,6 +273,9 @@ impl ServedQueue {
     /// How long the worker may sleep before this queue needs a look
     /// without an event; `None`: only when its fds are readable.
     pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.has_slices_pending() {
+            return Some(Duration::ZERO);
+        }
         match self.source {
             SubmissionSource::Kick => None,
             // While spinning, the worker only looks at its fds.
@@ -297,6 +303,15 @@ impl ServedQueue {
             self.kicks = self.kicks.wrapping_add(n);
         }
         self.process();
+    }
+
+    /// One pass of the worker's loop: the next slice of every long
+    /// command that waits for one.
+    pub fn pass(&mut self) {
+        if self.has_slices_pending() {
+            let mem = self.mem.memory().into_inner();
+            self.resume_slices(&mem);
+        }
     }
 
     /// The kick descriptor hung up or failed: the driver can no longer
@@ -376,7 +391,7 @@ impl ServedQueue {
         true
     }
 
-    fn commit(&mut self) {
+    pub(crate) fn commit(&mut self) {
         for l in self.luns.iter_mut().filter(|l| l.uncommitted) {
             l.uncommitted = false;
             if let Err(e) = l.io.commit() {
@@ -469,6 +484,9 @@ impl ServedQueue {
         let mem = self.mem.memory().into_inner();
         self.commit();
         while !self.inflight.is_empty() && Instant::now() < deadline {
+            if self.has_slices_pending() {
+                self.resume_slices(&mem);
+            }
             for lun in 0..self.luns.len() {
                 if self.luns[lun].io.in_flight() == 0 {
                     continue;

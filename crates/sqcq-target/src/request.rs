@@ -26,14 +26,19 @@ use crate::counters::DeviceCounters;
 use crate::device::DeviceShared;
 use crate::guest;
 use crate::guest_warn;
-use crate::inflight::{Inflight, OpKind};
+use crate::inflight::{Inflight, OpKind, RangeOp, Slot};
 use crate::lun::LunAddress;
-use crate::queue::ServedQueue;
+use crate::queue::{LunQueue, ServedQueue};
 use crate::used::UsedRing;
 use crate::wire::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
 
-/// Blocks of a non-zero WRITE SAME pattern replicated per backstore write.
-const PATTERN_BLOCKS: u32 = 256;
+/// Bytes of a non-zero WRITE SAME pattern replicated per backstore write:
+/// one slice of such a command.
+const PATTERN_BYTES: u64 = 256 << 10;
+/// Bytes one slice of a discard or zeroing covers (UNMAP, WRITE SAME with
+/// zeros). A backstore that does these in memory (RAM) touches this much
+/// per slice; files and devices do them as metadata or in the kernel.
+const SLICE_BYTES: u64 = 1 << 20;
 
 /// Writes a command response at the start of `writable`; returns the
 /// bytes written, or `None` when not even the fixed part fits or guest
@@ -301,30 +306,9 @@ impl ServedQueue {
         slot.lba = lba;
         slot.buffer_len = have;
         slot.transfer = needed;
-        let mut ops: [Option<IoOp>; 1] = [None];
-        // Only WRITE SAME needs it (block size and discard behaviour, which
-        // a resize does not change).
-        let geometry = matches!(op, MediumOp::WriteSame { .. })
-            .then(|| self.luns[lun_index].backstore.geometry());
         let io = &mut self.luns[lun_index];
+        slot.backstore = Some(Arc::clone(&io.backstore));
         let tag = u64::from(head);
-        let mut submit =
-            |slot: &mut crate::inflight::Slot, op: IoOp, iov_range: std::ops::Range<usize>| {
-                // SAFETY: the iovecs point into guest memory kept mapped by
-                // `slot.mem`, or into `slot.pattern`, both alive and unchanged
-                // until the slot is released after the last completion of
-                // this tag; `slot.iov` itself is not modified meanwhile.
-                match unsafe { io.io.submit(tag, op, &slot.iov[iov_range]) } {
-                    Ok(()) => {
-                        slot.pending_ops += 1;
-                        io.uncommitted = true;
-                    }
-                    Err(e) => {
-                        slot.error
-                            .get_or_insert(medium_error(slot.kind, slot.lba, &e));
-                    }
-                }
-            };
         match op {
             MediumOp::Read { offset, bytes, .. } | MediumOp::Write { offset, bytes, .. } => {
                 let (segs, at) = if kind == OpKind::Read {
@@ -339,22 +323,14 @@ impl ServedQueue {
                         MediumOp::Write { fua, .. } => IoOp::Write { offset, fua },
                         _ => IoOp::Read { offset },
                     };
-                    let n = slot.iov.len();
-                    submit(slot, io_op, 0..n);
+                    submit(io, slot, tag, io_op, true);
                 }
             }
-            MediumOp::Flush { .. } => ops[0] = Some(IoOp::Flush),
+            MediumOp::Flush { .. } => submit(io, slot, tag, IoOp::Flush, false),
             MediumOp::Unmap(list) => {
-                for r in list.iter() {
-                    submit(
-                        slot,
-                        IoOp::Discard {
-                            offset: r.offset,
-                            len: r.bytes,
-                        },
-                        0..0,
-                    );
-                }
+                slot.ranges.extend(list.iter().map(|r| (r.offset, r.bytes)));
+                slot.range_op = RangeOp::Discard;
+                submit_slice(io, slot, tag);
             }
             MediumOp::WriteSame {
                 offset,
@@ -363,49 +339,32 @@ impl ServedQueue {
                 fua,
                 pattern,
                 ..
-            } => 'same: {
-                let Some(geometry) = geometry else {
-                    slot.error = Some(ScsiError::InternalTargetFailure);
-                    break 'same;
-                };
+            } => {
+                // Block size and discard behaviour, which a resize does not
+                // change.
+                let geometry = io.backstore.geometry();
                 let bs = u64::from(geometry.block_size);
-                let len = u64::from(blocks) * bs;
                 let zeros = pattern.is_none_or(|p| p.iter().all(|b| *b == 0));
-                if zeros && unmap && geometry.supports_unmap && geometry.unmapped_reads_zero {
-                    ops[0] = Some(IoOp::Discard { offset, len });
-                } else if zeros {
-                    ops[0] = Some(IoOp::WriteZeroes { offset, len });
-                } else if let Some(p) = pattern {
-                    let per_op = blocks.min(PATTERN_BLOCKS);
+                slot.range_op =
+                    if zeros && unmap && geometry.supports_unmap && geometry.unmapped_reads_zero {
+                        RangeOp::Discard
+                    } else if zeros {
+                        RangeOp::WriteZeroes
+                    } else {
+                        RangeOp::Pattern { fua }
+                    };
+                if let (RangeOp::Pattern { .. }, Some(p)) = (slot.range_op, pattern) {
+                    // The pattern replicated over at most PATTERN_BYTES
+                    // (whole blocks): each slice writes from it.
+                    let copies = (PATTERN_BYTES / bs).clamp(1, u64::from(blocks));
                     slot.pattern.clear();
-                    for _ in 0..per_op {
+                    for _ in 0..copies {
                         slot.pattern.extend_from_slice(p);
                     }
-                    let n_ops = blocks.div_ceil(per_op);
-                    slot.iov.clear();
-                    for i in 0..n_ops {
-                        let this = (blocks - i * per_op).min(per_op);
-                        slot.iov.push(libc::iovec {
-                            iov_base: slot.pattern.as_mut_ptr().cast(),
-                            iov_len: usize::try_from(u64::from(this) * bs).unwrap_or(0),
-                        });
-                    }
-                    for i in 0..slot.iov.len() {
-                        let op_offset = offset + (i as u64) * u64::from(per_op) * bs;
-                        submit(
-                            slot,
-                            IoOp::Write {
-                                offset: op_offset,
-                                fua,
-                            },
-                            i..i + 1,
-                        );
-                    }
                 }
+                slot.ranges.push((offset, u64::from(blocks) * bs));
+                submit_slice(io, slot, tag);
             }
-        }
-        if let Some(op) = ops[0] {
-            submit(slot, op, 0..0);
         }
         if slot.pending_ops == 0 {
             // Nothing reached the backstore (an empty UNMAP list or a
@@ -414,7 +373,10 @@ impl ServedQueue {
         }
     }
 
-    /// Reaps the completions of one LUN's backstore queue.
+    /// Reaps the completions of one LUN's backstore queue. A request with
+    /// slices left is put on the resume list instead of completing: its
+    /// next slice goes out on the worker's next pass, after every other
+    /// queue had its turn.
     pub(crate) fn reap(&mut self, lun: usize, mem: &GuestMemoryMmap) {
         let Some(l) = self.luns.get_mut(lun) else {
             return;
@@ -424,6 +386,7 @@ impl ServedQueue {
         }
         let inflight = &mut self.inflight;
         let used = &mut self.used;
+        let resume = &mut self.resume;
         let device = &*self.device;
         let sense_size = self.sense_size;
         l.io.reap(&mut |tag, result| {
@@ -438,10 +401,51 @@ impl ServedQueue {
                     .get_or_insert(medium_error(slot.kind, slot.lba, &e));
             }
             slot.pending_ops = slot.pending_ops.saturating_sub(1);
-            if slot.pending_ops == 0 {
+            if slot.pending_ops > 0 {
+                return;
+            }
+            if slot.error.is_none() && slot.has_slices_left() {
+                resume.push(head);
+            } else {
                 complete_request(inflight, used, mem, device, sense_size, head);
             }
         });
+    }
+
+    /// Whether requests wait for their next slice.
+    pub(crate) fn has_slices_pending(&self) -> bool {
+        !self.resume.is_empty()
+    }
+
+    /// Submits the next slice of every request on the resume list, then
+    /// commits, reaps and publishes.
+    pub(crate) fn resume_slices(&mut self, mem: &GuestMemoryMmap) {
+        let mut heads = std::mem::take(&mut self.resume);
+        for &head in &heads {
+            let Some(slot) = self.inflight.get_mut(head) else {
+                continue;
+            };
+            let lun = slot
+                .backstore
+                .as_ref()
+                .and_then(|b| self.luns.iter().position(|l| Arc::ptr_eq(&l.backstore, b)));
+            match lun {
+                Some(i) => submit_slice(&mut self.luns[i], slot, u64::from(head)),
+                // The LUN was removed between two slices.
+                None => slot.error = Some(ScsiError::LogicalUnitNotSupported),
+            }
+            if slot.pending_ops == 0 {
+                self.complete_slot(mem, head);
+            }
+        }
+        heads.clear();
+        // Keeps the allocation; reaps below may add to it.
+        self.resume = heads;
+        self.commit();
+        for lun in 0..self.luns.len() {
+            self.reap(lun, mem);
+        }
+        self.publish(mem);
     }
 
     fn complete_slot(&mut self, mem: &GuestMemoryMmap, head: u16) {
@@ -513,4 +517,61 @@ fn complete_request(
     .map_or(0, |r| r + data);
     let _ = used.push(mem, head, saturating_u32(len));
     inflight.release(head);
+}
+
+/// Queues one backstore operation for `slot` (with its iovecs when
+/// `with_iov`).
+fn submit(io: &mut LunQueue, slot: &mut Slot, tag: u64, op: IoOp, with_iov: bool) {
+    let iov: &[libc::iovec] = if with_iov { &slot.iov } else { &[] };
+    // SAFETY: the iovecs point into guest memory kept mapped by
+    // `slot.mem`, or into `slot.pattern`, both alive and unchanged until
+    // the slot's operation is reaped (the slot is released, or resumed,
+    // only after that); `slot.iov` is not modified meanwhile.
+    match unsafe { io.io.submit(tag, op, iov) } {
+        Ok(()) => {
+            slot.pending_ops += 1;
+            io.uncommitted = true;
+        }
+        Err(e) => {
+            slot.error
+                .get_or_insert(medium_error(slot.kind, slot.lba, &e));
+        }
+    }
+}
+
+/// Queues the next slice of a range operation (UNMAP, WRITE SAME): at
+/// most [`SLICE_BYTES`] of a discard or zeroing, or one pattern buffer of
+/// a pattern write. One slice per request is in flight at a time, so a
+/// queue never has more backstore operations than requests.
+fn submit_slice(io: &mut LunQueue, slot: &mut Slot, tag: u64) {
+    while slot.ranges.get(slot.next_range).is_some_and(|r| r.1 == 0) {
+        slot.next_range += 1;
+    }
+    let Some(&(offset, len)) = slot.ranges.get(slot.next_range) else {
+        return;
+    };
+    let limit = match slot.range_op {
+        RangeOp::Pattern { .. } => slot.pattern.len() as u64,
+        RangeOp::Discard | RangeOp::WriteZeroes => SLICE_BYTES,
+    };
+    let take = len.min(limit);
+    if take == len {
+        slot.next_range += 1;
+    } else {
+        slot.ranges[slot.next_range] = (offset + take, len - take);
+    }
+    let op = match slot.range_op {
+        RangeOp::Discard => IoOp::Discard { offset, len: take },
+        RangeOp::WriteZeroes => IoOp::WriteZeroes { offset, len: take },
+        RangeOp::Pattern { fua } => {
+            slot.iov.clear();
+            slot.iov.push(libc::iovec {
+                iov_base: slot.pattern.as_mut_ptr().cast(),
+                iov_len: usize::try_from(take).unwrap_or(0),
+            });
+            IoOp::Write { offset, fua }
+        }
+    };
+    let with_iov = matches!(slot.range_op, RangeOp::Pattern { .. });
+    submit(io, slot, tag, op, with_iov);
 }

@@ -381,6 +381,9 @@ impl Worker {
                     }
                 }
             }
+            for q in self.queues.iter_mut().flatten() {
+                q.pass();
+            }
             self.check_drains();
             crate::poll::spin(&mut self.queues);
             let reports = self.queues.iter().flatten().map(ServedQueue::report);

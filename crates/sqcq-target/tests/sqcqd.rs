@@ -33,9 +33,10 @@ fn sqcqd_serves_and_exits_zero_on_sigterm() {
         ])
         .args(["--queue-size", "64"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path("sqcqd.log")).unwrap())
         .spawn()
         .unwrap();
+    let _log = LogOnPanic(dir.path("sqcqd.log"));
 
     let mut g = Guest::new();
     let mut qs = vqs();
@@ -73,6 +74,20 @@ fn sqcqd_rejects_a_bad_lun_spec() {
         .status()
         .unwrap();
     assert!(!status.success());
+}
+
+/// Prints the daemon's log if the test fails.
+struct LogOnPanic(std::path::PathBuf);
+
+impl Drop for LogOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "sqcqd log:\n{}",
+                std::fs::read_to_string(&self.0).unwrap_or_default()
+            );
+        }
+    }
 }
 
 fn sqcqd_on(socket: &std::path::Path) -> std::process::Output {
