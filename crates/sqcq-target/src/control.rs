@@ -60,6 +60,8 @@ struct CtrlQueue {
     used: UsedRing,
     kick: PeerEventFd,
     call: Option<PeerEventFd>,
+    /// The ring was found corrupt: not served until the driver resets it.
+    broken: bool,
 }
 
 /// The control and event queues of one connection.
@@ -157,6 +159,7 @@ impl ControlPlane {
             used,
             kick,
             call,
+            broken: false,
         });
         Ok(())
     }
@@ -202,7 +205,7 @@ impl ControlPlane {
 fn publish(q: &mut CtrlQueue, mem: &GuestMemoryMmap) {
     if let Ok(true) = q.used.publish(mem)
         && let Some(call) = &q.call
-        && let Signal::Failed(_) = call.signal()
+        && let Signal::Failed(_) | Signal::Stalled = call.signal()
     {
         q.call = None;
     }
@@ -243,14 +246,17 @@ impl Session {
 
     fn deliver_events(&mut self) {
         let mem = self.mem.memory().into_inner();
-        let Some(q) = self.control.queues[EVENT_VQ].as_mut() else {
+        let Some(q) = self.control.queues[EVENT_VQ].as_mut().filter(|q| !q.broken) else {
             return;
         };
         while let Some(mut event) = self.control.pending.front().copied() {
             let chain = match q.queue.iter(&*mem) {
                 Ok(mut it) => it.next(),
                 Err(e) => {
-                    guest_warn!(self.dev.limiter, device = %self.dev.name, "event queue: {e}");
+                    q.broken = true;
+                    DeviceCounters::bump(&self.dev.counters.broken_rings);
+                    guest_warn!(self.dev.limiter, device = %self.dev.name,
+                        "event queue: {e}: stopped, device needs reset");
                     break;
                 }
             };
@@ -287,11 +293,17 @@ impl Session {
         self.control.more = false;
         loop {
             let chain = match self.control.queues[CONTROL_VQ].as_mut() {
+                Some(q) if q.broken => return,
                 Some(q) => match q.queue.iter(&*mem) {
                     Ok(mut it) => it.next(),
                     Err(e) => {
-                        guest_warn!(self.dev.limiter, device = %self.dev.name, "control queue: {e}");
-                        None
+                        // Stop serving it: every later pass would find the
+                        // same (a reset gives the driver a new ring).
+                        q.broken = true;
+                        DeviceCounters::bump(&self.dev.counters.broken_rings);
+                        guest_warn!(self.dev.limiter, device = %self.dev.name,
+                            "control queue: {e}: stopped, device needs reset");
+                        return;
                     }
                 },
                 None => None,

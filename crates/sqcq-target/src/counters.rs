@@ -40,6 +40,9 @@ pub struct DeviceCounters {
     /// Calls merged into a notification still pending because the
     /// frontend left the call counter saturated.
     pub calls_coalesced: AtomicU64,
+    /// Writes to a frontend eventfd that blocked and were interrupted by
+    /// the stall guard: their queue was stopped.
+    pub stalled_writes: AtomicU64,
     /// Kick descriptors that hung up or failed: their queue was stopped.
     pub dead_kicks: AtomicU64,
     /// vhost-user messages refused (bad values, unsupported requests).
@@ -138,6 +141,7 @@ impl DeviceCounters {
             ("broken_rings", get(&self.broken_rings)),
             ("io_errors", get(&self.io_errors)),
             ("calls_coalesced", get(&self.calls_coalesced)),
+            ("stalled_writes", get(&self.stalled_writes)),
             ("dead_kicks", get(&self.dead_kicks)),
             ("failed_messages", get(&self.failed_messages)),
             ("dropped_connections", get(&self.dropped_connections)),

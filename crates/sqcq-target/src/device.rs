@@ -242,6 +242,14 @@ impl ControlThread {
     }
 
     fn run(mut self) {
+        // Writes to frontend eventfds on this thread are bounded.
+        let _stall = match crate::stall::register() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                error!(device = self.shared.id, "stall guard: {e}");
+                None
+            }
+        };
         let listener = self.socket.listener().as_raw_fd();
         if let Err(e) = self
             .watch(listener, LISTEN_TOKEN)
@@ -382,6 +390,13 @@ impl ControlThread {
                 | VhostError::SocketBroken(_)
                 | VhostError::SocketError(_),
             ) => return Some(Ended::Disconnected),
+            // An invalid header (unknown code, oversized body, bad flags)
+            // or descriptors on a message that takes none: the body may
+            // still be in the socket, so nothing after it can be trusted.
+            Err(e @ (VhostError::InvalidMessage | VhostError::OversizedMsg)) => {
+                DeviceCounters::bump(&self.shared.counters.failed_messages);
+                return Some(self.drop_connection(format_args!("malformed message ({e})")));
+            }
             Err(e) => {
                 *errors += 1;
                 DeviceCounters::bump(&self.shared.counters.failed_messages);

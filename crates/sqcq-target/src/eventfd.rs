@@ -13,18 +13,19 @@
 //!   description both processes share) and drains the counter under us
 //!   cannot block a worker. Kernels without `RWF_NOWAIT` for eventfds (before
 //!   5.12) fall back to a plain read of the non-blocking descriptor.
-//! - **Writing** (a call or an error notification): a plain write of 1 to
-//!   the non-blocking descriptor. It can only fail with `EAGAIN` when the
+//! - **Writing** (a call or an error notification): a write of 1 to the
+//!   non-blocking descriptor. It can only fail with `EAGAIN` when the
 //!   counter is within 1 of its maximum, that is when the frontend left a
 //!   huge count unread: a notification is then pending already, and ours is
 //!   merged into it ([`Signal::Coalesced`]; the frontend sees the used ring
 //!   as of our write when it reads the counter). Nothing is retried and
 //!   the queue goes on. Any other error is returned ([`Signal::Failed`])
 //!   and the caller breaks the queue. Linux has no per-call non-blocking
-//!   write for eventfds (`pwritev2(RWF_NOWAIT)` is `EOPNOTSUPP` on them), so
-//!   the write relies on `O_NONBLOCK`; a frontend that clears the flag on
-//!   the shared description and saturates the counter could still stall a
-//!   write: `docs/target.md` ("Hostile frontends") says what bounds that.
+//!   write for eventfds (`pwritev2(RWF_NOWAIT)` is `EOPNOTSUPP` on them),
+//!   so a frontend that clears `O_NONBLOCK` on the shared description and
+//!   saturates the counter can make the write block: the write runs under
+//!   the stall guard ([`crate::stall`]), which interrupts it after a
+//!   second, and the caller then breaks the queue ([`Signal::Stalled`]).
 //!
 //! The eventfd's kind is read from `/proc/self/fd`; where `/proc` is not
 //! mounted the check falls back to `fstat` (an anonymous inode of mode
@@ -39,6 +40,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use thiserror::Error;
+
+use crate::stall;
 
 /// What a descriptor is for, for error messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +96,9 @@ pub enum Signal {
     Coalesced,
     /// The write failed otherwise: the descriptor is unusable.
     Failed(io::Error),
+    /// The write blocked (the frontend cleared `O_NONBLOCK` and filled the
+    /// counter) and the stall guard interrupted it.
+    Stalled,
 }
 
 /// A checked, non-blocking eventfd received from the frontend.
@@ -144,28 +150,24 @@ impl PeerEventFd {
             return Some(value);
         }
         if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
-            // SAFETY: as above; `value` is valid for 8 bytes of writes.
-            let n = unsafe { libc::read(self.0.as_raw_fd(), (&raw mut value).cast(), 8) };
-            if n == 8 {
-                return Some(value);
+            let mut buf = [0u8; 8];
+            if let stall::Outcome::Done(Ok(8)) = stall::read(self.0.as_raw_fd(), &mut buf) {
+                return Some(u64::from_ne_bytes(buf));
             }
         }
         None
     }
 
-    /// Adds 1 to the counter, never blocking (see the module docs).
+    /// Adds 1 to the counter, never blocking for long (see the module
+    /// docs).
     pub fn signal(&self) -> Signal {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a u64 owned by this frame to a
-        // descriptor owned by `self`.
-        let n = unsafe { libc::write(self.0.as_raw_fd(), (&raw const one).cast(), 8) };
-        if n == 8 {
-            return Signal::Sent;
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EAGAIN) => Signal::Coalesced,
-            _ => Signal::Failed(e),
+        match stall::write(self.0.as_raw_fd(), &1u64.to_ne_bytes()) {
+            stall::Outcome::Done(Ok(_)) => Signal::Sent,
+            stall::Outcome::Done(Err(e)) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                Signal::Coalesced
+            }
+            stall::Outcome::Done(Err(e)) => Signal::Failed(e),
+            stall::Outcome::Stalled => Signal::Stalled,
         }
     }
 }

@@ -77,6 +77,7 @@ mod request_tests;
 pub mod ring_poll;
 pub mod session;
 pub mod sigbus;
+pub mod stall;
 pub mod stats;
 pub mod target;
 pub mod used;

@@ -446,6 +446,14 @@ impl ServedQueue {
                 self.call = None;
                 self.mark_broken();
             }
+            Signal::Stalled => {
+                DeviceCounters::bump(&self.device.counters.stalled_writes);
+                guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                    "call eventfd blocked the worker (made blocking and full by the frontend): \
+                     queue stopped");
+                self.call = None;
+                self.mark_broken();
+            }
         }
     }
 

@@ -325,6 +325,14 @@ impl Worker {
     }
 
     fn run(mut self) {
+        // Writes to frontend eventfds on this thread are bounded.
+        let _stall = match crate::stall::register() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                error!(worker = self.id, "stall guard: {e}");
+                None
+            }
+        };
         if let Some(cpu) = self.cpu {
             match crate::cpu::bind_current_thread(cpu) {
                 Ok(()) => info!(worker = self.id, "poll thread bound to cpu{cpu}"),

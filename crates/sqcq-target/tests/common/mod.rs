@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
 pub mod sqcq;
 
 use std::fs::File;
@@ -118,6 +119,13 @@ impl Guest {
             .write_slice(&vec![0u8; len as usize], GuestAddress(at))
             .unwrap();
         at
+    }
+
+    /// Shrinks (or grows) the memfd behind guest memory, as a hostile
+    /// frontend would after sharing it. Touching the lost pages afterwards
+    /// raises SIGBUS in this process too.
+    pub fn truncate(&self, len: u64) {
+        self.file.set_len(len).unwrap();
     }
 
     pub fn write(&self, gpa: u64, data: &[u8]) {
