@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of fuzz/ (a workspace of its own) for N seconds
-# each, default 20: scripts/fuzz.sh [SECONDS] [TARGET...]. Installs
-# cargo-fuzz if it is missing. Works on stable Rust: RUSTC_BOOTSTRAP=1 lets
+# each, default 20: scripts/fuzz.sh [SECONDS] [TARGET...] (scripts/test.sh
+# runs each for 15 s). Installs cargo-fuzz if it is missing. Works on stable Rust: RUSTC_BOOTSTRAP=1 lets
 # cargo-fuzz pass -Zsanitizer=address (ASan is on by default). Set
 # FUZZ_SANITIZER=none to build without ASan (faster, catches panics only).
 # Exits non-zero on the first crash; its input is in fuzz/artifacts/TARGET/.
@@ -11,15 +11,14 @@ cd "$(dirname "$0")/../fuzz"
 secs=${1:-20}
 shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then
-    targets=(cdb used_ring doorbell)
-fi
-
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
 fi
 
 export RUSTC_BOOTSTRAP=1
+if [ ${#targets[@]} -eq 0 ]; then
+    mapfile -t targets < <(cargo fuzz list)
+fi
 for t in "${targets[@]}"; do
     echo "== fuzz $t for ${secs}s"
     mkdir -p "corpus/$t"

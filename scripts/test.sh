@@ -16,12 +16,15 @@ echo "== sqcq-protocol builds without std"
 cargo build --quiet -p sqcq-protocol --no-default-features
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo clippy -p sqcq-target --features fuzzing --quiet -- -D warnings
 echo "== loom: each fence of the handshake removed in turn must lose a wakeup"
 scripts/check-fences.sh
 echo "== spin: the Promela model of NEED_WAKEUP and its fence-less variants"
 scripts/check-models.sh
 echo "== cargo test"
 cargo test --workspace
+echo "== fuzz: every target of fuzz/ for 15 s (ASan)"
+scripts/fuzz.sh 15
 echo "== guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
 cargo build --quiet -p sqcq-target --bin sqcqd
 SQCQD=target/debug/sqcqd scripts/guest-test.sh

@@ -60,6 +60,8 @@ pub mod cpu;
 pub mod daemon;
 pub mod device;
 pub mod eventfd;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod guest;
 pub mod handler;
 pub mod hotplug;

@@ -1,0 +1,22 @@
+//! Device-side descriptor chains over real guest memory: a request queue
+//! of the daemon (`ServedQueue`, RAM LUN) whose descriptor table, avail
+//! ring and buffers are the input, processed as a worker would, twice (the
+//! second pass sees what the first left in flight).
+//!
+//! Input: `[size_log2: u8][event_idx: u8][first pass..]` where a pass is
+//! `[avail count: u8][descriptor table][avail entries][buffer bytes]`; the
+//! rest is split in half between the two passes (see `ChainHarness::run`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use sqcq_target::fuzzing::ChainHarness;
+
+fuzz_target!(|data: &[u8]| {
+    let [size_log2, flags, rest @ ..] = data else {
+        return;
+    };
+    let mut h = ChainHarness::new(*size_log2, flags & 1 != 0);
+    let (first, second) = rest.split_at(rest.len() / 2);
+    h.run(first);
+    h.run(second);
+});
