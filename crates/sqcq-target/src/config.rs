@@ -9,6 +9,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::poll::{FilePoll, PollArgs, PollOptions};
+use crate::sandbox::SeccompMode;
 
 /// Default request queues per device.
 pub const DEFAULT_NUM_QUEUES: u16 = 1;
@@ -272,6 +273,9 @@ pub struct DaemonConfig {
     pub poll: PollOptions,
     /// The admin socket (LUN changes at run time; see [`crate::admin`]).
     pub admin_socket: Option<PathBuf>,
+    /// The seccomp filter applied once the daemon runs
+    /// ([`crate::sandbox`]).
+    pub seccomp: SeccompMode,
 }
 
 /// Command line of `sqcqd`.
@@ -309,6 +313,10 @@ pub struct Cli {
     /// only set defaults: --workers if the file has none).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Seccomp filter once running: off, errno (forbidden calls fail with
+    /// EPERM) or kill (forbidden calls kill the daemon) [default: off].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub seccomp: Option<SeccompMode>,
     /// Poll mode, CPU placement and statistics.
     #[command(flatten)]
     pub poll: PollArgs,
@@ -319,6 +327,8 @@ pub struct Cli {
 struct FileConfig {
     workers: Option<usize>,
     admin_socket: Option<PathBuf>,
+    #[serde(default)]
+    seccomp: SeccompMode,
     #[serde(default)]
     device: Vec<FileDevice>,
     #[serde(default)]
@@ -347,10 +357,14 @@ impl Cli {
                 devices: Vec::new(),
                 poll: PollOptions::default(),
                 admin_socket: None,
+                seccomp: SeccompMode::default(),
             },
         };
         if self.admin_socket.is_some() {
             config.admin_socket = self.admin_socket;
+        }
+        if let Some(mode) = self.seccomp {
+            config.seccomp = mode;
         }
         config.poll = self.poll.apply(config.poll);
         if let Some(socket_path) = self.socket_path {
@@ -413,6 +427,7 @@ pub fn parse_toml(
         devices,
         poll: file.poll.into(),
         admin_socket: file.admin_socket,
+        seccomp: file.seccomp,
     })
 }
 

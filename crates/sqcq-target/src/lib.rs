@@ -77,6 +77,7 @@ mod request;
 #[allow(clippy::cast_possible_truncation)]
 mod request_tests;
 pub mod ring_poll;
+pub mod sandbox;
 pub mod session;
 pub mod sigbus;
 pub mod stall;

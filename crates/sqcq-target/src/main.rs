@@ -1,6 +1,7 @@
 //! `sqcqd`: the sqcq vhost-user SCSI target daemon.
 
 use std::process::ExitCode;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -36,6 +37,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let stopper = match Stopper::spawn() {
+        Ok(s) => s,
+        Err(e) => {
+            error!("cannot start the shutdown thread: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let daemon = match Daemon::start(&config) {
         Ok(d) => d,
         Err(e) => {
@@ -43,33 +51,59 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Every socket listens and every thread runs: from here on the daemon
+    // only serves.
+    if let Err(e) = sqcq_target::sandbox::apply(config.seccomp) {
+        error!("{}", report(&e));
+        daemon.shutdown();
+        return ExitCode::FAILURE;
+    }
+    if config.seccomp != sqcq_target::sandbox::SeccompMode::Off {
+        info!(mode = ?config.seccomp, "seccomp filter applied to every thread");
+    }
     let signal = wait_signal(&signals);
     info!("signal {signal}: stopping (finishing in-flight I/O)");
-    shutdown_within(daemon, SHUTDOWN_GRACE + SHUTDOWN_MARGIN)
+    stopper.stop(daemon, SHUTDOWN_GRACE + SHUTDOWN_MARGIN)
 }
 
 /// Time allowed for the daemon's threads to end after the grace period.
 const SHUTDOWN_MARGIN: Duration = Duration::from_secs(5);
 
-/// Stops the daemon; if that takes longer than `bound` (a bug: every wait
-/// of the shutdown path is bounded), exits anyway with an error.
-fn shutdown_within(daemon: Daemon, bound: Duration) -> ExitCode {
-    let (done, finished) = std::sync::mpsc::channel();
-    let stopper = std::thread::Builder::new()
-        .name("sqcq-shutdown".into())
-        .spawn(move || {
-            daemon.shutdown();
-            let _ = done.send(());
-        });
-    if let Err(e) = stopper {
-        error!("cannot start the shutdown thread: {e}");
-        return ExitCode::FAILURE;
+/// A thread, started before the seccomp filter (which allows no new
+/// process or thread), that stops the daemon when told to.
+struct Stopper {
+    daemon: mpsc::Sender<Daemon>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Stopper {
+    fn spawn() -> std::io::Result<Self> {
+        let (daemon, take) = mpsc::channel::<Daemon>();
+        let (done_tx, done) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("sqcq-shutdown".into())
+            .spawn(move || {
+                if let Ok(d) = take.recv() {
+                    d.shutdown();
+                    let _ = done_tx.send(());
+                }
+            })?;
+        Ok(Stopper { daemon, done })
     }
-    match finished.recv_timeout(bound) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(_) => {
-            error!("shutdown did not finish within {bound:?}: exiting anyway");
-            ExitCode::FAILURE
+
+    /// Stops the daemon; if that takes longer than `bound` (a bug: every
+    /// wait of the shutdown path is bounded), exits anyway with an error.
+    fn stop(self, daemon: Daemon, bound: Duration) -> ExitCode {
+        if self.daemon.send(daemon).is_err() {
+            error!("the shutdown thread is gone");
+            return ExitCode::FAILURE;
+        }
+        match self.done.recv_timeout(bound) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => {
+                error!("shutdown did not finish within {bound:?}: exiting anyway");
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -168,7 +168,9 @@ fn guarded(call: impl FnOnce() -> isize) -> Outcome {
 
 extern "C" fn on_stall_signal(_: libc::c_int) {}
 
-fn install() -> io::Result<()> {
+/// Installs the signal handler and starts the watchdog (once per process;
+/// before any seccomp filter, which allows no new thread).
+pub fn install() -> io::Result<()> {
     static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
     let r = INSTALLED.get_or_init(|| {
         // SAFETY: an all-zero sigaction is valid to fill in.

@@ -179,8 +179,12 @@ impl StatsBoard {
 }
 
 fn write_atomically(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
+    // A temporary file of its own per write: workers write the file
+    // concurrently, and one must not rename the other's half-written one.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
+    tmp.push(format!(".{}.{n}.tmp", std::process::id()));
     let tmp = PathBuf::from(tmp);
     let mut f = std::fs::File::create(&tmp)?;
     serde_json::to_writer_pretty(&mut f, snapshot)?;

@@ -133,6 +133,9 @@ impl WorkerPool {
     /// Starts `n` worker threads, bound to CPUs and reporting statistics
     /// as `options` say.
     pub fn new(n: usize, options: PollOptions) -> io::Result<Self> {
+        // The stall guard's watchdog, before any worker (and before the
+        // seccomp filter, which allows no new thread).
+        crate::stall::install()?;
         let stats = Arc::new(StatsBoard::new(
             options.stats_interval,
             options.stats_file.clone(),

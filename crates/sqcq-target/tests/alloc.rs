@@ -146,6 +146,7 @@ fn steady_state_io_allocates_nothing_on_the_worker() {
             ..PollOptions::default()
         },
         admin_socket: None,
+        seccomp: Default::default(),
     };
     let daemon = Daemon::start(&config).unwrap();
     let mut g = Guest::new();

@@ -116,6 +116,9 @@ impl Harness {
             .arg("--config")
             .arg(&config)
             .args(["--stats-interval", "0"])
+            // The strictest filter: a system call the daemon was not
+            // expected to make kills it, and the case fails.
+            .args(["--seccomp", "kill"])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -125,6 +128,19 @@ impl Harness {
         let g = Guest::new();
         let mut qs = vqs();
         let fe = connect(&b, &g, &mut qs, true);
+        // Applied right after start-up: wait for it, not for long.
+        let status = format!("/proc/{}/status", child.id());
+        let deadline = Instant::now() + WAIT;
+        while !std::fs::read_to_string(&status)
+            .unwrap()
+            .contains("Seccomp:\t2")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the seccomp filter is not applied"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let mut healthy = Healthy {
             g,
             qs,

@@ -36,7 +36,7 @@ fn sqcqd_serves_and_exits_zero_on_sigterm() {
         .stderr(std::fs::File::create(dir.path("sqcqd.log")).unwrap())
         .spawn()
         .unwrap();
-    let _log = LogOnPanic(dir.path("sqcqd.log"));
+    let _log = LogOnPanic(dir.path("sqcqd.log"), child.id());
 
     let mut g = Guest::new();
     let mut qs = vqs();
@@ -76,8 +76,8 @@ fn sqcqd_rejects_a_bad_lun_spec() {
     assert!(!status.success());
 }
 
-/// Prints the daemon's log if the test fails.
-struct LogOnPanic(std::path::PathBuf);
+/// Prints the daemon's log and kills it if the test fails.
+struct LogOnPanic(std::path::PathBuf, u32);
 
 impl Drop for LogOnPanic {
     fn drop(&mut self) {
@@ -86,6 +86,8 @@ impl Drop for LogOnPanic {
                 "sqcqd log:\n{}",
                 std::fs::read_to_string(&self.0).unwrap_or_default()
             );
+            // SAFETY: kill() with a pid and a signal number.
+            unsafe { libc::kill(self.1 as libc::pid_t, libc::SIGKILL) };
         }
     }
 }

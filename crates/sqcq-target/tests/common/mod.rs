@@ -489,6 +489,7 @@ pub fn start_with(
         poll,
         workers,
         admin_socket: None,
+        seccomp: Default::default(),
         devices: vec![DeviceConfig {
             socket_path: socket.clone(),
             luns: vec![
