@@ -39,6 +39,18 @@
 //! call ([`used`]). Bad input is answered, counted ([`counters`]) and
 //! logged through a rate limiter ([`ratelimit`]).
 //!
+//! # A hostile frontend
+//!
+//! Whatever a frontend sends costs at most its own connection:
+//! [`eventfd`] accepts only eventfds and never blocks on them, with
+//! [`stall`] interrupting a write that blocks anyway; [`memory`] checks
+//! every region against its file and [`sigbus`] turns memory taken away
+//! later into a dropped connection; [`vhost_socket`] bounds the waits for a
+//! whole message and for unread replies; [`listen`] never replaces what is
+//! not a stale socket; long commands go to the backstore in slices; and
+//! [`sandbox`] is the optional seccomp filter. `docs/target.md`, "Hostile
+//! frontends", lists every class and its test.
+//!
 //! # Poll mode (VIRTIO_F_SQCQ_POLL and ring polling)
 //!
 //! [`queue::SubmissionSource`] is where a queue decides how it learns of

@@ -10,10 +10,10 @@
 //!
 //! So threads that write to frontend descriptors (workers and device
 //! control threads) register here, and each such write is bracketed by
-//! two relaxed stores into the thread's slot (the time it started, then
-//! zero). A watchdog thread looks at the slots every [`WATCH_PERIOD`]; a
-//! write that started more than [`STALL_LIMIT`] ago gets the thread a
-//! `SIGURG`, whose handler does nothing and is installed without
+//! two relaxed stores into the thread's slot (a counter, odd during the
+//! write: no clock is read on the I/O path). A watchdog thread looks at
+//! the slots every [`WATCH_PERIOD`]; a write it finds under way, with the
+//! same count, for [`STALL_LIMIT`] gets the thread a `SIGURG`, whose handler does nothing and is installed without
 //! `SA_RESTART`, so the write returns `EINTR`. The writer then knows the
 //! frontend stalled it ([`Outcome::Stalled`]) and stops using the
 //! descriptor. A signal that arrives just after the write finished
@@ -40,18 +40,29 @@ const STALL_SIGNAL: libc::c_int = libc::SIGURG;
 
 /// One registered thread.
 struct Slot {
-    /// Milliseconds since `epoch()` when the current write started + 1;
-    /// 0: not writing.
-    since: AtomicU64,
+    /// Guarded calls begun and ended, counted by the thread itself: odd
+    /// while one is under way. A value the watchdog sees odd and unchanged
+    /// for [`STALL_LIMIT`] is a stalled call (no clock read on the
+    /// thread's side).
+    seq: AtomicU64,
     /// The watchdog interrupted the current write.
     fired: AtomicBool,
 }
 
-/// The registered threads: their slots and pthread ids. The watchdog
-/// holds the lock while it signals, so a thread cannot exit (it
-/// unregisters under the lock) while it may be signalled.
+/// A registered thread: its pthread id, its slot, and what the watchdog
+/// last saw of it (`seq`, and since when).
+struct Watched {
+    thread: libc::pthread_t,
+    slot: &'static Slot,
+    seen: u64,
+    since: Instant,
+}
+
+/// The registered threads. The watchdog holds the lock while it signals,
+/// so a thread cannot exit (it unregisters under the lock) while it may
+/// be signalled.
 struct Table {
-    threads: Vec<Option<(libc::pthread_t, &'static Slot)>>,
+    threads: Vec<Option<Watched>>,
 }
 
 fn table() -> &'static Mutex<Table> {
@@ -61,15 +72,6 @@ fn table() -> &'static Mutex<Table> {
             threads: Vec::new(),
         })
     })
-}
-
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-fn now_ms() -> u64 {
-    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 thread_local! {
@@ -100,7 +102,7 @@ pub fn register() -> io::Result<Registration> {
     // (workers and device control threads), and a slot must outlive any
     // watchdog look at it.
     let slot: &'static Slot = Box::leak(Box::new(Slot {
-        since: AtomicU64::new(0),
+        seq: AtomicU64::new(0),
         fired: AtomicBool::new(false),
     }));
     // SAFETY: pthread_self has no preconditions.
@@ -113,7 +115,12 @@ pub fn register() -> io::Result<Registration> {
             t.threads.len() - 1
         }
     };
-    t.threads[index] = Some((me, slot));
+    t.threads[index] = Some(Watched {
+        thread: me,
+        slot,
+        seen: 0,
+        since: Instant::now(),
+    });
     CURRENT.with(|c| c.set(Some(slot)));
     Ok(Registration { index })
 }
@@ -145,9 +152,11 @@ fn guarded(call: impl FnOnce() -> isize) -> Outcome {
     let slot = CURRENT.with(std::cell::Cell::get);
     if let Some(s) = slot {
         s.fired.store(false, Ordering::Relaxed);
-        // Relaxed: the watchdog only needs to see it eventually; a stale
+        // Relaxed, and a plain load and store: only this thread writes
+        // `seq`; the watchdog only needs to see it eventually, a stale
         // view delays a signal by one watch period at most.
-        s.since.store(now_ms() + 1, Ordering::Relaxed);
+        s.seq
+            .store(s.seq.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
     let n = call();
     let result = if n < 0 {
@@ -156,7 +165,8 @@ fn guarded(call: impl FnOnce() -> isize) -> Outcome {
         Ok(n.unsigned_abs())
     };
     if let Some(s) = slot {
-        s.since.store(0, Ordering::Relaxed);
+        s.seq
+            .store(s.seq.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         if matches!(&result, Err(e) if e.kind() == io::ErrorKind::Interrupted)
             && s.fired.load(Ordering::Relaxed)
         {
@@ -197,18 +207,22 @@ pub fn install() -> io::Result<()> {
 
 /// The watchdog: signals threads whose write started too long ago.
 fn watch() {
-    let limit = u64::try_from(STALL_LIMIT.as_millis()).unwrap_or(u64::MAX);
     loop {
         std::thread::sleep(WATCH_PERIOD);
-        let now = now_ms();
-        let t = table().lock().unwrap_or_else(PoisonError::into_inner);
-        for &(thread, slot) in t.threads.iter().flatten() {
-            let since = slot.since.load(Ordering::Relaxed);
-            if since != 0 && now + 1 > since.saturating_add(limit) {
-                slot.fired.store(true, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut t = table().lock().unwrap_or_else(PoisonError::into_inner);
+        for w in t.threads.iter_mut().flatten() {
+            let seq = w.slot.seq.load(Ordering::Relaxed);
+            if seq != w.seen {
+                w.seen = seq;
+                w.since = now;
+                continue;
+            }
+            if seq % 2 == 1 && now.duration_since(w.since) >= STALL_LIMIT {
+                w.slot.fired.store(true, Ordering::Relaxed);
                 // SAFETY: the thread is registered, and it unregisters
                 // under the lock this loop holds before it can exit.
-                unsafe { libc::pthread_kill(thread, STALL_SIGNAL) };
+                unsafe { libc::pthread_kill(w.thread, STALL_SIGNAL) };
             }
         }
     }

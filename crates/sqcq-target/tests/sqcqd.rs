@@ -126,3 +126,101 @@ fn sqcqd_never_replaces_a_file_or_a_live_socket() {
     assert!(live.exists(), "the live socket is not removed");
     drop(listener);
 }
+
+#[test]
+fn sqcqd_runs_unprivileged_with_the_filter() {
+    let dir = TempDir::new("bin-unprivileged");
+    let socket = dir.path("sqcqd.sock");
+    let image = dir.path("disk.img");
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    let mut cmd = if root {
+        // As root (CI), drop to nobody the documented way; the daemon must
+        // create its socket and its LUN file in a directory nobody owns.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--no-new-privs",
+        ])
+        .arg(env!("CARGO_BIN_EXE_sqcqd"));
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+    };
+    let mut child = cmd
+        .args(["--seccomp", "kill", "--socket-path"])
+        .arg(&socket)
+        .arg("--lun")
+        .arg(format!("kind=file,path={},size=4M,create", image.display()))
+        .args(["--queue-size", "64", "--num-queues", "2"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path("sqcqd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _log = LogOnPanic(dir.path("sqcqd.log"), child.id());
+
+    let mut g = Guest::new();
+    let mut qs = vqs();
+    let fe = connect(&socket, &g, &mut qs, true);
+    // The filter is applied right after start-up.
+    let proc_status = format!("/proc/{}/status", child.id());
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        let status = std::fs::read_to_string(&proc_status).unwrap();
+        if status.contains("Seccomp:\t2") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no seccomp filter: {status}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    if root {
+        assert!(status.contains("Uid:\t65534"), "{status}");
+    }
+    clear_unit_attention(&mut qs[2], &mut g, 0);
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 241) as u8).collect();
+    let (r, _) = command(
+        &mut qs[2],
+        &mut g,
+        lun_field(0, 0),
+        &write10(64, 8),
+        &pattern,
+        0,
+    );
+    assert_eq!((r.response, r.status), (0, 0), "{r:?}");
+    let mut flush = [0u8; 10];
+    flush[0] = 0x35;
+    let (r, _) = command(&mut qs[2], &mut g, lun_field(0, 0), &flush, &[], 0);
+    assert_eq!((r.response, r.status), (0, 0), "SYNCHRONIZE CACHE: {r:?}");
+    let (r, data) = command(
+        &mut qs[2],
+        &mut g,
+        lun_field(0, 0),
+        &read10(64, 8),
+        &[],
+        4096,
+    );
+    assert_eq!((r.response, r.status), (0, 0), "{r:?}");
+    assert_eq!(data, pattern);
+    // SAFETY: kill() with a valid pid and signal number.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(17);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        std::fs::read(&image).unwrap()[64 * 512..72 * 512],
+        pattern[..],
+        "the data is in the file"
+    );
+    drop(fe);
+}
