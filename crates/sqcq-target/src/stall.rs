@@ -141,7 +141,7 @@ pub fn write(fd: RawFd, buf: &[u8]) -> Outcome {
     guarded(|| unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) })
 }
 
-/// Reads into `buf` from `fd`, interrupted like [`write`].
+/// Reads into `buf` from `fd`, interrupted like [`write()`].
 pub fn read(fd: RawFd, buf: &mut [u8]) -> Outcome {
     // SAFETY: reads at most `buf.len()` bytes into a live slice.
     guarded(|| unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) })
