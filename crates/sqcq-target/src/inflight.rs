@@ -72,8 +72,8 @@ pub struct Slot {
     pub iov: Vec<libc::iovec>,
     /// Replicated WRITE SAME pattern, when the pattern is not zeros.
     pub pattern: Vec<u8>,
-    /// The backstore of the request's LUN (to find its queue again when
-    /// the next slice goes out).
+    /// The backstore of a range operation's LUN (to find its queue again
+    /// when the next slice goes out); `None` for other requests.
     pub backstore: Option<Arc<dyn Backstore>>,
     /// Byte ranges (offset, length) of a range operation not yet
     /// submitted, from `next_range` on.

@@ -307,7 +307,6 @@ impl ServedQueue {
         slot.buffer_len = have;
         slot.transfer = needed;
         let io = &mut self.luns[lun_index];
-        slot.backstore = Some(Arc::clone(&io.backstore));
         let tag = u64::from(head);
         match op {
             MediumOp::Read { offset, bytes, .. } | MediumOp::Write { offset, bytes, .. } => {
@@ -328,6 +327,9 @@ impl ServedQueue {
             }
             MediumOp::Flush { .. } => submit(io, slot, tag, IoOp::Flush, false),
             MediumOp::Unmap(list) => {
+                // Only commands done in slices keep their backstore (a
+                // reference count per request is not free).
+                slot.backstore = Some(Arc::clone(&io.backstore));
                 slot.ranges.extend(list.iter().map(|r| (r.offset, r.bytes)));
                 slot.range_op = RangeOp::Discard;
                 submit_slice(io, slot, tag);
@@ -340,6 +342,7 @@ impl ServedQueue {
                 pattern,
                 ..
             } => {
+                slot.backstore = Some(Arc::clone(&io.backstore));
                 // Block size and discard behaviour, which a resize does not
                 // change.
                 let geometry = io.backstore.geometry();
