@@ -35,7 +35,9 @@ use crate::worker::WorkerPool;
 
 const QUEUE_SIZE: u16 = 64;
 
-fn device(queue_size: u16) -> Arc<DeviceShared> {
+/// A device with one 1 MiB RAM LUN of 512-byte blocks, for tests and
+/// fuzzing.
+pub(crate) fn device(queue_size: u16) -> Arc<DeviceShared> {
     let backstore = Arc::new(RamBackstore::new(1 << 20, 512).expect("RAM backstore"));
     let unit = LogicalUnit::new(LuConfig::new(512, 2048, 0x5001_4050_0000_0001)).expect("LU");
     Arc::new(DeviceShared {

@@ -4,19 +4,13 @@
 
 use std::sync::Arc;
 
-use sqcq_backstore::RamBackstore;
-use sqcq_scsi::{LogicalUnit, LuConfig, NexusId};
+use sqcq_scsi::NexusId;
 use virtio_queue::desc::{RawDescriptor, split::Descriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::config::QueueMap;
-use crate::counters::DeviceCounters;
-use crate::device::{DeviceParams, DeviceShared};
-use crate::hotplug::LunTable;
+use crate::device::DeviceShared;
 use crate::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
-use crate::ratelimit::RateLimiter;
-use crate::target::{LunEntry, Target};
 
 const NEXT: u16 = 1;
 const WRITE: u16 = 2;
@@ -33,25 +27,7 @@ struct Fixture {
 }
 
 fn device() -> Arc<DeviceShared> {
-    let backstore = Arc::new(RamBackstore::new(1 << 20, 512).unwrap());
-    let unit = LogicalUnit::new(LuConfig::new(512, 2048, 0x5001_4050_0000_0001)).unwrap();
-    Arc::new(DeviceShared {
-        id: 0,
-        name: "test".into(),
-        params: DeviceParams {
-            num_queues: 1,
-            queue_size: SIZE,
-            queue_map: QueueMap::default(),
-        },
-        target: LunTable::new(Target::from_entries(vec![LunEntry {
-            lun: 0,
-            unit: Arc::new(unit),
-            backstore,
-        }])),
-        counters: DeviceCounters::default(),
-        limiter: RateLimiter::new(100),
-        memory_fault: vmm_sys_util::eventfd::EventFd::new(0).unwrap(),
-    })
+    crate::fuzzing::device(SIZE)
 }
 
 impl Fixture {

@@ -309,26 +309,8 @@ fn clear_nonblock(fd: RawFd) {
 /// A raw frontend with memory and one request queue (vq 2) set up, the
 /// queue's descriptors given by the caller.
 fn raw_queue(path: &std::path::Path, g: &Guest, kick: RawFd, call: RawFd) -> Raw {
-    let mut c = Raw::connect(path);
-    c.negotiate(raw::BASE_FEATURES);
-    let r = g.region();
-    let table = raw::mem_table(0, r.memory_size, r.userspace_addr, 0);
-    assert_eq!(
-        c.set(code::SET_MEM_TABLE, &table, &[r.mmap_handle]),
-        Some(true)
-    );
-    let vq = Vq::new(2);
-    g.write(vq.desc, &vec![0u8; 0x3000]);
-    assert_eq!(
-        c.set(
-            code::SET_VRING_NUM,
-            &raw::vring_state(2, u32::from(QUEUE_SIZE)),
-            &[]
-        ),
-        Some(true)
-    );
-    let addr = raw::vring_addr(2, g.va(vq.desc), g.va(vq.used), g.va(vq.avail));
-    assert_eq!(c.set(code::SET_VRING_ADDR, &addr, &[]), Some(true));
+    let mut c = Raw::with_memory(path, g);
+    c.ring(g, 2);
     assert_eq!(
         c.set(code::SET_VRING_BASE, &raw::vring_state(2, 0), &[]),
         Some(true)
@@ -553,26 +535,8 @@ fn a_kick_descriptor_drained_by_the_frontend_never_blocks_the_worker() {
 fn blocking_control_queue_descriptors_never_block_the_control_thread() {
     let mut h = Harness::start("ctrl-fds", &[]);
     let g = Guest::new();
-    let mut c = Raw::connect(&h.a);
-    c.negotiate(raw::BASE_FEATURES);
-    let r = g.region();
-    let table = raw::mem_table(0, r.memory_size, r.userspace_addr, 0);
-    assert_eq!(
-        c.set(code::SET_MEM_TABLE, &table, &[r.mmap_handle]),
-        Some(true)
-    );
-    let vq = Vq::new(0);
-    g.write(vq.desc, &vec![0u8; 0x3000]);
-    assert_eq!(
-        c.set(
-            code::SET_VRING_NUM,
-            &raw::vring_state(0, u32::from(QUEUE_SIZE)),
-            &[]
-        ),
-        Some(true)
-    );
-    let addr = raw::vring_addr(0, g.va(vq.desc), g.va(vq.used), g.va(vq.avail));
-    assert_eq!(c.set(code::SET_VRING_ADDR, &addr, &[]), Some(true));
+    let mut c = Raw::with_memory(&h.a, &g);
+    c.ring(&g, 0);
     // Blocking call at its maximum, blocking kick with a count of zero:
     // the control queue starts (and is served once) at SET_VRING_KICK.
     let call = blocking_eventfd();
@@ -716,14 +680,8 @@ fn garbage_bad_sizes_and_unknown_codes_are_refused() {
 fn nonsense_vring_numbers_addresses_and_indices_are_refused() {
     let mut h = Harness::start("vrings", &[]);
     let g = Guest::new();
-    let mut c = Raw::connect(&h.a);
-    c.negotiate(raw::BASE_FEATURES);
+    let mut c = Raw::with_memory(&h.a, &g);
     let r = g.region();
-    let table = raw::mem_table(0, r.memory_size, r.userspace_addr, 0);
-    assert_eq!(
-        c.set(code::SET_MEM_TABLE, &table, &[r.mmap_handle]),
-        Some(true)
-    );
     for (index, num) in [
         (2, 0),
         (2, 3),
@@ -829,16 +787,7 @@ fn connection_churn_leaks_nothing() {
         let mut qs = vqs();
         match i % 3 {
             // Disconnect mid-setup.
-            0 => {
-                let mut c = Raw::connect(&h.a);
-                c.negotiate(raw::BASE_FEATURES);
-                let r = g.region();
-                let table = raw::mem_table(0, r.memory_size, r.userspace_addr, 0);
-                assert_eq!(
-                    c.set(code::SET_MEM_TABLE, &table, &[r.mmap_handle]),
-                    Some(true)
-                );
-            }
+            0 => drop(Raw::with_memory(&h.a, &g)),
             // With queues running and I/O in flight.
             1 => {
                 let _fe = connect(&h.a, &g, &mut qs, true);

@@ -172,6 +172,33 @@ impl Raw {
     pub fn fd(&self) -> RawFd {
         self.sock.as_raw_fd()
     }
+
+    /// A negotiated connection with `g` as its memory table.
+    pub fn with_memory(path: &Path, g: &super::Guest) -> Raw {
+        let mut c = Raw::connect(path);
+        c.negotiate(BASE_FEATURES);
+        let r = g.region();
+        let table = mem_table(0, r.memory_size, r.userspace_addr, 0);
+        assert_eq!(
+            c.set(code::SET_MEM_TABLE, &table, &[r.mmap_handle]),
+            Some(true)
+        );
+        c
+    }
+
+    /// Zeroes the rings of vq `index` (laid out as `Vq::new(index)`) and
+    /// sends its size and addresses.
+    pub fn ring(&mut self, g: &super::Guest, index: u32) {
+        let vq = super::Vq::new(index as usize);
+        g.write(vq.desc, &vec![0u8; 0x3000]);
+        let size = u32::from(super::QUEUE_SIZE);
+        assert_eq!(
+            self.set(code::SET_VRING_NUM, &vring_state(index, size), &[]),
+            Some(true)
+        );
+        let addr = vring_addr(index, g.va(vq.desc), g.va(vq.used), g.va(vq.avail));
+        assert_eq!(self.set(code::SET_VRING_ADDR, &addr, &[]), Some(true));
+    }
 }
 
 /// A SET_MEM_TABLE body with one region.
