@@ -9,11 +9,15 @@
 # packages it is made of and by the content of tests/guest/: a rerun with
 # nothing changed costs a few dpkg queries.
 #
-# Usage: tests/guest/build-initramfs.sh OUTDIR
+# Usage: tests/guest/build-initramfs.sh OUTDIR [MODULES_DIR]
 #   prints two lines: "kernel PATH" and "initrd PATH"
+# MODULES_DIR (scripts/build-guest-modules.sh) holds modules that replace
+# Debian's of the same name (the VIRTIO_F_SQCQ_POLL guest); they are part
+# of the cache key.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: build-initramfs.sh OUTDIR}"
+out="${1:?usage: build-initramfs.sh OUTDIR [MODULES_DIR]}"
+override="${2:-}"
 mkdir -p "$out"
 
 log() { echo "guest-build: $*" >&2; }
@@ -44,7 +48,8 @@ pkgver() { dpkg-query -W -f='${Package}=${Version}\n' "$@" 2>/dev/null | sort; }
 # Cache key: package versions + the suite's own files (the init script and
 # this builder). The manifest also records the packages that own the shared
 # libraries, which are re-checked on a hit.
-key="$( { echo "$kver"; pkgver "${pkgs[@]}"; cat "$here/init" "$here/build-initramfs.sh"; } \
+key="$( { echo "$kver"; pkgver "${pkgs[@]}"; cat "$here/init" "$here/build-initramfs.sh";
+          [ -z "$override" ] || cat "$override"/*.ko; } \
         | sha256sum | cut -c1-16)"
 initrd="$out/initramfs-$key.cpio"
 manifest="$out/initramfs-$key.libpkgs"
@@ -98,12 +103,19 @@ mods="$(for m in "${modules[@]}"; do
     modprobe -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}'
 done | awk '!seen[$0]++')"
 : > "$stage/etc/modules.load"
+replaced=0
 for m in $mods; do
     rel="${m#/lib/modules/$kver/}"
     mkdir -p "$stage/lib/modules/$(dirname "$rel")"
-    cp "$m" "$stage/lib/modules/$rel"
+    if [ -n "$override" ] && [ -e "$override/$(basename "$m")" ]; then
+        cp "$override/$(basename "$m")" "$stage/lib/modules/$rel"
+        replaced=$((replaced + 1))
+    else
+        cp "$m" "$stage/lib/modules/$rel"
+    fi
     echo "/lib/modules/$rel" >> "$stage/etc/modules.load"
 done
+[ -z "$override" ] || log "$replaced modules from $override"
 log "$(wc -l < "$stage/etc/modules.load") modules"
 
 install -m 755 "$here/init" "$stage/init"
@@ -114,9 +126,13 @@ echo "$kver" > "$stage/etc/kernel-version"
 (cd "$stage" && find . -mindepth 1 | sort | cpio --quiet -o -H newc -R 0:0) > "$initrd.tmp"
 mv "$initrd.tmp" "$initrd"
 pkgver ${owners} > "$manifest"
-# drop older cache entries
+# drop older cache entries (of the same kind: stock or with modules)
+kind() { if [ -e "${1%.cpio}.modules" ]; then echo mods; else echo stock; fi; }
+[ -z "$override" ] || echo "$override" > "${initrd%.cpio}.modules"
 for f in "$out"/initramfs-*.cpio; do
-    [ "$f" = "$initrd" ] || rm -f "$f" "${f%.cpio}.libpkgs"
+    if [ "$f" != "$initrd" ] && [ "$(kind "$f")" = "$(kind "$initrd")" ]; then
+        rm -f "$f" "${f%.cpio}.libpkgs" "${f%.cpio}.modules"
+    fi
 done
 log "initramfs $(du -h "$initrd" | cut -f1)"
 echo "kernel $kernel"

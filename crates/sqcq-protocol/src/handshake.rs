@@ -218,6 +218,23 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
         }
     }
 
+    /// Sets NEED_WAKEUP for good: for a queue whose consumer never polls
+    /// but is served by its notifications alone (a device's control queue,
+    /// a driver's interrupt-driven queue). The producer then notifies after
+    /// every publication, as without doorbells. The caller looks at the
+    /// ring once afterwards: a publication whose producer read the flag
+    /// before it was set was not notified.
+    pub fn park(&mut self) {
+        self.cell
+            .flags()
+            .store(NEED_WAKEUP.to_le(), Ordering::Relaxed);
+        if !R::OMIT_CONSUMER_FENCE {
+            // Fences 2 and 4, as in `prepare_sleep`: the NEED_WAKEUP store
+            // is ordered before the caller's look at the ring.
+            fence(Ordering::SeqCst);
+        }
+    }
+
     /// Clears NEED_WAKEUP after the consumer woke up (or gave up sleeping).
     /// Producers stop notifying once they see it.
     pub fn finish_sleep(&mut self) {

@@ -11,6 +11,11 @@
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use sqcq_protocol::{
+    CqProducer, DoorbellLocation, RingAddrs, SqConsumer, Wake, doorbell_location, guest_doorbells,
+};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
@@ -22,7 +27,7 @@ use crate::eventfd::{PeerEventFd, Signal};
 use crate::guest;
 use crate::guest_warn;
 use crate::lun::LunAddress;
-use crate::queue::{QueueError, RingConfig, open_ring};
+use crate::queue::{PollError, QueueError, RingConfig, open_ring};
 use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
 use crate::used::UsedRing;
 use crate::wire::{
@@ -62,6 +67,16 @@ struct CtrlQueue {
     call: Option<PeerEventFd>,
     /// The ring was found corrupt: not served until the driver resets it.
     broken: bool,
+    /// Where the doorbells are, with VIRTIO_F_SQCQ_POLL.
+    doorbells: Option<DoorbellLocation>,
+}
+
+/// The eventfds of a control or event queue (no error eventfd: these
+/// queues stop without a broken state to report).
+#[derive(Debug)]
+pub(crate) struct ControlQueueFds {
+    pub(crate) kick: PeerEventFd,
+    pub(crate) call: Option<PeerEventFd>,
 }
 
 /// The control and event queues of one connection.
@@ -134,16 +149,39 @@ impl ControlPlane {
     }
 
     /// Starts vq `index` (0 or 1).
+    ///
+    /// With VIRTIO_F_SQCQ_POLL (`doorbells`) the queue has doorbells like
+    /// every other: it is served by its kicks alone, so NEED_WAKEUP is set
+    /// in its SQ doorbell for good (a driver that follows the protocol
+    /// then kicks for every request), and a completion is signalled when
+    /// the standard rules or the driver's CQ NEED_WAKEUP ask for it.
     pub(crate) fn start(
         &mut self,
         index: usize,
         ring: &RingConfig,
-        mem: &GuestMemoryMmap,
-        kick: PeerEventFd,
-        call: Option<PeerEventFd>,
-        _err: Option<PeerEventFd>,
+        mem: &Arc<GuestMemoryMmap>,
+        fds: ControlQueueFds,
+        doorbells: bool,
     ) -> Result<(), QueueError> {
         let (queue, used) = open_ring(ring, mem)?;
+        let doorbells = if doorbells {
+            let addrs = RingAddrs {
+                desc: ring.desc,
+                avail: ring.avail,
+                used: ring.used,
+            };
+            let location = doorbell_location(addrs, ring.size)
+                .map_err(|e| QueueError::Doorbells(PollError::Layout(e)))?;
+            let (sq, _) = guest_doorbells(mem, location)
+                .map_err(|e| QueueError::Doorbells(PollError::Memory(e)))?;
+            // The queue is looked at once right after it starts
+            // (`Session::start`), which covers requests published before.
+            SqConsumer::new(sq, ring.next_avail).park();
+            Some(location)
+        } else {
+            None
+        };
+        let ControlQueueFds { kick, call } = fds;
         let token = if index == CONTROL_VQ {
             CONTROL_KICK_TOKEN
         } else {
@@ -160,6 +198,7 @@ impl ControlPlane {
             kick,
             call,
             broken: false,
+            doorbells,
         });
         Ok(())
     }
@@ -202,8 +241,15 @@ impl ControlPlane {
 /// never blocks; a saturated counter already holds a notification, and a
 /// call descriptor that fails otherwise is dropped (the queue goes on, the
 /// driver polls or times out: control traffic is rare).
-fn publish(q: &mut CtrlQueue, mem: &GuestMemoryMmap) {
-    if let Ok(true) = q.used.publish(mem)
+fn publish(q: &mut CtrlQueue, mem: &Arc<GuestMemoryMmap>) {
+    let published = q.used.pending() > 0;
+    let standard = matches!(q.used.publish(mem), Ok(true));
+    // With doorbells: publish cq.idx too; fence 3 is inside `publish`.
+    let owed = published
+        && q.doorbells
+            .and_then(|location| guest_doorbells(mem, location).ok())
+            .is_some_and(|(_, cq)| CqProducer::new(cq).publish(q.used.next_used()) == Wake::Owed);
+    if (standard || owed)
         && let Some(call) = &q.call
         && let Signal::Failed(_) | Signal::Stalled = call.signal()
     {

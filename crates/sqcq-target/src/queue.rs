@@ -115,6 +115,9 @@ pub enum QueueError {
     /// The ring addresses or size are invalid for guest memory.
     #[error("invalid ring configuration")]
     Ring(#[source] virtio_queue::Error),
+    /// VIRTIO_F_SQCQ_POLL is negotiated and the doorbells cannot be used.
+    #[error("unusable doorbells")]
+    Doorbells(#[source] PollError),
     /// A backstore queue could not be opened.
     #[error("cannot open a backstore queue for LUN {lun}")]
     Backstore {

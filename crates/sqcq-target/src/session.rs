@@ -16,7 +16,7 @@ use sqcq_scsi::NexusId;
 use tracing::{error, info, warn};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::control::ControlPlane;
+use crate::control::{ControlPlane, ControlQueueFds};
 use crate::device::DeviceShared;
 use crate::eventfd::PeerEventFd;
 use crate::memory::{GuardedRegion, Mapping};
@@ -236,10 +236,13 @@ impl Session {
         let (call, err) = (clone(&v.call), clone(&v.err));
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
         if index < 2 {
-            match self
-                .control
-                .start(index, &ring, &self.mem.memory(), kick, call, err)
-            {
+            match self.control.start(
+                index,
+                &ring,
+                &self.mem.memory().into_inner(),
+                ControlQueueFds { kick, call },
+                self.has_feature(sqcq_protocol::VIRTIO_F_SQCQ_POLL),
+            ) {
                 Ok(()) => {
                     self.vrings[index].running = Running::Control;
                     self.service_control(index);

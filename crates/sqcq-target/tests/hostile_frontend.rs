@@ -880,6 +880,19 @@ fn guest_triggered_control_queue_warnings_are_rate_limited() {
         std::thread::sleep(Duration::from_micros(100));
     }
     assert!(h.alive());
+    // The count of what was suppressed is logged with the next warning
+    // of a later second: one from a request queue (an unknown target).
+    std::thread::sleep(Duration::from_millis(1100));
+    clear_unit_attention(&mut qs[2], &mut g, 0);
+    let (r, _) = command(
+        &mut qs[2],
+        &mut g,
+        lun_field(1, 0),
+        &TEST_UNIT_READY,
+        &[],
+        0,
+    );
+    assert_eq!(r.response, 3, "BAD_TARGET");
     let secs = started.elapsed().as_secs() + 2;
     let lines = h
         .log_text()

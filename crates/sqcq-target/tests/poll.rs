@@ -274,3 +274,34 @@ fn sqcq_is_offered_by_default_and_can_be_withheld() {
     drop(fe);
     daemon.shutdown();
 }
+
+#[test]
+fn control_queue_doorbells_ask_for_every_kick_and_honour_cq_need_wakeup() {
+    let dir = TempDir::new("poll-control");
+    let (daemon, socket) = start(&dir, 1);
+    let mut g = Guest::new();
+    let mut qs = vqs();
+    let _fe = connect_with(&socket, &g, &mut qs, true, SQCQ);
+    // The control queue is served by kicks: its SQ doorbell says so for
+    // good, so a driver that follows the protocol kicks every time.
+    let ctrl = &mut qs[0];
+    wait_until("NEED_WAKEUP in the control queue's SQ doorbell", || {
+        ctrl.sq_flags(&g) & NEED_WAKEUP != 0
+    });
+    // A driver whose control queue sleeps (CQ NEED_WAKEUP) gets a call
+    // for each completion, and cq.idx follows used->idx.
+    ctrl.set_cq_need_wakeup(&g, true);
+    let _ = ctrl.call.read();
+    for round in 1..=3u16 {
+        let req = g.alloc(4);
+        g.write(req, &0xdead_u32.to_le_bytes());
+        let resp = g.alloc(1);
+        ctrl.add(&g, &[(req, 4, false), (resp, 1, true)]);
+        assert!(ctrl.publish_sq(&g), "NEED_WAKEUP set: the driver kicks");
+        ctrl.wait_used(&g);
+        assert_eq!(ctrl.cq_idx(&g), round, "cq.idx follows used->idx");
+        wait_until("a call for the completion", || ctrl.call.read().is_ok());
+    }
+    assert!(counter(&daemon, "bad_control") >= 3);
+    daemon.shutdown();
+}

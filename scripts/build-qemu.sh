@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds the QEMU of the guest suite's VIRTIO_F_SQCQ_POLL runs: Debian 12's
+# own source package of the installed qemu-system-x86 (fetched with the
+# ordinary apt client, scripts/enable-deb-src.sh), with the patches of
+# patches/qemu/ applied, configured with the least that runs the suite
+# (x86_64 system emulation, TCG, vhost-user; firmware from Debian's
+# qemu-system-data and seabios packages).
+#
+# Cached under target/qemu/KEY/, KEY = source version + patches + this
+# script: a rerun with nothing changed costs one dpkg query and a hash.
+#
+#   scripts/build-qemu.sh      prints the path of qemu-system-x86_64
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+log() { echo "build-qemu: $*" >&2; }
+
+# The source version of the installed binary package (no binNMU suffix).
+version="$(dpkg-query -W -f='${source:Version}' qemu-system-x86 2>/dev/null || true)"
+[ -n "$version" ] || { log "qemu-system-x86 is not installed"; exit 1; }
+key="$( { echo "$version"; cat patches/qemu/*.patch "$0"; } | sha256sum | cut -c1-16)"
+out="$repo/target/qemu/$key"
+bin="$out/bin/qemu-system-x86_64"
+if [ -x "$bin" ]; then
+    echo "$bin"
+    exit 0
+fi
+
+deps=(dpkg-dev meson ninja-build pkg-config python3-venv libglib2.0-dev
+      libpixman-1-dev zlib1g-dev libfdt-dev patch)
+missing=()
+for pkg in "${deps[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || { log "missing build dependencies ${missing[*]}"; exit 1; }
+    log "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
+        --no-install-recommends "${missing[@]}" >/dev/null
+fi
+scripts/enable-deb-src.sh
+
+log "building QEMU $version with patches/qemu (key $key)"
+work="$(mktemp -d "${TMPDIR:-/tmp}/sqcq-qemu.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+(
+    cd "$work"
+    apt-get source -qq --download-only "qemu=$version" >/dev/null 2>&1 ||
+        apt-get source --download-only "qemu=$version"
+    dpkg-source -x ./*.dsc src >/dev/null
+    cd src
+    for p in "$repo"/patches/qemu/*.patch; do
+        patch -p1 --quiet --forward < "$p" || { log "$(basename "$p") does not apply"; exit 1; }
+    done
+    mkdir build && cd build
+    ../configure --prefix="$out" --target-list=x86_64-softmmu \
+        --without-default-features --enable-tcg --enable-vhost-user \
+        --disable-docs --disable-werror \
+        --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu \
+        > "$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }
+    # The emulator alone: not the tools, tests or documentation.
+    ninja -j"$(nproc)" qemu-system-x86_64 > "$work/make.log" 2>&1 ||
+        { tail -n 40 "$work/make.log" >&2; exit 1; }
+    mkdir -p "$out/bin"
+    cp qemu-system-x86_64 "$bin.tmp"
+    mv "$bin.tmp" "$bin"
+)
+[ -x "$bin" ] || { log "no $bin after the build"; exit 1; }
+log "built $bin"
+echo "$bin"
