@@ -65,6 +65,9 @@ struct CtrlQueue {
     used: UsedRing,
     kick: PeerEventFd,
     call: Option<PeerEventFd>,
+    /// A notification fell due while there was no call eventfd (see
+    /// `ServedQueue`): sent when one arrives.
+    call_owed: bool,
     /// The ring was found corrupt: not served until the driver resets it.
     broken: bool,
     /// Where the doorbells are, with VIRTIO_F_SQCQ_POLL.
@@ -197,6 +200,7 @@ impl ControlPlane {
             used,
             kick,
             call,
+            call_owed: false,
             broken: false,
             doorbells,
         });
@@ -217,6 +221,9 @@ impl ControlPlane {
     pub(crate) fn set_call(&mut self, index: usize, call: Option<PeerEventFd>) {
         if let Some(q) = self.queues.get_mut(index).and_then(Option::as_mut) {
             q.call = call;
+            if std::mem::take(&mut q.call_owed) {
+                signal(q);
+            }
         }
     }
 
@@ -249,11 +256,21 @@ fn publish(q: &mut CtrlQueue, mem: &Arc<GuestMemoryMmap>) {
         && q.doorbells
             .and_then(|location| guest_doorbells(mem, location).ok())
             .is_some_and(|(_, cq)| CqProducer::new(cq).publish(q.used.next_used()) == Wake::Owed);
-    if (standard || owed)
-        && let Some(call) = &q.call
-        && let Signal::Failed(_) | Signal::Stalled = call.signal()
-    {
-        q.call = None;
+    if standard || owed {
+        signal(q);
+    }
+}
+
+/// Signals the call eventfd, or remembers the notification until there is
+/// one.
+fn signal(q: &mut CtrlQueue) {
+    match &q.call {
+        None => q.call_owed = true,
+        Some(call) => {
+            if let Signal::Failed(_) | Signal::Stalled = call.signal() {
+                q.call = None;
+            }
+        }
     }
 }
 

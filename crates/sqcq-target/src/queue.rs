@@ -161,6 +161,11 @@ pub struct ServedQueue {
     pub(crate) used: UsedRing,
     kick: PeerEventFd,
     call: Option<PeerEventFd>,
+    /// A notification fell due while there was no call eventfd: sent as
+    /// soon as one arrives. QEMU starts a ring with SET_VRING_KICK and only
+    /// then sends SET_VRING_CALL, so a request the driver makes available
+    /// right after DRIVER_OK can complete before the call fd is here.
+    call_owed: bool,
     err: Option<PeerEventFd>,
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
@@ -237,6 +242,7 @@ impl ServedQueue {
             used,
             kick: s.kick,
             call: s.call,
+            call_owed: false,
             err: s.err,
             source: s.source,
             poll: None,
@@ -293,9 +299,13 @@ impl ServedQueue {
         self.broken
     }
 
-    /// Replaces the call eventfd (SET_VRING_CALL while running).
+    /// Replaces the call eventfd (SET_VRING_CALL while running), and
+    /// sends the notification owed since the queue had none.
     pub fn set_call(&mut self, call: Option<PeerEventFd>) {
         self.call = call;
+        if self.call.is_some() && std::mem::take(&mut self.call_owed) {
+            self.signal_call();
+        }
     }
 
     /// The kick eventfd fired.
@@ -439,7 +449,10 @@ impl ServedQueue {
     /// completions forever.
     fn signal_call(&mut self) {
         self.calls = self.calls.wrapping_add(1);
-        let Some(call) = &self.call else { return };
+        let Some(call) = &self.call else {
+            self.call_owed = !self.broken;
+            return;
+        };
         match call.signal() {
             Signal::Sent => {}
             Signal::Coalesced => DeviceCounters::bump(&self.device.counters.calls_coalesced),

@@ -156,3 +156,59 @@ fn negotiation_lifecycle_and_reset() {
     assert_eq!(&data[8..12], b"SQCQ");
     daemon.shutdown();
 }
+
+/// QEMU starts a ring with SET_VRING_KICK and sends SET_VRING_CALL after
+/// it, so a request the driver makes available at once can complete while
+/// the device has no call eventfd. The notification must not be lost: it
+/// goes out when the call eventfd arrives (a request queue served by a
+/// worker, and the control queue served by the control thread).
+#[test]
+fn a_call_due_before_set_vring_call_is_sent_when_the_call_fd_arrives() {
+    use std::time::Instant;
+    use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+    let dir = TempDir::new("owed-call");
+    let (daemon, socket) = start(&dir, 1);
+    let mut g = Guest::new();
+    let mut qs = vqs();
+    let fe = connect(&socket, &g, &mut qs, false);
+    clear_unit_attention(&mut qs[2], &mut g, 0);
+
+    for index in [2usize, 0] {
+        let vq = &mut qs[index];
+        // Stop the ring (the device forgets its call eventfd) and start it
+        // again with a new kick eventfd and no call eventfd.
+        assert_eq!(fe.get_vring_base(index).unwrap(), u32::from(vq.next_avail));
+        fe.set_vring_base(index, vq.next_avail).unwrap();
+        vq.kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        fe.set_vring_kick(index, &vq.kick).unwrap();
+        let _ = vq.call.read();
+
+        let head = if index == 0 {
+            let req = tmf(0, lun_field(0, 0), 0);
+            let r = g.alloc(req.len() as u32);
+            g.write(r, &req);
+            let out = g.alloc(16);
+            vq.add(&g, &[(r, req.len() as u32, false), (out, 16, true)])
+        } else {
+            submit(vq, &mut g, lun_field(0, 0), &inquiry(36), &[], 36).head
+        };
+        vq.kick(&g);
+        assert_eq!(vq.wait_used(&g).0, head, "vq {index}");
+        assert!(
+            vq.call.read().is_err(),
+            "vq {index}: a call without a call eventfd"
+        );
+
+        fe.set_vring_call(index, &vq.call).unwrap();
+        let deadline = Instant::now() + WAIT;
+        while vq.call.read().is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "vq {index}: the completion made before SET_VRING_CALL was never notified"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    daemon.shutdown();
+}
