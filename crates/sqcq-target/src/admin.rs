@@ -6,6 +6,7 @@
 //! lun remove device=0 lun=1
 //! lun resize device=0 lun=0 size=128M
 //! stats
+//! fault break device=0 vq=2
 //! ```
 //!
 //! A reply starts with `ok` or `error`. `device=` defaults to 0; `lun add`
@@ -15,6 +16,14 @@
 //! command at a time, so changes are serialised; a command waits until
 //! its change reached every worker (and, for a removal, until the LUN's
 //! requests in flight completed) before it replies.
+//!
+//! `fault break` is fault injection, for testing how a driver recovers:
+//! the request queue `vq` (every running request queue of the device
+//! without `vq=`) breaks exactly as it does when the driver corrupts its
+//! ring or writes a doorbell value no correct driver writes (spec 6.1): it
+//! stops, its error eventfd is signalled (QEMU then sets
+//! DEVICE_NEEDS_RESET, with the project's patch), and it is served again
+//! only after the driver resets the device.
 //!
 //! `sqcqd admin --admin-socket PATH COMMAND...` ([`request`]) is the
 //! client.
@@ -33,7 +42,7 @@ use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::{ConfigError, LunSpec, parse_size};
-use crate::hotplug::DeviceControl;
+use crate::hotplug::{DeviceControl, HotplugError};
 use crate::listen::ListeningSocket;
 
 /// Longest command line accepted.
@@ -48,7 +57,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Error)]
 pub enum CommandError {
     /// Not a command this socket knows.
-    #[error("unknown command {0:?} (lun add|remove|resize, stats)")]
+    #[error("unknown command {0:?} (lun add|remove|resize, stats, fault break)")]
     Unknown(String),
     /// A `key=value` argument is missing or malformed.
     #[error("{0}")]
@@ -86,6 +95,14 @@ pub enum AdminCommand {
     },
     /// LUNs, per-queue statistics and error counters of every device.
     Stats,
+    /// Break request queue `vq` of `device` (every running one if `None`),
+    /// as a corrupt ring or a nonsense doorbell would.
+    FaultBreak {
+        /// Device number.
+        device: u32,
+        /// The vring index.
+        vq: Option<u16>,
+    },
 }
 
 fn number<T: FromStr>(key: &str, value: &str) -> Result<T, CommandError> {
@@ -102,12 +119,14 @@ impl FromStr for AdminCommand {
         let verb = (words.next(), words.next());
         let mut device = 0u32;
         let mut lun = None;
+        let mut vq = None;
         let mut size = None;
         let mut rest = Vec::new();
         for part in words.flat_map(|w| w.split(',')).filter(|p| !p.is_empty()) {
             match part.split_once('=') {
                 Some(("device", v)) => device = number("device", v)?,
                 Some(("lun", v)) => lun = Some(number::<u16>("lun", v)?),
+                Some(("vq", v)) => vq = Some(number::<u16>("vq", v)?),
                 Some(("size", v)) => {
                     size = Some(parse_size(v).map_err(CommandError::Argument)?);
                     rest.push(part);
@@ -117,6 +136,10 @@ impl FromStr for AdminCommand {
         }
         let lun_or = || lun.ok_or_else(|| CommandError::Argument("lun= is required".into()));
         match verb {
+            (Some("fault"), Some("break")) if rest.is_empty() && lun.is_none() => {
+                Ok(AdminCommand::FaultBreak { device, vq })
+            }
+            _ if vq.is_some() => Err(CommandError::Argument("unexpected vq=".into())),
             (Some("lun"), Some("add")) => {
                 let mut spec = LunSpec::from_str(&rest.join(","))?;
                 spec.lun = Some(lun_or()?);
@@ -171,6 +194,15 @@ pub fn execute(devices: &[DeviceControl], line: &str) -> String {
                 .map(|blocks| format!("ok device={d} lun={lun} blocks={blocks}"))
         }),
         AdminCommand::Stats => return stats(devices),
+        AdminCommand::FaultBreak { device: d, vq } => device(d).map(|dev| {
+            let broken = dev.break_queues(vq);
+            if broken.is_empty() {
+                Err(HotplugError::NoQueue)
+            } else {
+                let list: Vec<String> = broken.iter().map(u16::to_string).collect();
+                Ok(format!("ok device={d} broken vq={}", list.join(",")))
+            }
+        }),
     };
     match result {
         Ok(Ok(reply)) => reply,
@@ -409,6 +441,20 @@ mod tests {
             "stats".parse::<AdminCommand>().unwrap(),
             AdminCommand::Stats
         );
+        assert_eq!(
+            "fault break device=1 vq=3".parse::<AdminCommand>().unwrap(),
+            AdminCommand::FaultBreak {
+                device: 1,
+                vq: Some(3)
+            }
+        );
+        assert_eq!(
+            "fault break".parse::<AdminCommand>().unwrap(),
+            AdminCommand::FaultBreak {
+                device: 0,
+                vq: None
+            }
+        );
     }
 
     #[test]
@@ -425,6 +471,11 @@ mod tests {
             "lun add lun=70000 kind=ram,size=1M",
             "stats now",
             "reboot",
+            "fault",
+            "fault break lun=1",
+            "fault break vq=x",
+            "fault break vq=2 now",
+            "lun remove lun=1 vq=2",
         ] {
             assert!(bad.parse::<AdminCommand>().is_err(), "{bad:?}");
         }

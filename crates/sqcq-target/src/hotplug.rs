@@ -88,6 +88,9 @@ pub enum HotplugError {
     /// The logical unit refused the new capacity.
     #[error("the logical unit refused the new capacity")]
     Capacity(#[source] ConfigError),
+    /// `fault break` found no running request queue to break.
+    #[error("no running request queue matches")]
+    NoQueue,
 }
 
 /// A device's current LUN snapshot and the I_T nexuses connected to it.
@@ -278,6 +281,26 @@ impl DeviceControl {
         info!(device = dev.id, lun, blocks = new, "LUN resized");
         self.event(lun, EVT_PARAM_CHANGE, REASON_CAPACITY_CHANGED);
         Ok(new)
+    }
+
+    /// Breaks request queue `vq` (every running one if `None`) as a corrupt
+    /// ring or a nonsense doorbell would (fault injection, see
+    /// [`crate::admin`]); returns the vring indices broken.
+    pub fn break_queues(&self, vq: Option<u16>) -> Vec<u16> {
+        let device = self.shared.id;
+        let mut broken = Vec::new();
+        for w in 0..self.pool.len() {
+            let call = |reply| WorkerCommand::Break { device, vq, reply };
+            match self
+                .pool
+                .call(w, call, self.pool.deadline(QUEUE_STOP_TIMEOUT))
+            {
+                Ok(mut list) => broken.append(&mut list),
+                Err(e) => error!(device, "fault break: {e}"),
+            }
+        }
+        broken.sort_unstable();
+        broken
     }
 
     /// Gives `target` to every worker; the first failure, if any.

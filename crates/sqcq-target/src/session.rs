@@ -347,13 +347,20 @@ impl Session {
     }
 
     /// Stops every vring and forgets the rings (RESET_DEVICE, RESET_OWNER,
-    /// disconnect). Memory and protocol features are kept.
+    /// disconnect). Memory and protocol features are kept, and so are the
+    /// error eventfds: QEMU sends SET_VRING_ERR once per connection, not
+    /// at each start, and a ring that breaks after a device reset (every
+    /// guest boot has one) must still be reported.
     pub(crate) fn reset_rings(&mut self) {
         for i in 0..self.vrings.len() {
             self.stop(i);
         }
         for v in &mut self.vrings {
-            *v = Vring::new();
+            let err = v.err.take();
+            *v = Vring {
+                err,
+                ..Vring::new()
+            };
         }
         self.control.reset();
         self.acked_features = 0;

@@ -36,6 +36,10 @@ pub struct QueueReport {
     pub broken: bool,
     /// Whether the queue still runs.
     pub running: bool,
+    /// With VIRTIO_F_SQCQ_POLL: NEED_WAKEUP in the SQ doorbell (the
+    /// device's poller sleeps) and in the CQ doorbell (the driver's
+    /// poller sleeps), as they were when the report was made.
+    pub need_wakeup: Option<(bool, bool)>,
 }
 
 impl QueueReport {
@@ -71,6 +75,8 @@ struct Entry {
     wakeups: u64,
     kicks: u64,
     calls: u64,
+    sq_need_wakeup: Option<bool>,
+    cq_need_wakeup: Option<bool>,
 }
 
 impl From<&QueueReport> for Entry {
@@ -89,6 +95,8 @@ impl From<&QueueReport> for Entry {
             wakeups: r.stats.wakeups,
             kicks: r.kicks,
             calls: r.stats.wakeups,
+            sq_need_wakeup: r.need_wakeup.map(|(sq, _)| sq),
+            cq_need_wakeup: r.need_wakeup.map(|(_, cq)| cq),
         }
     }
 }
@@ -256,6 +264,7 @@ mod tests {
             kicks,
             broken: false,
             running: true,
+            need_wakeup: None,
         }
     }
 

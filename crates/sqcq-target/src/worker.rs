@@ -83,6 +83,16 @@ pub enum WorkerCommand {
         /// LUN (that queue keeps its previous snapshot).
         reply: SyncSender<Result<(), QueueError>>,
     },
+    /// Break the running request queues of `device` (only vring `vq` if
+    /// given), as a corrupt ring would: fault injection.
+    Break {
+        /// The device.
+        device: u32,
+        /// The vring, or every one.
+        vq: Option<u16>,
+        /// The vrings broken here.
+        reply: SyncSender<Vec<u16>>,
+    },
     /// Stop every queue (waiting for requests in flight until `deadline`)
     /// and end the thread.
     Exit {
@@ -438,6 +448,16 @@ impl Worker {
                     reply,
                 } => {
                     let _ = reply.send(self.set_target(device, &target));
+                }
+                WorkerCommand::Break { device, vq, reply } => {
+                    let broken = self
+                        .queues
+                        .iter_mut()
+                        .flatten()
+                        .filter(|q| q.key.device == device && vq.is_none_or(|v| v == q.key.vq))
+                        .filter_map(|q| q.inject_break().then_some(q.key.vq))
+                        .collect();
+                    let _ = reply.send(broken);
                 }
                 WorkerCommand::Exit { deadline } => {
                     self.stop_all(deadline);

@@ -16,6 +16,7 @@
 //! ([`RingWatch`]) and completions follow the standard rules.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use sqcq_protocol::{
     CqProducer, DoorbellLocation, GuestDoorbell, GuestDoorbellError, LayoutError, NonsenseIndex,
@@ -25,7 +26,7 @@ use sqcq_protocol::{
 use thiserror::Error;
 use tracing::{debug, error, warn};
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
 use super::{RingConfig, ServedQueue, SubmissionSource};
 use crate::guest_warn;
@@ -49,6 +50,9 @@ pub enum PollError {
     /// The avail ring could not be read or its flags written.
     #[error("avail ring not accessible")]
     Ring(#[source] virtio_queue::Error),
+    /// `fault break` on the admin socket.
+    #[error("nonsense SQ doorbell index (injected by the admin socket)")]
+    Injected,
 }
 
 /// What a polled queue watches for submissions.
@@ -346,7 +350,21 @@ impl ServedQueue {
             kicks: self.kicks,
             broken: self.broken,
             running: true,
+            need_wakeup: self.need_wakeup(),
         }
+    }
+
+    /// NEED_WAKEUP in the SQ and CQ doorbells, read from guest memory (for
+    /// the statistics: both pollers asleep once the queue is idle).
+    fn need_wakeup(&self) -> Option<(bool, bool)> {
+        let p = self.poll.as_ref()?;
+        let location = p.cq.as_ref()?.location;
+        let flag = |at: u64| {
+            p.map
+                .load::<u16>(GuestAddress(at + 2), Ordering::Relaxed)
+                .is_ok_and(|f| u16::from_le(f) & sqcq_protocol::NEED_WAKEUP != 0)
+        };
+        Some((flag(location.sq), flag(location.cq)))
     }
 
     fn on_index(&mut self, idx: u16) {
@@ -367,12 +385,27 @@ impl ServedQueue {
         self.publish(&mem);
     }
 
+    /// Fault injection: breaks the queue as a nonsense doorbell (poll
+    /// mode with doorbells) or a corrupt ring would. False if it was
+    /// broken already.
+    pub(crate) fn inject_break(&mut self) -> bool {
+        if self.broken {
+            return false;
+        }
+        if self.source == SubmissionSource::Doorbell && self.poll.is_some() {
+            self.poll_broken(&PollError::Injected);
+        } else {
+            self.ring_broken(&virtio_queue::Error::InvalidChain);
+        }
+        true
+    }
+
     /// Stops the queue for good (until the driver resets it): the
     /// doorbells are not touched again.
     fn poll_broken(&mut self, e: &PollError) {
-        let source = std::error::Error::source(e).map(ToString::to_string);
+        let cause = std::error::Error::source(e).map_or_else(String::new, |c| format!(": {c}"));
         guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-            "{e}: {}: queue stopped, device needs reset", source.unwrap_or_default());
+            "{e}{cause}: queue stopped, device needs reset");
         self.poll = None;
         self.mark_broken();
     }

@@ -174,6 +174,14 @@ impl Vq {
 
     /// Zeroes the ring and announces it to the device.
     pub fn setup(&mut self, fe: &mut Frontend, g: &Guest) {
+        fe.set_vring_err(self.index, &self.err).unwrap();
+        self.restart(fe, g);
+    }
+
+    /// [`Self::setup`] without SET_VRING_ERR, as QEMU starts a ring again
+    /// after a device reset (it sends the error eventfd once per
+    /// connection).
+    pub fn restart(&mut self, fe: &mut Frontend, g: &Guest) {
         g.write(self.desc, &vec![0u8; 0x3000]);
         self.next_avail = 0;
         self.last_used = 0;
@@ -194,7 +202,6 @@ impl Vq {
         .unwrap();
         fe.set_vring_base(self.index, 0).unwrap();
         fe.set_vring_call(self.index, &self.call).unwrap();
-        fe.set_vring_err(self.index, &self.err).unwrap();
         fe.set_vring_kick(self.index, &self.kick).unwrap();
         fe.set_vring_enable(self.index, true).unwrap();
     }
