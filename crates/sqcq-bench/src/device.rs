@@ -8,7 +8,7 @@ use sqcq_driver::scsi::data::parse_report_luns;
 use sqcq_driver::scsi::{
     Capacity, Cdb, Command, CommandError, ControlQueue, Data, Done, Inquiry, Lun, ScsiQueue, sense,
 };
-use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollStats, PollThreads};
+use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollStats, PollThreads, parked_queue};
 use sqcq_driver::{
     Buffer, DriverMemory, Frontend, FrontendConfig, Negotiated, NotifyMode, QueueConfig,
     QueueEvents, SplitQueue, Virtqueue,
@@ -170,20 +170,19 @@ impl Device {
         let events = |frontend: &Frontend| -> Result<QueueEvents, BenchError> {
             QueueEvents::new(Some(frontend.hangup_fd()?), spec.timeout).map_err(BenchError::Eventfd)
         };
-        let control_vq = Virtqueue::new(
-            &mut mem,
-            CONTROL_QUEUE,
-            config(SMALL_QUEUE),
-            NotifyMode::Notify,
-            events(&frontend)?,
-        )?;
-        let event = Virtqueue::new(
-            &mut mem,
-            EVENT_QUEUE,
-            config(SMALL_QUEUE),
-            NotifyMode::Notify,
-            events(&frontend)?,
-        )?;
+        // With VIRTIO_F_SQCQ_POLL the control and event queues keep the
+        // doorbell protocol without a poller (spec 4.5).
+        let small_queue = |mem: &mut DriverMemory, index| -> Result<Virtqueue, BenchError> {
+            let events = events(&frontend)?;
+            Ok(if mode.doorbells() {
+                let ring = SplitQueue::new(mem, config(SMALL_QUEUE))?;
+                parked_queue(mem, index, ring, events)?
+            } else {
+                Virtqueue::new(mem, index, config(SMALL_QUEUE), NotifyMode::Notify, events)?
+            })
+        };
+        let control_vq = small_queue(&mut mem, CONTROL_QUEUE)?;
+        let event = small_queue(&mut mem, EVENT_QUEUE)?;
         let mut queues = Vec::new();
         let mut stats = PollStats::default();
         let mut poll = mode

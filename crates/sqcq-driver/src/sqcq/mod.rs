@@ -55,6 +55,28 @@ pub use crate::poll_stats::PollStats;
 pub use bell::{DoorbellError, GuestBell};
 pub use poll_thread::{PollGroup, PollGroupBuilder, PollThreads};
 
+use crate::memory::DriverMemory;
+use crate::notify::QueueEvents;
+use crate::virtqueue::Virtqueue;
+use crate::vring::SplitQueue;
+
+/// A queue nobody polls while VIRTIO_F_SQCQ_POLL is negotiated (spec 4.5):
+/// its doorbells zeroed, `sq.idx` written at every publication, a kick
+/// when the device asks, and the CQ doorbell parked (NEED_WAKEUP set for
+/// good), so that the device calls after every completion. For the control
+/// and event queues of a device whose request queues use `sqcq` or
+/// `sqcq-inline`; call it before the queue is started.
+pub fn parked_queue(
+    mem: &DriverMemory,
+    index: u16,
+    ring: SplitQueue,
+    events: QueueEvents,
+) -> Result<Virtqueue, DoorbellError> {
+    let (sq, cq) = bell::queue_doorbells(mem, &ring)?;
+    let notifier = Box::new(notifier::ParkedNotifier::new(sq, cq));
+    Ok(Virtqueue::with_notifier(index, ring, notifier, events))
+}
+
 /// Nanoseconds since the first call: the clock of every poller here.
 pub(crate) fn now_ns() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();

@@ -10,7 +10,7 @@ use sqcq_protocol::{
     CqConsumer, Poll, Poller, QueueStats, SleepCheck, SpinPolicy, SqProducer, Wake,
 };
 
-use super::bell::{CqBell, QueueShared, SqBell};
+use super::bell::{CqBell, GuestBell, QueueShared, SqBell};
 use super::now_ns;
 use crate::notify::{IdleState, Notifier, NotifyError, NotifyMode, QueueEvents, UsedCount, pace};
 use crate::poll_stats::PollStats;
@@ -318,5 +318,68 @@ fn wait_inline(
                 }
             },
         }
+    }
+}
+
+/// A queue nobody polls while VIRTIO_F_SQCQ_POLL is negotiated (the
+/// control and event queues; spec 4.5). The submitter is still the SQ
+/// producer: `sq.idx` at every publication, a kick when the device asks
+/// (its parked SQ always does). The CQ doorbell is parked, so the device
+/// calls after every completion whatever the ring flags say, and a wait is
+/// the classic one: look at the used ring, sleep on the call eventfd.
+#[derive(Debug)]
+pub(crate) struct ParkedNotifier {
+    sq: SqProducer<GuestBell>,
+    cq: CqConsumer<GuestBell>,
+}
+
+impl ParkedNotifier {
+    pub(crate) fn new(sq: GuestBell, cq: GuestBell) -> Self {
+        Self {
+            sq: SqProducer::new(sq),
+            cq: CqConsumer::new(cq, 0),
+        }
+    }
+}
+
+impl Notifier for ParkedNotifier {
+    fn mode(&self) -> NotifyMode {
+        NotifyMode::Notify
+    }
+
+    fn start(&mut self, _ring: &mut SplitQueue, _events: &mut QueueEvents) {
+        // Before the first buffer is made available (spec 4.5); the
+        // doorbells were zeroed just before.
+        self.cq.park();
+    }
+
+    fn publish(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+    ) -> Result<(), NotifyError> {
+        events.count_publish();
+        let Some(idx) = ring.publish_index() else {
+            return Ok(());
+        };
+        // P3-P6, as in `DoorbellNotifier::publish`.
+        if self.sq.publish(idx) == Wake::Owed {
+            events.kick()?;
+        }
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        ring: &mut SplitQueue,
+        events: &mut QueueEvents,
+        deadline: Instant,
+    ) -> Result<(), NotifyError> {
+        // NEED_WAKEUP has been set since `start`: a completion published
+        // after this look is called, and the call eventfd keeps it.
+        while !ring.has_used() {
+            events.sleep_on_call(deadline)?;
+        }
+        Ok(())
     }
 }

@@ -441,3 +441,55 @@ fn ring_poll_sleeps_after_its_window_and_a_call_wakes_it() {
         }
     }
 }
+
+/// A queue nobody polls (spec 4.5) against a device that keeps the
+/// protocol strictly: it learns of submissions from `sq.idx` alone, and
+/// calls only when `cq.flags` has NEED_WAKEUP. The driver must write
+/// `sq.idx` at every publication, kick because the device's SQ is parked,
+/// and keep its CQ parked so that every completion is called.
+#[test]
+fn parked_queue_keeps_the_protocol_without_a_poller() {
+    let mut mem = DriverMemory::new(4 << 20).unwrap();
+    let ring = crate::SplitQueue::new(&mut mem, QueueConfig::new(16)).unwrap();
+    let events = QueueEvents::new(None, BOUND).unwrap();
+    let mut vq = parked_queue(&mem, 0, ring, events).unwrap();
+    let gm = Arc::new(mem.guest_memory().clone());
+    let mut queue = device_queue(&gm, &vq);
+    let addrs = RingAddrs {
+        desc: vq.ring().desc_table().0,
+        avail: vq.ring().avail_ring().0,
+        used: vq.ring().used_ring().0,
+    };
+    let (sq, cq) = guest_doorbells(&gm, doorbell_location(addrs, 16).unwrap()).unwrap();
+    let mut consumer = SqConsumer::new(&sq, 0);
+    consumer.park();
+    let mut producer = CqProducer::new(&cq);
+    let data = Buffer::new(mem.alloc(64, 8).unwrap(), 64);
+    let kick = vq.events().kick_fd().try_clone().unwrap();
+    let call = vq.events().call_fd().try_clone().unwrap();
+
+    for round in 0..3u16 {
+        vq.ring_mut().add(&[], &[data], usize::from(round)).unwrap();
+        vq.publish().unwrap();
+        assert!(
+            kick.read().is_ok(),
+            "round {round}: no kick for a parked SQ"
+        );
+        assert_eq!(
+            consumer.poll(),
+            Some(round + 1),
+            "round {round}: sq.idx not written"
+        );
+        let chain = queue.pop_descriptor_chain(&*gm).unwrap();
+        queue.add_used(&*gm, chain.head_index(), 0).unwrap();
+        assert_eq!(
+            producer.publish(queue.next_used()),
+            Wake::Owed,
+            "round {round}: CQ not parked"
+        );
+        call.write(1).unwrap();
+        vq.wait().unwrap();
+        let used = vq.ring_mut().pop_used().unwrap().unwrap();
+        assert_eq!(used.token, usize::from(round));
+    }
+}
