@@ -143,14 +143,7 @@ fn negotiation_lifecycle_and_reset() {
 
     // RESET_DEVICE forgets the rings; a second start cycle works (as
     // SeaBIOS then Linux do on every boot).
-    fe.reset_device().unwrap();
-    fe.set_features(
-        (1 << 32) | vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
-    )
-    .unwrap();
-    for vq in qs.iter_mut() {
-        vq.setup(&mut fe, &g);
-    }
+    reset_and_restart(&mut fe, &g, &mut qs);
     let (r, data) = command(&mut qs[3], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
     assert_eq!((r.response, r.status), (0, 0), "{r:?}");
     assert_eq!(&data[8..12], b"SQCQ");
@@ -164,7 +157,6 @@ fn negotiation_lifecycle_and_reset() {
 /// worker, and the control queue served by the control thread).
 #[test]
 fn a_call_due_before_set_vring_call_is_sent_when_the_call_fd_arrives() {
-    use std::time::Instant;
     use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
     let dir = TempDir::new("owed-call");
@@ -201,14 +193,10 @@ fn a_call_due_before_set_vring_call_is_sent_when_the_call_fd_arrives() {
         );
 
         fe.set_vring_call(index, &vq.call).unwrap();
-        let deadline = Instant::now() + WAIT;
-        while vq.call.read().is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "vq {index}: the completion made before SET_VRING_CALL was never notified"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        wait_signalled(
+            &vq.call,
+            &format!("vq {index}: the call owed since before SET_VRING_CALL"),
+        );
     }
     daemon.shutdown();
 }

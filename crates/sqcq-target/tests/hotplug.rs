@@ -440,10 +440,6 @@ fn sqcqd_admin_client_talks_to_the_binary() {
 /// finds nothing to break, and a device reset brings the queue back.
 #[test]
 fn fault_break_stops_a_queue_until_the_device_is_reset() {
-    use std::time::{Duration, Instant};
-    use vhost::VhostBackend;
-    use vhost::vhost_user::VhostUserFrontend;
-
     let dir = TempDir::new("fault-break");
     let (daemon, socket, admin) = start_admin(&dir, vec![lun(BackstoreKind::Ram, 1 << 20)]);
     let mut g = Guest::new();
@@ -457,11 +453,7 @@ fn fault_break_stops_a_queue_until_the_device_is_reset() {
 
     let reply = request(&admin, "fault break device=0 vq=2").unwrap();
     assert_eq!(reply, "ok device=0 broken vq=2");
-    let deadline = Instant::now() + WAIT;
-    while qs[2].err.read().is_err() {
-        assert!(Instant::now() < deadline, "no error eventfd signal");
-        thread::sleep(Duration::from_millis(1));
-    }
+    wait_signalled(&qs[2].err, "the broken queue's error eventfd");
     assert!(qs[3].err.read().is_err(), "the other queue is not broken");
     let stats = request(&admin, "stats").unwrap();
     assert!(stats.contains(" broken_rings=1"), "{stats}");
@@ -478,14 +470,7 @@ fn fault_break_stops_a_queue_until_the_device_is_reset() {
 
     // A reset and a new start cycle, as QEMU makes them (no second
     // SET_VRING_ERR), serve the queue again.
-    fe.reset_device().unwrap();
-    fe.set_features(
-        (1 << 32) | vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
-    )
-    .unwrap();
-    for vq in qs.iter_mut() {
-        vq.restart(&mut fe, &g);
-    }
+    reset_and_restart(&mut fe, &g, &mut qs);
     clear_unit_attention(&mut qs[2], &mut g, 0);
     let (r, _) = command(&mut qs[2], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
     assert_eq!((r.response, r.status), (0, 0), "{r:?}");
@@ -494,14 +479,10 @@ fn fault_break_stops_a_queue_until_the_device_is_reset() {
     let reply = request(&admin, "fault break device=0").unwrap();
     assert_eq!(reply, "ok device=0 broken vq=2,3");
     for q in [2, 3] {
-        let deadline = Instant::now() + WAIT;
-        while qs[q].err.read().is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "vq {q}: no error eventfd signal after the reset"
-            );
-            thread::sleep(Duration::from_millis(1));
-        }
+        wait_signalled(
+            &qs[q].err,
+            &format!("vq {q}: error eventfd after the reset"),
+        );
     }
     daemon.shutdown();
 }

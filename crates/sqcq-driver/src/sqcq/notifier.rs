@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use sqcq_protocol::{
-    CqConsumer, Poll, Poller, QueueStats, SleepCheck, SpinPolicy, SqProducer, Wake,
+    CqConsumer, DoorbellCell, Poll, Poller, QueueStats, SleepCheck, SpinPolicy, SqProducer, Wake,
 };
 
 use super::bell::{CqBell, GuestBell, QueueShared, SqBell};
@@ -113,18 +113,7 @@ impl Notifier for DoorbellNotifier {
         ring: &mut SplitQueue,
         events: &mut QueueEvents,
     ) -> Result<(), NotifyError> {
-        events.count_publish();
-        let Some(idx) = ring.publish_index() else {
-            return Ok(());
-        };
-        // SqProducer::publish: P3, the Release store of `sq.idx`, ordered
-        // after the Release store of `avail->idx` just made; then fence 1
-        // (pairs with the device poller's fence 2 between its NEED_WAKEUP
-        // store and its `sq.idx` re-check); then the `sq.flags` load.
-        if self.sq.publish(idx) == Wake::Owed {
-            events.kick()?;
-        }
-        Ok(())
+        publish_sq(&mut self.sq, ring, events)
     }
 
     fn wait(
@@ -206,6 +195,27 @@ impl Notifier for DoorbellNotifier {
             poll_thread_sleeps: thread.map_or(0, |t| t.sleeps.load(Ordering::Relaxed)),
         })
     }
+}
+
+/// P1-P6 on the SQ doorbell: `avail->idx`, `sq.idx`, a kick if the
+/// device's poller asked for one.
+fn publish_sq<C: DoorbellCell>(
+    sq: &mut SqProducer<C>,
+    ring: &mut SplitQueue,
+    events: &mut QueueEvents,
+) -> Result<(), NotifyError> {
+    events.count_publish();
+    let Some(idx) = ring.publish_index() else {
+        return Ok(());
+    };
+    // SqProducer::publish: P3, the Release store of `sq.idx`, ordered
+    // after the Release store of `avail->idx` just made; then fence 1
+    // (pairs with the device poller's fence 2 between its NEED_WAKEUP
+    // store and its `sq.idx` re-check); then the `sq.flags` load.
+    if sq.publish(idx) == Wake::Owed {
+        events.kick()?;
+    }
+    Ok(())
 }
 
 /// `sqcq`: spins on the mailbox, then sleeps on its eventfd; the poll
@@ -358,15 +368,7 @@ impl Notifier for ParkedNotifier {
         ring: &mut SplitQueue,
         events: &mut QueueEvents,
     ) -> Result<(), NotifyError> {
-        events.count_publish();
-        let Some(idx) = ring.publish_index() else {
-            return Ok(());
-        };
-        // P3-P6, as in `DoorbellNotifier::publish`.
-        if self.sq.publish(idx) == Wake::Owed {
-            events.kick()?;
-        }
-        Ok(())
+        publish_sq(&mut self.sq, ring, events)
     }
 
     fn wait(

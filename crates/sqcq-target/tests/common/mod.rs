@@ -288,6 +288,30 @@ impl Vq {
     }
 }
 
+/// RESET_DEVICE, then a new start cycle of every vring in `vqs`, as QEMU
+/// makes it (features again, no second SET_VRING_ERR).
+pub fn reset_and_restart(fe: &mut Frontend, g: &Guest, vqs: &mut [Vq]) {
+    use vhost::VhostBackend;
+    fe.reset_device().unwrap();
+    fe.set_features((1 << 32) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())
+        .unwrap();
+    for vq in vqs.iter_mut() {
+        vq.restart(fe, g);
+    }
+}
+
+/// Waits, bounded, until `fd` (non-blocking) has been signalled.
+pub fn wait_signalled(fd: &EventFd, what: &str) {
+    let deadline = Instant::now() + WAIT;
+    while fd.read().is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not signalled within {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Connects and negotiates: features (with EVENT_IDX when asked),
 /// protocol features MQ | CONFIG | REPLY_ACK, memory, and the vrings.
 pub fn connect(path: &Path, g: &Guest, vqs: &mut [Vq], event_idx: bool) -> Frontend {
