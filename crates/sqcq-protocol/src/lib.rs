@@ -69,4 +69,4 @@ pub use layout::{
 };
 pub use poller::{Poll, PollState, Poller, Watch};
 pub use spin::{SpinConfig, SpinConfigError, SpinPolicy};
-pub use stats::QueueStats;
+pub use stats::{QueueStats, counted_since};

@@ -25,17 +25,26 @@ pub struct QueueStats {
 
 impl QueueStats {
     /// Counters accumulated since `earlier` (gauges taken from `self`).
+    /// A counter below its earlier value started again from zero (the
+    /// queue was restarted, or its poller dropped): its value is what
+    /// accumulated since.
     pub fn since(&self, earlier: &QueueStats) -> QueueStats {
         QueueStats {
             queue: self.queue,
-            completions: self.completions.wrapping_sub(earlier.completions),
+            completions: counted_since(self.completions, earlier.completions),
             ema_ns: self.ema_ns,
             interval_ns: self.interval_ns,
-            spins: self.spins.wrapping_sub(earlier.spins),
-            sleeps: self.sleeps.wrapping_sub(earlier.sleeps),
-            wakeups: self.wakeups.wrapping_sub(earlier.wakeups),
+            spins: counted_since(self.spins, earlier.spins),
+            sleeps: counted_since(self.sleeps, earlier.sleeps),
+            wakeups: counted_since(self.wakeups, earlier.wakeups),
         }
     }
+}
+
+/// What a counter accumulated since it read `earlier`, when it may have
+/// started again from zero in between.
+pub fn counted_since(now: u64, earlier: u64) -> u64 {
+    now.checked_sub(earlier).unwrap_or(now)
 }
 
 impl fmt::Display for QueueStats {
@@ -124,5 +133,22 @@ mod tests {
                 wakeups: 2
             }
         );
+    }
+
+    #[test]
+    fn a_counter_that_started_again_counts_from_zero() {
+        let before = QueueStats {
+            completions: 8000,
+            spins: 6_000_000,
+            ..QueueStats::default()
+        };
+        let restarted = QueueStats {
+            completions: 582,
+            spins: 1_000,
+            ..QueueStats::default()
+        };
+        let d = restarted.since(&before);
+        assert_eq!((d.completions, d.spins), (582, 1_000));
+        assert_eq!(counted_since(7, 7), 0);
     }
 }

@@ -46,7 +46,10 @@ impl QueueReport {
     /// The log line of the figures since `earlier` (same queue).
     pub fn line(&self, earlier: Option<&QueueReport>) -> String {
         let (stats, kicks) = match earlier {
-            Some(e) => (self.stats.since(&e.stats), self.kicks.wrapping_sub(e.kicks)),
+            Some(e) => (
+                self.stats.since(&e.stats),
+                sqcq_protocol::counted_since(self.kicks, e.kicks),
+            ),
             None => (self.stats, self.kicks),
         };
         if self.mode == "kick" {
