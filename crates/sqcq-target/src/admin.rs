@@ -19,11 +19,12 @@
 //!
 //! `fault break` is fault injection, for testing how a driver recovers:
 //! the request queue `vq` (every running request queue of the device
-//! without `vq=`) breaks exactly as it does when the driver corrupts its
-//! ring or writes a doorbell value no correct driver writes (spec 6.1): it
-//! stops, its error eventfd is signalled (QEMU then sets
-//! DEVICE_NEEDS_RESET, with the project's patch), and it is served again
-//! only after the driver resets the device.
+//! without `vq=`) breaks when it next finds a request, exactly as when the
+//! driver writes a doorbell value no correct driver writes (spec 6.1) or
+//! corrupts its ring: it stops without taking that request, its error
+//! eventfd is signalled (QEMU then sets DEVICE_NEEDS_RESET, with the
+//! project's patch), and it is served again only after the driver resets
+//! the device.
 //!
 //! `sqcqd admin --admin-socket PATH COMMAND...` ([`request`]) is the
 //! client.
@@ -95,8 +96,8 @@ pub enum AdminCommand {
     },
     /// LUNs, per-queue statistics and error counters of every device.
     Stats,
-    /// Break request queue `vq` of `device` (every running one if `None`),
-    /// as a corrupt ring or a nonsense doorbell would.
+    /// Arm request queue `vq` of `device` (every running one if `None`) to
+    /// break at its next request, as for a nonsense doorbell.
     FaultBreak {
         /// Device number.
         device: u32,
@@ -195,12 +196,12 @@ pub fn execute(devices: &[DeviceControl], line: &str) -> String {
         }),
         AdminCommand::Stats => return stats(devices),
         AdminCommand::FaultBreak { device: d, vq } => device(d).map(|dev| {
-            let broken = dev.break_queues(vq);
-            if broken.is_empty() {
+            let armed = dev.break_queues(vq);
+            if armed.is_empty() {
                 Err(HotplugError::NoQueue)
             } else {
-                let list: Vec<String> = broken.iter().map(u16::to_string).collect();
-                Ok(format!("ok device={d} broken vq={}", list.join(",")))
+                let list: Vec<String> = armed.iter().map(u16::to_string).collect();
+                Ok(format!("ok device={d} armed vq={}", list.join(",")))
             }
         }),
     };

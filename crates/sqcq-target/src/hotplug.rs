@@ -88,8 +88,8 @@ pub enum HotplugError {
     /// The logical unit refused the new capacity.
     #[error("the logical unit refused the new capacity")]
     Capacity(#[source] ConfigError),
-    /// `fault break` found no running request queue to break.
-    #[error("no running request queue matches")]
+    /// `fault break` found no running request queue to arm.
+    #[error("no running request queue matches (or it is armed or broken already)")]
     NoQueue,
 }
 
@@ -283,9 +283,9 @@ impl DeviceControl {
         Ok(new)
     }
 
-    /// Breaks request queue `vq` (every running one if `None`) as a corrupt
-    /// ring or a nonsense doorbell would (fault injection, see
-    /// [`crate::admin`]); returns the vring indices broken.
+    /// Arms request queue `vq` (every running one if `None`) to break at
+    /// its next request, as for a nonsense doorbell (fault injection, see
+    /// [`crate::admin`]); returns the vring indices armed.
     pub fn break_queues(&self, vq: Option<u16>) -> Vec<u16> {
         let device = self.shared.id;
         let mut broken = Vec::new();

@@ -166,6 +166,9 @@ pub struct ServedQueue {
     /// then sends SET_VRING_CALL, so a request the driver makes available
     /// right after DRIVER_OK can complete before the call fd is here.
     call_owed: bool,
+    /// Fault injection (`fault break`): the queue breaks when it next
+    /// finds a request, before taking it.
+    break_armed: bool,
     err: Option<PeerEventFd>,
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
@@ -243,6 +246,7 @@ impl ServedQueue {
             kick: s.kick,
             call: s.call,
             call_owed: false,
+            break_armed: false,
             err: s.err,
             source: s.source,
             poll: None,
@@ -297,6 +301,18 @@ impl ServedQueue {
     /// Whether the ring was found corrupt (the queue no longer runs).
     pub fn is_broken(&self) -> bool {
         self.broken
+    }
+
+    /// Fault injection (`fault break`): the queue will break when it next
+    /// finds a request made available, leaving that request untaken, as
+    /// for a doorbell value no correct driver writes. False if it is
+    /// broken or armed already.
+    pub(crate) fn arm_break(&mut self) -> bool {
+        if self.broken || self.break_armed {
+            return false;
+        }
+        self.break_armed = true;
+        true
     }
 
     /// Replaces the call eventfd (SET_VRING_CALL while running), and
@@ -388,6 +404,20 @@ impl ServedQueue {
     /// Handles every chain available now (at most a ring's worth); false
     /// if the ring turned out corrupt.
     fn take_available(&mut self, mem: &Arc<GuestMemoryMmap>) -> bool {
+        if self.break_armed {
+            match self
+                .queue
+                .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
+            {
+                Ok(idx) if idx.0 == self.queue.next_avail() => return true,
+                Ok(_) => {
+                    self.break_armed = false;
+                    self.break_injected();
+                }
+                Err(e) => self.ring_broken(&e),
+            }
+            return false;
+        }
         let mut budget = self.queue.size();
         while budget > 0 {
             let chain = match self.queue.iter(&**mem) {

@@ -83,14 +83,15 @@ pub enum WorkerCommand {
         /// LUN (that queue keeps its previous snapshot).
         reply: SyncSender<Result<(), QueueError>>,
     },
-    /// Break the running request queues of `device` (only vring `vq` if
-    /// given), as a corrupt ring would: fault injection.
+    /// Arm the running request queues of `device` (only vring `vq` if
+    /// given) to break at their next request, as for a nonsense doorbell:
+    /// fault injection.
     Break {
         /// The device.
         device: u32,
         /// The vring, or every one.
         vq: Option<u16>,
-        /// The vrings broken here.
+        /// The vrings armed here.
         reply: SyncSender<Vec<u16>>,
     },
     /// Stop every queue (waiting for requests in flight until `deadline`)
@@ -455,7 +456,7 @@ impl Worker {
                         .iter_mut()
                         .flatten()
                         .filter(|q| q.key.device == device && vq.is_none_or(|v| v == q.key.vq))
-                        .filter_map(|q| q.inject_break().then_some(q.key.vq))
+                        .filter_map(|q| q.arm_break().then_some(q.key.vq))
                         .collect();
                     let _ = reply.send(broken);
                 }

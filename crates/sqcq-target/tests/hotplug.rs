@@ -435,11 +435,13 @@ fn sqcqd_admin_client_talks_to_the_binary() {
     assert!(!admin.exists());
 }
 
-/// `fault break` (fault injection): the queue stops as for a corrupt ring,
-/// its error eventfd is signalled, the other queue goes on, a second break
-/// finds nothing to break, and a device reset brings the queue back.
+/// `fault break` (fault injection): the queue breaks at its next request,
+/// which it does not take: its error eventfd is signalled, the other
+/// queue goes on, a second `fault break` finds nothing to arm, and a
+/// device reset brings the queue back with the error eventfd of the first
+/// start.
 #[test]
-fn fault_break_stops_a_queue_until_the_device_is_reset() {
+fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
     let dir = TempDir::new("fault-break");
     let (daemon, socket, admin) = start_admin(&dir, vec![lun(BackstoreKind::Ram, 1 << 20)]);
     let mut g = Guest::new();
@@ -452,20 +454,37 @@ fn fault_break_stops_a_queue_until_the_device_is_reset() {
     let _ = qs[3].err.read();
 
     let reply = request(&admin, "fault break device=0 vq=2").unwrap();
-    assert_eq!(reply, "ok device=0 broken vq=2");
+    assert_eq!(reply, "ok device=0 armed vq=2");
+    assert!(
+        request(&admin, "fault break device=0 vq=2")
+            .unwrap()
+            .starts_with("error "),
+        "armed already"
+    );
+    // Armed, the queue breaks at the next request and leaves it untaken.
+    submit(&mut qs[2], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
+    qs[2].kick(&g);
     wait_signalled(&qs[2].err, "the broken queue's error eventfd");
     assert!(qs[3].err.read().is_err(), "the other queue is not broken");
     let stats = request(&admin, "stats").unwrap();
     assert!(stats.contains(" broken_rings=1"), "{stats}");
-    // The other queue serves I/O; the broken one cannot be broken again.
     let (r, _) = command(&mut qs[3], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
     assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-    let reply = request(&admin, "fault break device=0 vq=2").unwrap();
-    assert!(reply.starts_with("error "), "{reply}");
+    assert!(
+        request(&admin, "fault break device=0 vq=2")
+            .unwrap()
+            .starts_with("error "),
+        "broken already"
+    );
     assert!(
         request(&admin, "fault break device=1")
             .unwrap()
             .starts_with("error no device 1")
+    );
+    assert_eq!(
+        qs[2].used_idx(&g),
+        qs[2].last_used,
+        "the request was not taken"
     );
 
     // A reset and a new start cycle, as QEMU makes them (no second
@@ -474,11 +493,15 @@ fn fault_break_stops_a_queue_until_the_device_is_reset() {
     clear_unit_attention(&mut qs[2], &mut g, 0);
     let (r, _) = command(&mut qs[2], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
     assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-    // Every queue breaks, and the error eventfds of the first start
-    // still report it.
-    let reply = request(&admin, "fault break device=0").unwrap();
-    assert_eq!(reply, "ok device=0 broken vq=2,3");
+    // Every queue armed; both break at their next request, and the error
+    // eventfds of the first start still report it.
+    assert_eq!(
+        request(&admin, "fault break device=0").unwrap(),
+        "ok device=0 armed vq=2,3"
+    );
     for q in [2, 3] {
+        submit(&mut qs[q], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
+        qs[q].kick(&g);
         wait_signalled(
             &qs[q].err,
             &format!("vq {q}: error eventfd after the reset"),

@@ -385,19 +385,15 @@ impl ServedQueue {
         self.publish(&mem);
     }
 
-    /// Fault injection: breaks the queue as a nonsense doorbell (poll
-    /// mode with doorbells) or a corrupt ring would. False if it was
-    /// broken already.
-    pub(crate) fn inject_break(&mut self) -> bool {
-        if self.broken {
-            return false;
-        }
+    /// Fault injection, when an armed queue finds a request: breaks it as
+    /// a nonsense SQ doorbell index (poll mode with doorbells) or a corrupt
+    /// ring would.
+    pub(crate) fn break_injected(&mut self) {
         if self.source == SubmissionSource::Doorbell && self.poll.is_some() {
             self.poll_broken(&PollError::Injected);
         } else {
             self.ring_broken(&virtio_queue::Error::InvalidChain);
         }
-        true
     }
 
     /// Stops the queue for good (until the driver resets it): the
