@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (README, `.ci/run`): formatting, lints, the
 # proofs (loom with each fence removed, spin on the Promela model), every
-# unit and integration test, and a Linux guest under QEMU against sqcqd.
+# unit and integration test, every fuzz target for a while, and Linux
+# guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
+# (patches/linux, patches/qemu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,4 +29,13 @@ echo "== fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
 echo "== guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
 cargo build --quiet -p sqcq-target --bin sqcqd
-SQCQD=target/debug/sqcqd scripts/guest-test.sh
+rm -f target/guest/measure.txt
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --measure --label classic
+echo "== guest: VIRTIO_F_SQCQ_POLL in Linux (patches/linux) through QEMU (patches/qemu)"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --measure --label sqcq
+echo "== guest: the same guest and QEMU against sqcqd --no-sqcq: classic virtio"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --daemon-extra --no-sqcq --only-run1
+echo "== guest: an unmodified guest against device-side ring polling"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll ring" \
+    --spin-max-us 5000 --measure --label ring-poll --only-run1
+scripts/guest-report.sh target/guest/measure.txt

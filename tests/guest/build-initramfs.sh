@@ -37,7 +37,7 @@ programs=(
     /usr/bin/sg_inq /usr/bin/sg_vpd /usr/bin/sg_readcap /usr/bin/sg_luns
     /usr/bin/sg_turs /usr/bin/sg_modes /usr/bin/sg_requests /usr/bin/sg_sync
     /usr/bin/sg_unmap /usr/bin/sg_write_same /usr/bin/sg_persist
-    /usr/bin/sg_rtpg /usr/bin/sg_dd /usr/bin/sg_opcodes
+    /usr/bin/sg_rtpg /usr/bin/sg_dd /usr/bin/sg_opcodes /usr/bin/sg_reset
     /usr/bin/fio
     /usr/sbin/mke2fs /usr/sbin/e2fsck
 )

@@ -38,6 +38,19 @@ usage: scripts/guest-test.sh [options]
   --bios qboot|seabios  firmware of run1 (default qboot when installed)
   --bios2 qboot|seabios firmware of run2 (default seabios)
   --only-run1           skip run2 (no reboot, no second QEMU)
+  --sqcq                the VIRTIO_F_SQCQ_POLL guest: QEMU with patches/qemu
+                        (scripts/build-qemu.sh, sqcq_poll=on) and the guest's
+                        virtio modules with patches/linux
+                        (scripts/build-guest-modules.sh); the guest expects
+                        bit 42 unless the daemon withholds it (--no-sqcq)
+  --daemon-extra ARGS   more sqcqd options (e.g. --no-sqcq, '--poll ring')
+  --measure             run1 counts interrupts, CPU time (guest) and kicks
+                        (daemon) per I/O under fio at QD1 and QD32, and
+                        appends them to target/guest/measure.txt
+  --label NAME          the configuration's name in measure.txt
+  --spin-max-us N       longest spin window of both sides' pollers, µs
+                        (default with --sqcq: 5000, TCG's time scale; see
+                        docs/guest-tests.md)
   --keep                keep the scratch directory (logs, images)
 Env: SQCQ_GUEST_DAEMON (= --daemon), SQCQD (path of sqcqd),
      SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_STALL/_SHUTDOWN (seconds: 90/240/90/30;
@@ -51,6 +64,7 @@ daemon="${SQCQ_GUEST_DAEMON:-}"
 images=()
 daemon_cmd="${SQCQ_GUEST_DAEMON_CMD:-}"
 nq="" disks="" bss="" one_conn="" file_backed="" no_reset="" bios="" bios2="" only_run1=0 keep=0
+sqcq=0 daemon_extra="" measure=0 label="" spin_max_us=""
 no_reset_why="the daemon does not survive a device reset within a connection (--no-reset)"
 dev_opts="${SQCQ_GUEST_DEVICE_OPTS-unset}"
 while [ $# -gt 0 ]; do
@@ -69,6 +83,11 @@ while [ $# -gt 0 ]; do
     --bios) bios="$2"; shift ;;
     --bios2) bios2="$2"; shift ;;
     --only-run1) only_run1=1 ;;
+    --sqcq) sqcq=1 ;;
+    --daemon-extra) daemon_extra="$2"; shift ;;
+    --measure) measure=1 ;;
+    --label) label="$2"; shift ;;
+    --spin-max-us) spin_max_us="$2"; shift ;;
     --keep) keep=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "guest-test: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -96,7 +115,8 @@ sqcqd)
             "cargo build --release -p sqcq-target), nothing to test"
         exit 0
     fi
-    : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=ram,size=64M --lun kind=ram,size=64M,block-size=4096 --stats-file {dir}/stats.json --stats-interval 1"}"
+    : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=ram,size=64M --lun kind=ram,size=64M,block-size=4096 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+    spin_daemon=1
     : "${nq:=2}" "${disks:=2}" "${bss:=512,4096}" "${one_conn:=0}" "${file_backed:=0}" "${no_reset:=0}"
     ;;
 vhost-device-scsi)
@@ -127,6 +147,29 @@ custom)
 esac
 
 [ "$dev_opts" != unset ] || dev_opts=""
+# What the daemon's request queues must have run as, and whether the
+# guest must negotiate bit 42.
+expect_sqcq=off queue_mode=kick
+case " $daemon_extra " in *" --poll ring "*|*" --poll=ring "*) queue_mode=ring-poll ;; esac
+qemu=qemu-system-x86_64 modules_dir=""
+if [ "$sqcq" = 1 ]; then
+    qemu="$(scripts/build-qemu.sh)" || { say "building the patched QEMU failed"; exit 1; }
+    modules_dir="$(scripts/build-guest-modules.sh)" || { say "building the guest modules failed"; exit 1; }
+    dev_opts="sqcq_poll=on${dev_opts:+,$dev_opts}"
+    # Under TCG the guest runs about a hundred times slower than under
+    # KVM: gaps between requests and the cost of a wakeup grow alike, so
+    # the pollers' longest window grows with them (both sides).
+    : "${spin_max_us:=5000}"
+    case " $daemon_extra " in
+        *" --no-sqcq "*) ;;
+        *) expect_sqcq=on queue_mode=sqcq ;;
+    esac
+fi
+if [ -n "$spin_max_us" ]; then
+    if [ "${spin_daemon:-0}" = 1 ]; then daemon_cmd="$daemon_cmd --spin-us 1,$spin_max_us"; fi
+    # (only the patched virtio_scsi knows the parameter)
+    if [ "$sqcq" = 1 ]; then guest_spin="virtio_scsi.sqcq_spin_max_ns=$((spin_max_us * 1000))"; fi
+fi
 qboot=/usr/share/qemu/qboot.rom
 if [ -z "$bios" ]; then [ -r "$qboot" ] && bios=qboot || bios=seabios; fi
 if [ -z "$bios2" ]; then [ "$no_reset" = 1 ] && bios2=$bios || bios2=seabios; fi
@@ -159,7 +202,7 @@ trap 'say "interrupted"; exit 130' INT TERM HUP
 kernel="" initrd=""
 while read -r k v; do
     case "$k" in kernel) kernel="$v" ;; initrd) initrd="$v" ;; esac
-done < <(timeout 600 "$here/build-initramfs.sh" "$repo/target/guest")
+done < <(timeout 600 "$here/build-initramfs.sh" "$repo/target/guest" $modules_dir)
 [ -n "$kernel" ] && [ -n "$initrd" ] || { say "building the guest failed"; exit 1; }
 t_build=$(( $(date +%s) - t0 ))
 
@@ -237,11 +280,12 @@ qemu_run() {
         *verbose*) append="$append loglevel=7 ${SQCQ_GUEST_APPEND/verbose/}" ;;
         *) append="$append quiet loglevel=3 ${SQCQ_GUEST_APPEND:-}" ;;
     esac
-    append="$append sqcq_mode=$mode sqcq_disks=$disks"
+    append="$append sqcq_mode=$mode sqcq_disks=$disks sqcq_expect=$expect_sqcq ${guest_spin:-}"
+    [ "$measure" = 1 ] && [ "$mode" = full ] && append="$append sqcq_measure=1"
     append="$append sqcq_mq=$(( nq < 2 ? nq : 2 )) sqcq_nonce=$nonce sqcq_timeout=60"
     [ -n "$bss" ] && append="$append sqcq_bs=$bss"
     [ -n "$prev" ] && append="$append sqcq_prev=$prev"
-    local args=(qemu-system-x86_64 -accel tcg -cpu max -m 512M -smp 2
+    local args=("$qemu" -accel tcg -cpu max -m 512M -smp 2
         -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem
         -chardev "socket,id=vus,path=$sock"
         -device "vhost-user-scsi-pci,chardev=vus,num_queues=$nq${dev_opts:+,$dev_opts}"
@@ -251,6 +295,7 @@ qemu_run() {
     [ "$boots" = 1 ] && args+=(-no-reboot)
     : > "$log"
     echo "${args[*]}" > "$work/$run.cmdline"
+    : > "$work/$run.snapshots"
     local hard=$(( (t_boot + t_checks) * boots + t_shutdown ))
     local start; start=$(date +%s)
     setsid timeout -k 5 "$hard" "${args[@]}" > "$work/$run.qemu.log" 2>&1 < /dev/null &
@@ -258,10 +303,31 @@ qemu_run() {
     say "$run: $fw, $mode, $boots boot(s), num_queues=$nq"
     # the supervisor: stage deadlines, daemon watchdog, boot count
     local state="" last="" changed=$start now inits dones reboots limit stage verdict=""
-    local checks progress=$start lastchecks=0
+    local checks progress=$start lastchecks=0 marks seen_marks=0 asks seen_asks=0
     while kill -0 "$qemu_pid" 2>/dev/null; do
         sleep 0.5
         now=$(date +%s)
+        # the daemon's figures at each SQCQ-SNAPSHOT / MEASURE line (the
+        # guest idles 2-3 s around them; the file is rewritten every second)
+        # what the guest asks the host to do (SQCQ-HOST lines)
+        asks=$(grep -c "^SQCQ-HOST " "$log" || true)
+        while [ "$seen_asks" -lt "$asks" ]; do
+            seen_asks=$((seen_asks + 1))
+            host_action "$(grep "^SQCQ-HOST " "$log" | sed -n "${seen_asks}p" | tr -d '\r' | cut -d' ' -f2)"
+        done
+        marks=$(grep -cE "^(SQCQ-SNAPSHOT|MEASURE-)" "$log" || true)
+        while [ "$seen_marks" -lt "$marks" ]; do
+            seen_marks=$((seen_marks + 1))
+            # a statistics file written after the line appeared (every
+            # second; at most 2.5 s)
+            local seen_at; seen_at=$(date +%s.%N)
+            for _ in 1 2 3 4 5 6 7 8 9 10; do
+                sleep 0.25
+                [ "$(stat -c %.9Y "$work/stats.json" 2>/dev/null || echo 0)" \> "$seen_at" ] && break
+            done
+            printf '%s\t%s\n' "$(grep -E "^(SQCQ-SNAPSHOT|MEASURE-)" "$log" | sed -n "${seen_marks}p" | tr -d '\r')" \
+                "$(tr -d '\n' < "$work/stats.json" 2>/dev/null)" >> "$work/$run.snapshots"
+        done
         inits=$(grep -c SQCQ-INIT "$log" || true)
         dones=$(grep -c SQCQ-DONE "$log" || true)
         reboots=$(grep -c SQCQ-REBOOT "$log" || true)
@@ -305,6 +371,82 @@ qemu_run() {
     say "$run: $verdict ($(( $(date +%s) - start )) s)"
 }
 
+# host_action WHAT: what the guest asked for, on the daemon's admin socket
+host_action() {
+    local cmd
+    case "$1" in
+        lun-add) cmd="lun add device=0 lun=2 kind=ram,size=16M" ;;
+        lun-remove) cmd="lun remove device=0 lun=2" ;;
+        # every running request queue stops at its next request, as for
+        # a nonsense doorbell
+        queue-break) cmd="fault break device=0" ;;
+        *) say "the guest asked for '$1'"; return ;;
+    esac
+    "$bin" admin --admin-socket "$work/admin.sock" $cmd >> "$work/host-actions.log" 2>&1 ||
+        say "admin '$cmd' failed: $(tail -n 1 "$work/host-actions.log")"
+}
+# figures RUN MARK: "kicks completions" summed over the request queues in
+# the daemon's statistics at the snapshot of the guest's line MARK
+figures() {
+    awk -F '\t' -v m="$2" '$1 ~ "^" m { print $2; exit }' "$work/$1.snapshots" |
+        python3 -c 'import json, sys
+try:
+    q = [e for e in json.load(sys.stdin)["queues"] if e["vq"] >= 2]
+    print(sum(e["kicks"] for e in q), sum(e["completions"] for e in q),
+          " ".join("%s/%s" % (e["sq_need_wakeup"], e["cq_need_wakeup"]) for e in q if e["running"]))
+except Exception:
+    print("? ? ?")'
+}
+# Host checks of a run: both pollers asleep at the guest's idle snapshot;
+# per-I/O figures of the measuring run.
+sqcq_host_checks() {
+    local run="$1" f
+    if [ "$expect_sqcq" = on ] && grep -q "^SQCQ-SNAPSHOT idle" "$work/$run.console.log"; then
+        read -r _ _ f < <(figures "$run" "SQCQ-SNAPSHOT idle")
+        if [ -n "$f" ] && [ "$(echo "$f" | tr ' ' '\n' | sort -u)" = "True/True" ]; then
+            host_check "$run/idle_need_wakeup" PASS "NEED_WAKEUP set in every SQ and CQ doorbell while idle (sq/cq: $f)"
+        else
+            host_check "$run/idle_need_wakeup" FAIL "doorbell NEED_WAKEUP (sq/cq per request queue) while idle: ${f:-no snapshot}"
+        fi
+    fi
+    if grep -q "^SQCQ-HOST queue-break" "$work/$run.console.log"; then
+        local reply vring
+        reply=$(grep -E "^ok.*armed|^error" "$work/host-actions.log" | tail -n 1)
+        vring=$(grep -c "vhost vring error in virtqueue" "$work/$run.qemu.log" || true)
+        if [[ "$reply" == ok*armed* ]] && [ "$vring" -gt 0 ]; then
+            host_check "$run/queue_break" PASS "daemon: '$reply'; QEMU reported $vring vring error(s) (DEVICE_NEEDS_RESET)"
+        else
+            host_check "$run/queue_break" FAIL "daemon: '${reply:-no reply}'; QEMU vring errors: $vring"
+        fi
+    fi
+    [ "$measure" = 1 ] || return 0
+    local qd k0 c0 k1 c1 line ios irqs ticks
+    for qd in 1 32; do
+        read -r k0 c0 _ < <(figures "$run" "MEASURE-BEGIN qd$qd")
+        read -r k1 c1 _ < <(figures "$run" "MEASURE-END qd$qd ")
+        line=$(tr -d '\r' < "$work/$run.console.log" | grep -m1 "^MEASURE-END qd$qd ios=")
+        ios=$(echo "$line" | sed -n 's/.* ios=\([0-9]*\).*/\1/p')
+        irqs=$(echo "$line" | sed -n 's/.* irqs=\([0-9]*\).*/\1/p')
+        ticks=$(echo "$line" | sed -n 's/.* ticks=\([0-9]*\).*/\1/p')
+        if [ -z "$ios" ] || [ "$k0" = "?" ] || [ "$k1" = "?" ] || [ -z "$k0" ] || [ -z "$k1" ]; then
+            host_check "$run/measure_qd$qd" FAIL "no figures (guest: '$line')"
+            continue
+        fi
+        # kicks per request the device completed (both from its own
+        # counters); interrupts and CPU per I/O fio completed in the guest
+        m=$(python3 -c "print('ios=%d device_requests=%d kicks_per_io=%.3f irqs_per_io=%.3f guest_cpu_us_per_io=%.0f' % ($ios, $c1 - $c0, ($k1 - $k0) / max($c1 - $c0, 1), $irqs / $ios, $ticks * 10000 / $ios))")
+        host_check "$run/measure_qd$qd" PASS "$m"
+        echo "${label:-$queue_mode} qd$qd $m" >> "$repo/target/guest/measure.txt"
+        if [ "$expect_sqcq" = on ] && [ "$qd" = 32 ]; then
+            if python3 -c "import sys; sys.exit(0 if ($k1 - $k0) / max($c1 - $c0, 1) < 0.2 and $irqs / $ios < 0.2 else 1)"; then
+                host_check "$run/notifications_qd32" PASS "kicks and interrupts per I/O far below 1 at QD32 ($m)"
+            else
+                host_check "$run/notifications_qd32" FAIL "kicks or interrupts per I/O at QD32 not far below 1 ($m)"
+            fi
+        fi
+    done
+}
+
 # ------------------------------------------------------------------ runs
 say "daemon: $daemon_cmd"
 say "guest: $kernel + $initrd ($(du -h "$initrd" | cut -f1)), built/cached in ${t_build} s"
@@ -312,7 +454,11 @@ nonce1=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
 nonce2=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
 if start_daemon; then
     qemu_run run1 "$bios" full "$nonce1" "" 1
-    collect run1 "$work/run1.console.log" full
+    sets1="full"
+    [ "$expect_sqcq" = on ] && sets1="$sets1 sqcq sqcqfull"
+    [ "$measure" = 1 ] && sets1="$sets1 measure"
+    collect run1 "$work/run1.console.log" "$sets1"
+    sqcq_host_checks run1
     prev=""
     grep -q "^run1/qemu PASS" "$results" && grep -q "^run1/disk0/marker PASS" "$results" && prev="$nonce1"
     if [ "$only_run1" = 0 ]; then
@@ -334,15 +480,16 @@ if start_daemon; then
             start_daemon || host_check lifecycle/daemon_restart FAIL "the daemon did not start again"
         fi
         if daemon_alive; then
+            q=quick; [ "$expect_sqcq" = on ] && q="quick sqcq"
             if [ "$no_reset" = 1 ]; then
                 qemu_run run2 "$bios2" quick "$nonce2" "$prev" 1
-                b1="quick"; [ -n "$prev" ] && b1="quick prev"
+                b1="$q"; [ -n "$prev" ] && b1="$q prev"
                 collect run2 "$work/run2.console.log" "$b1"
                 host_check lifecycle/guest_reboot SKIP "$no_reset_why"
             else
                 qemu_run run2 "$bios2" reboot "$nonce2" "$prev" 2
-                b1="quick"; [ -n "$prev" ] && b1="quick prev"
-                collect run2 "$work/run2.console.log" "$b1" "quick boot2"
+                b1="$q"; [ -n "$prev" ] && b1="$q prev"
+                collect run2 "$work/run2.console.log" "$b1" "$q boot2"
                 if grep -q "^run2/qemu PASS" "$results" && ! grep -q "^run2.boot2/.* FAIL" "$results"; then
                     host_check lifecycle/guest_reboot PASS "guest rebooted ($bios2) on the same connection, checks pass again"
                 else
@@ -366,16 +513,21 @@ if start_daemon; then
         host_check lifecycle/seabios SKIP "$no_reset_why"
     fi
     if [ -n "${bin:-}" ] && [ "$daemon" = sqcqd ] && [[ "$daemon_cmd" == *"{dir}/stats.json"* ]]; then
-        # Linux does not know VIRTIO_F_SQCQ_POLL (bit 42): every queue must
-        # have run as classic virtio, kicks and calls, no doorbell code.
+        # How the daemon served every request queue: classic kicks and
+        # calls when the guest does not negotiate bit 42 (stock Linux, or
+        # the daemon withholds it), ring-poll with --poll ring, the
+        # doorbells with the patched guest.
         st="$work/stats.json"
         modes=$(grep -o '"mode": *"[a-z-]*"' "$st" 2>/dev/null | sed 's/.*"\([a-z-]*\)"$/\1/' | sort -u | tr '\n' ' ')
+        what="kicks and calls (bit 42 not negotiated)"
+        [ "$queue_mode" = sqcq ] && what="SQ/CQ doorbells (bit 42 negotiated)"
+        [ "$queue_mode" = ring-poll ] && what="ring polling (bit 42 not negotiated)"
         if [ -z "$modes" ]; then
-            host_check lifecycle/classic_virtio FAIL "sqcqd wrote no per-queue statistics to $st"
-        elif [ "$modes" = "kick " ]; then
-            host_check lifecycle/classic_virtio PASS "every queue was served by kicks and calls (bit 42 not negotiated)"
+            host_check lifecycle/queue_mode FAIL "sqcqd wrote no per-queue statistics to $st"
+        elif [ "$modes" = "$queue_mode " ]; then
+            host_check lifecycle/queue_mode PASS "every request queue was served by $what"
         else
-            host_check lifecycle/classic_virtio FAIL "queues ran in modes: $modes"
+            host_check lifecycle/queue_mode FAIL "queues ran in modes: $modes, expected $queue_mode"
         fi
     fi
 else
