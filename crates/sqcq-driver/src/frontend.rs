@@ -31,8 +31,8 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use vm_memory::GuestMemoryBackend;
 
 use crate::memory::{DriverMemory, MemoryError};
-use crate::scsi::config::{CONFIG_SIZE, ConfigError, ScsiConfig};
 use crate::virtqueue::Virtqueue;
+use sqcq_wire::scsi::{CONFIG_SIZE, ConfigError, ScsiConfig};
 
 /// Vring index of the virtio-scsi control queue.
 pub const CONTROL_QUEUE: u16 = 0;

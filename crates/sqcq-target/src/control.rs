@@ -26,14 +26,13 @@ use crate::counters::DeviceCounters;
 use crate::eventfd::{PeerEventFd, Signal};
 use crate::guest;
 use crate::guest_warn;
-use crate::lun::LunAddress;
 use crate::queue::{PollError, QueueError, RingConfig, open_ring};
 use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
 use crate::used::UsedRing;
-use crate::wire::{
-    AN_REQ_SIZE, AnReq, CTRL_AN_QUERY, CTRL_AN_SUBSCRIBE, CTRL_TMF, EVENT_SIZE, EVT_EVENTS_MISSED,
-    EVT_PARAM_CHANGE, EVT_TRANSPORT_RESET, Event, Response, TMF_REQ_SIZE, TmfReq,
-    VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG, encode_an_resp,
+use sqcq_wire::scsi::{
+    AN_REQ_SIZE, AnReq, CTRL_AN_QUERY, CTRL_AN_SUBSCRIBE, CTRL_TMF, EVENT_INFO_SIZE, EVENT_SIZE,
+    EVT_EVENTS_MISSED, EVT_PARAM_CHANGE, EVT_TRANSPORT_RESET, Event, Lun, Response, TMF_REQ_SIZE,
+    Tmf, TmfReq, VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG, ctrl_type, encode_an_resp,
 };
 
 /// epoll token of the control queue's kick eventfd on the control thread.
@@ -47,18 +46,6 @@ const MAX_PENDING_EVENTS: usize = 64;
 
 /// Control requests served per pass of the control thread.
 const CONTROL_BUDGET: u32 = 16;
-
-/// Task management functions (virtio 5.6.6.2).
-mod tmf {
-    pub const ABORT_TASK: u32 = 0;
-    pub const ABORT_TASK_SET: u32 = 1;
-    pub const CLEAR_ACA: u32 = 2;
-    pub const CLEAR_TASK_SET: u32 = 3;
-    pub const I_T_NEXUS_RESET: u32 = 4;
-    pub const LOGICAL_UNIT_RESET: u32 = 5;
-    pub const QUERY_TASK: u32 = 6;
-    pub const QUERY_TASK_SET: u32 = 7;
-}
 
 struct CtrlQueue {
     queue: Queue,
@@ -301,7 +288,7 @@ impl Session {
         }
         self.control.push_event(Event {
             event,
-            lun: LunAddress::Lun { target: 0, lun },
+            lun: Lun::new(0, lun),
             reason,
         });
         self.deliver_events();
@@ -335,7 +322,7 @@ impl Session {
                 if guest::write_at(&mem, &self.control.chain.writable, 0, &event.encode()).is_ok() {
                     self.control.pending.pop_front();
                     self.control.missed = false;
-                    len = crate::wire::EVENT_INFO_SIZE;
+                    len = EVENT_INFO_SIZE;
                 }
             } else {
                 DeviceCounters::bump(&self.dev.counters.bad_control);
@@ -400,7 +387,7 @@ impl Session {
                 Err(e) => {
                     DeviceCounters::bump(&self.dev.counters.bad_control);
                     guest_warn!(self.dev.limiter, device = %self.dev.name, "bad control chain: {e}");
-                    self.control_response(&mem, &[Response::Failure as u8])
+                    self.control_response(&mem, &[Response::Failure.to_byte()])
                 }
             };
             if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
@@ -427,14 +414,14 @@ impl Session {
         if guest::read_at(mem, &readable, 0, &mut kind).is_err() {
             return self.bad_control(mem, "short control request");
         }
-        match u32::from_le_bytes(kind) {
+        match ctrl_type(&kind) {
             CTRL_TMF => {
                 let mut buf = [0u8; TMF_REQ_SIZE];
                 if guest::read_at(mem, &readable, 0, &mut buf).is_err() {
                     return self.bad_control(mem, "short TMF request");
                 }
                 let response = self.task_management(&TmfReq::decode(&buf));
-                self.control_response(mem, &[response as u8])
+                self.control_response(mem, &[response.to_byte()])
             }
             CTRL_AN_QUERY | CTRL_AN_SUBSCRIBE => {
                 let mut buf = [0u8; AN_REQ_SIZE];
@@ -443,7 +430,7 @@ impl Session {
                 }
                 let req = AnReq::decode(&buf);
                 let response = match req.lun {
-                    LunAddress::Lun { target: 0, .. } => Response::Ok,
+                    Some(lun) if lun.target() == 0 => Response::Ok,
                     _ => Response::BadTarget,
                 };
                 // No asynchronous notification class is supported.
@@ -456,7 +443,7 @@ impl Session {
     fn bad_control(&self, mem: &GuestMemoryMmap, what: &str) -> u32 {
         DeviceCounters::bump(&self.dev.counters.bad_control);
         guest_warn!(self.dev.limiter, device = %self.dev.name, "{what}");
-        self.control_response(mem, &[Response::Failure as u8])
+        self.control_response(mem, &[Response::Failure.to_byte()])
     }
 
     /// Executes a task management function. Requests cannot be cancelled
@@ -464,15 +451,18 @@ impl Session {
     /// until every request in flight when the TMF arrived has completed;
     /// then no task it names is left and FUNCTION COMPLETE is true.
     fn task_management(&mut self, req: &TmfReq) -> Response {
-        let LunAddress::Lun { target: 0, lun } = req.lun else {
+        let Some(lun) = req.lun.filter(|l| l.target() == 0).map(Lun::lun) else {
             return Response::BadTarget;
         };
         let target = self.dev.target.current();
         let unit = target
             .find(lun)
             .map(|i| std::sync::Arc::clone(&target.luns()[i].unit));
-        match req.subtype {
-            tmf::I_T_NEXUS_RESET => {
+        let Some(function) = Tmf::from_u32(req.subtype) else {
+            return Response::FunctionRejected;
+        };
+        match function {
+            Tmf::ItNexusReset => {
                 if !self.drain_requests() {
                     return Response::Failure;
                 }
@@ -482,25 +472,24 @@ impl Session {
                 }
                 Response::Ok
             }
-            tmf::ABORT_TASK
-            | tmf::ABORT_TASK_SET
-            | tmf::CLEAR_TASK_SET
-            | tmf::LOGICAL_UNIT_RESET
-            | tmf::QUERY_TASK
-            | tmf::QUERY_TASK_SET => {
+            Tmf::AbortTask
+            | Tmf::AbortTaskSet
+            | Tmf::ClearTaskSet
+            | Tmf::LogicalUnitReset
+            | Tmf::QueryTask
+            | Tmf::QueryTaskSet => {
                 let Some(unit) = unit else {
                     return Response::IncorrectLun;
                 };
                 if !self.drain_requests() {
                     return Response::Failure;
                 }
-                if req.subtype == tmf::LOGICAL_UNIT_RESET {
+                if function == Tmf::LogicalUnitReset {
                     unit.reset();
                 }
                 Response::Ok
             }
-            tmf::CLEAR_ACA => Response::FunctionRejected,
-            _ => Response::FunctionRejected,
+            Tmf::ClearAca => Response::FunctionRejected,
         }
     }
 }

@@ -25,7 +25,7 @@ use virtio_bindings::bindings::virtio_ring::{
 
 use crate::eventfd::{FdRole, PeerEventFd};
 use crate::session::Session;
-use crate::wire::{
+use sqcq_wire::scsi::{
     CONFIG_CDB_SIZE_OFFSET, CONFIG_SENSE_SIZE_OFFSET, MAX_CDB_SIZE, MAX_SENSE_SIZE, ScsiConfig,
     VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG,
 };
@@ -85,13 +85,13 @@ impl Session {
             seg_max: u32::from(p.queue_size) - 2,
             max_sectors: 0xffff,
             cmd_per_lun: u32::from(p.queue_size),
-            event_info_size: crate::wire::EVENT_INFO_SIZE,
+            event_info_size: sqcq_wire::scsi::EVENT_INFO_SIZE,
             sense_size: self.sense_size,
             cdb_size: self.cdb_size,
             max_channel: 0,
             max_target: 0,
             // Hot-added LUNs up to the single-level limit stay reachable.
-            max_lun: u32::from(crate::lun::MAX_LUN),
+            max_lun: u32::from(sqcq_wire::scsi::Lun::MAX_LUN),
         }
     }
 }

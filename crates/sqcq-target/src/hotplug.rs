@@ -45,11 +45,12 @@ use virtio_queue::QueueT;
 
 use crate::config::LunSpec;
 use crate::device::{DeviceShared, EventReport};
-use crate::lun::MAX_LUN;
 use crate::queue::{LunQueue, QueueError, ServedQueue};
 use crate::target::{LunEntry, Target, TargetError, build_lun, wwn_seed};
-use crate::wire::{EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET};
 use crate::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use sqcq_wire::scsi::{
+    EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET, Lun,
+};
 
 /// PARAM_CHANGE reason for CAPACITY DATA HAS CHANGED: the ASC in bits 0-7,
 /// the ASCQ in bits 8-15 (virtio 5.6.6.3.3).
@@ -210,7 +211,7 @@ impl DeviceControl {
     pub fn add_lun(&self, spec: &LunSpec) -> Result<u16, HotplugError> {
         let lun = spec
             .lun
-            .filter(|l| *l <= MAX_LUN)
+            .filter(|l| *l <= Lun::MAX_LUN)
             .ok_or(HotplugError::BadLun)?;
         let dev = &self.shared;
         if dev.target.current().find(lun).is_some() {

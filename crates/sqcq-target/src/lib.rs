@@ -31,7 +31,7 @@
 //!
 //! [`chain`] turns a descriptor chain into checked buffer lists (loops,
 //! over-long chains, buffers outside memory, wrong direction), the request
-//! module parses the virtio-scsi header ([`wire`], [`lun`]) and calls
+//! module parses the virtio-scsi header (`sqcq_wire::scsi`) and calls
 //! `sqcq_scsi::LogicalUnit::execute`; medium commands go zero-copy to the
 //! backstore (`sqcq_backstore`) with iovecs into guest memory ([`guest`]),
 //! everything else is answered from a scratch buffer. Completions are
@@ -79,7 +79,6 @@ pub mod handler;
 pub mod hotplug;
 pub mod inflight;
 pub mod listen;
-pub mod lun;
 pub mod memory;
 pub mod poll;
 pub mod queue;
@@ -97,7 +96,6 @@ pub mod stats;
 pub mod target;
 pub mod used;
 pub mod vhost_socket;
-pub mod wire;
 pub mod worker;
 
 pub use config::{Cli, DaemonConfig, DeviceConfig, LunSpec};

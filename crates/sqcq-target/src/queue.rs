@@ -258,7 +258,7 @@ impl ServedQueue {
             resume: Vec::with_capacity(usize::from(ring.size)),
             chain: ChainBuffers::with_capacity(max_segments.min(64)),
             max_segments,
-            header: vec![0; crate::wire::CMD_REQ_FIXED + cdb_size],
+            header: vec![0; sqcq_wire::scsi::CMD_REQ_FIXED + cdb_size],
             data_out: vec![0; data_out_len],
             data_in: vec![0; sqcq_scsi::DATA_IN_LEN],
             broken: false,

@@ -27,10 +27,9 @@ use crate::device::DeviceShared;
 use crate::guest;
 use crate::guest_warn;
 use crate::inflight::{Inflight, OpKind, RangeOp, Slot};
-use crate::lun::LunAddress;
 use crate::queue::{LunQueue, ServedQueue};
 use crate::used::UsedRing;
-use crate::wire::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
+use sqcq_wire::scsi::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
 
 /// Bytes of a non-zero WRITE SAME pattern replicated per backstore write:
 /// one slice of such a command.
@@ -147,7 +146,7 @@ impl ServedQueue {
         let req = CmdReqHeader::decode(&fixed);
         let cdb = &header[CMD_REQ_FIXED..];
         let lun = match req.lun {
-            LunAddress::Lun { target: 0, lun } => lun,
+            Some(lun) if lun.target() == 0 => lun.lun(),
             _ => {
                 DeviceCounters::bump(&self.device.counters.bad_target);
                 guest_warn!(self.device.limiter, device = %self.device.name,
@@ -204,12 +203,8 @@ impl ServedQueue {
             }
             Err(e) => {
                 let (status, sense, n) = scsi_failure(&e);
-                let resp = CmdResp {
-                    sense_len: 0,
-                    resid: saturating_u32(data_in_len.max(data_out_len)),
-                    status,
-                    response: Response::Ok,
-                };
+                let resp =
+                    CmdResp::completed(status, saturating_u32(data_in_len.max(data_out_len)));
                 self.respond_now(mem, head, resp, &sense[..n], 0);
                 None
             }
@@ -219,12 +214,7 @@ impl ServedQueue {
             let data = &data_in[..usize::try_from(n).unwrap_or(0)];
             let copied = guest::write_at(mem, &self.chain.writable, resp_len, data).is_ok();
             let n = if copied { n } else { 0 };
-            let resp = CmdResp {
-                sense_len: 0,
-                resid: saturating_u32(data_in_len - n),
-                status: Status::Good.code(),
-                response: Response::Ok,
-            };
+            let resp = CmdResp::completed(Status::Good.code(), saturating_u32(data_in_len - n));
             self.respond_now(mem, head, resp, &[], n);
         }
         self.data_out = data_out;
@@ -479,12 +469,10 @@ fn complete_request(
     let writable_len: u64 = slot.writable.iter().map(|s| u64::from(s.len)).sum();
     let (resp, sense, n, data) = match &slot.error {
         None => (
-            CmdResp {
-                sense_len: 0,
-                resid: saturating_u32(slot.buffer_len - slot.transfer),
-                status: Status::Good.code(),
-                response: Response::Ok,
-            },
+            CmdResp::completed(
+                Status::Good.code(),
+                saturating_u32(slot.buffer_len - slot.transfer),
+            ),
             [0u8; MAX_DESCRIPTOR_SENSE_LEN],
             0,
             if slot.kind == OpKind::Read {
@@ -497,12 +485,7 @@ fn complete_request(
             DeviceCounters::bump(&device.counters.io_errors);
             let (status, sense, n) = scsi_failure(e);
             (
-                CmdResp {
-                    sense_len: 0,
-                    resid: saturating_u32(slot.buffer_len),
-                    status,
-                    response: Response::Ok,
-                },
+                CmdResp::completed(status, saturating_u32(slot.buffer_len)),
                 sense,
                 n,
                 0,

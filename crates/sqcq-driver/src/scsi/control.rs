@@ -3,15 +3,19 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::header::{Lun, Response, TMF_REQ_LEN, TMF_RESP_LEN, Tmf, encode_tmf_req};
+use sqcq_wire::scsi::{Lun, Response, TMF_REQ_SIZE, TMF_RESP_SIZE, Tmf, encode_tmf_req};
+
 use super::queue::QueueFailure;
 use crate::memory::{DriverMemory, MemoryError};
 use crate::virtqueue::Virtqueue;
 use crate::vring::{Buffer, QueueError};
 
-/// [`TMF_REQ_LEN`] as a descriptor length.
+/// [`TMF_REQ_SIZE`] as a descriptor length.
 const TMF_REQ_BYTES: u32 = 24;
-const _: () = assert!(TMF_REQ_BYTES as usize == TMF_REQ_LEN);
+const _: () = assert!(TMF_REQ_BYTES as usize == TMF_REQ_SIZE);
+/// [`TMF_RESP_SIZE`] as a descriptor length.
+const TMF_RESP_BYTES: u32 = 1;
+const _: () = assert!(TMF_RESP_BYTES as usize == TMF_RESP_SIZE);
 
 /// Why a task management function got no response.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +47,7 @@ pub struct ControlQueue {
 impl ControlQueue {
     /// Wraps `vq`, allocating one request and response in `mem`.
     pub fn new(mem: &mut DriverMemory, vq: Virtqueue) -> Result<Self, MemoryError> {
-        let req = mem.alloc(TMF_REQ_LEN, 8)?;
+        let req = mem.alloc(TMF_REQ_SIZE, 8)?;
         let resp = mem.alloc(8, 8)?;
         Ok(Self {
             vq,
@@ -79,7 +83,7 @@ impl ControlQueue {
             .write_obj(0xffu8, self.resp)
             .map_err(ControlError::Memory)?;
         let out = [Buffer::new(self.req, TMF_REQ_BYTES)];
-        let in_ = [Buffer::new(self.resp, TMF_RESP_LEN)];
+        let in_ = [Buffer::new(self.resp, TMF_RESP_BYTES)];
         self.vq
             .ring_mut()
             .add(&out, &in_, 0)

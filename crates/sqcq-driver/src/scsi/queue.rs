@@ -6,10 +6,11 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::config::ScsiConfig;
-use super::header::{
-    CMD_REQ_PREFIX, CMD_RESP_PREFIX, CmdResp, Lun, Response, STATUS_GOOD, TaskAttr, encode_cmd_req,
+use sqcq_wire::scsi::{
+    CMD_REQ_FIXED, CMD_RESP_FIXED, CmdResp, Lun, Response, ScsiConfig, TaskAttr, encode_cmd_req,
 };
+
+use super::sense::STATUS_GOOD;
 use super::{Cdb, Sense};
 use crate::memory::{DriverMemory, MemoryError};
 use crate::notify::{NotifyCounters, NotifyError};
@@ -173,9 +174,8 @@ impl ScsiQueue {
             let len = u32::try_from(prefix).ok()?.checked_add(var)?;
             Some((len, usize::try_from(len).ok()?))
         };
-        let (req_len, req_bytes) = lens(CMD_REQ_PREFIX, config.cdb_size).ok_or_else(too_big)?;
-        let (resp_len, resp_bytes) =
-            lens(CMD_RESP_PREFIX, config.sense_size).ok_or_else(too_big)?;
+        let (req_len, req_bytes) = lens(CMD_REQ_FIXED, config.cdb_size).ok_or_else(too_big)?;
+        let (resp_len, resp_bytes) = lens(CMD_RESP_FIXED, config.sense_size).ok_or_else(too_big)?;
         let req_stride = req_bytes.next_multiple_of(8);
         let resp_stride = resp_bytes.next_multiple_of(8);
         let area = |stride: usize| stride.checked_mul(usize::from(slots)).ok_or_else(too_big);
@@ -184,7 +184,7 @@ impl ScsiQueue {
         Ok(Self {
             vq,
             mem: mem.guest_memory().clone(),
-            cdb_size: req_bytes - CMD_REQ_PREFIX,
+            cdb_size: req_bytes - CMD_REQ_FIXED,
             req_len,
             resp_len,
             req_base,
@@ -249,7 +249,7 @@ impl ScsiQueue {
             cmd.lun,
             token,
             cmd.attr,
-            &cmd.cdb,
+            cmd.cdb.as_bytes(),
             self.cdb_size,
         );
         let req = self.req_addr(slot);
@@ -375,7 +375,7 @@ impl ScsiQueue {
         slot: u16,
         len: u32,
     ) -> Result<Result<Done, CommandError>, vm_memory::GuestMemoryError> {
-        if usize::try_from(len).is_ok_and(|len| len < CMD_RESP_PREFIX) {
+        if usize::try_from(len).is_ok_and(|len| len < CMD_RESP_FIXED) {
             return Ok(Err(CommandError::ShortResponse { len }));
         }
         let addr = self.resp_addr(slot);
@@ -388,8 +388,8 @@ impl ScsiQueue {
         }
         if resp.status != STATUS_GOOD {
             let sense_len = usize::try_from(resp.sense_len).unwrap_or(0);
-            let sense_end = CMD_RESP_PREFIX + sense_len;
-            let sense = Sense::parse(&self.response[CMD_RESP_PREFIX..sense_end]);
+            let sense_end = CMD_RESP_FIXED + sense_len;
+            let sense = Sense::parse(&self.response[CMD_RESP_FIXED..sense_end]);
             return Ok(Err(CommandError::Status {
                 status: resp.status,
                 sense,

@@ -13,6 +13,11 @@ pub struct Sense {
     pub ascq: u8,
 }
 
+/// SCSI status GOOD (SAM-5 5.3).
+pub const STATUS_GOOD: u8 = 0x00;
+/// SCSI status CHECK CONDITION.
+pub const STATUS_CHECK_CONDITION: u8 = 0x02;
+
 /// Sense key UNIT ATTENTION.
 pub const UNIT_ATTENTION: u8 = 0x6;
 /// Sense key NOT READY.

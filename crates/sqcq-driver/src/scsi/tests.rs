@@ -140,7 +140,7 @@ impl Rig {
         let (resp, resp_len) = seen.writable[0];
         let mut r = vec![0u8; usize::try_from(resp_len).unwrap()];
         r[10] = status;
-        if status == header::STATUS_CHECK_CONDITION {
+        if status == sense::STATUS_CHECK_CONDITION {
             r[0] = 18;
             r[12] = 0x70;
             r[14] = sense::UNIT_ATTENTION;
@@ -192,7 +192,7 @@ fn a_read_reaches_the_device_byte_exact_and_completes_by_token() {
     assert_eq!(seen.writable[0].1, 12 + 96);
     assert_eq!(seen.writable[1], (rig.data, 512));
 
-    rig.device_complete(&seen, header::STATUS_GOOD, 0x5a);
+    rig.device_complete(&seen, sense::STATUS_GOOD, 0x5a);
     let done = rig.reap();
     assert_eq!(
         done,
@@ -212,12 +212,12 @@ fn check_condition_carries_its_sense() {
     rig.submit_read(7, 0);
     rig.publish();
     let seen = rig.device_pop().unwrap();
-    rig.device_complete(&seen, header::STATUS_CHECK_CONDITION, 0);
+    rig.device_complete(&seen, sense::STATUS_CHECK_CONDITION, 0);
     let done = rig.reap();
     assert_eq!(
         done[0].result,
         Err(CommandError::Status {
-            status: header::STATUS_CHECK_CONDITION,
+            status: sense::STATUS_CHECK_CONDITION,
             sense: Some(Sense {
                 key: sense::UNIT_ATTENTION,
                 asc: 0x29,
@@ -236,7 +236,7 @@ fn slots_are_reused_without_limit() {
         }
         rig.publish();
         while let Some(seen) = rig.device_pop() {
-            rig.device_complete(&seen, header::STATUS_GOOD, 0);
+            rig.device_complete(&seen, sense::STATUS_GOOD, 0);
         }
         let mut tokens: Vec<u64> = rig.reap().into_iter().map(|c| c.token).collect();
         tokens.sort_unstable();
@@ -556,5 +556,8 @@ fn task_management_round_trip() {
         .unwrap();
     assert_eq!(resp, Response::FunctionSucceeded);
     let req = dev.join().unwrap();
-    assert_eq!(req, header::encode_tmf_req(Tmf::LogicalUnitReset, lun(), 0));
+    assert_eq!(
+        req,
+        sqcq_wire::scsi::encode_tmf_req(Tmf::LogicalUnitReset, lun(), 0)
+    );
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use sqcq_target::Daemon;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, LunSpec, QueueMap};
 use sqcq_target::poll::PollOptions;
+use sqcq_wire::scsi::{self, CmdResp, Lun, TaskAttr};
 use vhost::vhost_user::message::{
     VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
@@ -37,8 +38,8 @@ pub const GUEST_SIZE: u64 = 8 << 20;
 pub const DATA_START: u64 = 1 << 20;
 pub const QUEUE_SIZE: u16 = 64;
 /// Default request and response sizes (cdb_size 32, sense_size 96).
-pub const REQ_LEN: u32 = 51;
-pub const RESP_LEN: u32 = 108;
+pub const REQ_LEN: u32 = scsi::CMD_REQ_DEFAULT_SIZE as u32;
+pub const RESP_LEN: u32 = scsi::CMD_RESP_DEFAULT_SIZE as u32;
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -385,9 +386,9 @@ impl Resp {
     }
 }
 
-/// The LUN field for target 0, `lun`.
+/// The LUN field for `target`, `lun`.
 pub fn lun_field(target: u8, lun: u16) -> [u8; 8] {
-    [1, target, 0x40 | (lun >> 8) as u8, lun as u8, 0, 0, 0, 0]
+    Lun::new(target, lun).expect("a single-level LUN").encode()
 }
 
 /// A submitted command: where its response and data-in go.
@@ -409,9 +410,24 @@ pub fn submit(
 ) -> Pending {
     let req = g.alloc(REQ_LEN);
     let mut hdr = vec![0u8; REQ_LEN as usize];
-    hdr[0..8].copy_from_slice(&lun);
-    hdr[8..16].copy_from_slice(&7u64.to_le_bytes());
-    hdr[19..19 + cdb.len()].copy_from_slice(cdb);
+    let cdb_size = REQ_LEN as usize - scsi::CMD_REQ_FIXED;
+    match Lun::decode(&lun) {
+        Some(l) => {
+            scsi::encode_cmd_req(&mut hdr, l, 7, TaskAttr::Simple, cdb, cdb_size);
+        }
+        // A malformed LUN field, sent as it is.
+        None => {
+            scsi::encode_cmd_req(
+                &mut hdr,
+                Lun::new(0, 0).unwrap(),
+                7,
+                TaskAttr::Simple,
+                cdb,
+                cdb_size,
+            );
+            hdr[..8].copy_from_slice(&lun);
+        }
+    }
     g.write(req, &hdr);
     let mut bufs = vec![(req, REQ_LEN, false)];
     if !data_out.is_empty() {
@@ -438,13 +454,14 @@ pub fn submit(
 
 pub fn read_resp(g: &Guest, at: u64) -> Resp {
     let b = g.read(at, RESP_LEN as usize);
-    let sense_len = u32::from_le_bytes(b[0..4].try_into().unwrap());
+    let r = CmdResp::parse(&b).expect("a whole response");
+    let sense = &b[scsi::CMD_RESP_FIXED..];
     Resp {
-        sense_len,
-        resid: u32::from_le_bytes(b[4..8].try_into().unwrap()),
-        status: b[10],
-        response: b[11],
-        sense: b[12..12 + (sense_len as usize).min(96)].to_vec(),
+        sense_len: r.sense_len,
+        resid: r.resid,
+        status: r.status,
+        response: r.response.to_byte(),
+        sense: sense[..r.sense_len as usize].to_vec(),
     }
 }
 
