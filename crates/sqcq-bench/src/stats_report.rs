@@ -83,7 +83,7 @@ fn device_lines(stats: &Value) {
                     field("interval_ns"),
                     field("spins"),
                     field("sleeps"),
-                    field("wakeups"),
+                    field("calls"),
                     field("kicks"),
                     q.get("mode").and_then(Value::as_str).unwrap_or("?")
                 );

@@ -242,10 +242,14 @@ fn stats(devices: &[DeviceControl]) -> String {
                 e.unit.block_size()
             );
         }
-        for (vq, completions, publishes, calls) in shared.counters.queues.active() {
-            let _ = write!(s, " vq{vq}={completions}/{publishes}/{calls}");
+        for q in shared.metrics.queues().filter(|q| q.publishes > 0) {
+            let _ = write!(
+                s,
+                " vq{}={}/{}/{}",
+                q.vq, q.completions, q.publishes, q.calls
+            );
         }
-        for (name, value) in shared.counters.snapshot() {
+        for (name, value) in shared.metrics.errors() {
             let _ = write!(s, " {name}={value}");
         }
     }

@@ -22,10 +22,10 @@ use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use crate::chain::{self, ChainBuffers};
-use crate::counters::DeviceCounters;
 use crate::eventfd::{PeerEventFd, Signal};
 use crate::guest;
 use crate::guest_warn;
+use crate::metrics::DeviceMetrics;
 use crate::queue::{PollError, QueueError, RingConfig, open_ring};
 use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
 use crate::used::UsedRing;
@@ -304,7 +304,7 @@ impl Session {
                 Ok(mut it) => it.next(),
                 Err(e) => {
                     q.broken = true;
-                    DeviceCounters::bump(&self.dev.counters.broken_rings);
+                    DeviceMetrics::bump(&self.dev.metrics.broken_rings);
                     guest_warn!(self.dev.limiter, device = %self.dev.name,
                         "event queue: {e}: stopped, device needs reset");
                     break;
@@ -325,7 +325,7 @@ impl Session {
                     len = EVENT_INFO_SIZE;
                 }
             } else {
-                DeviceCounters::bump(&self.dev.counters.bad_control);
+                DeviceMetrics::bump(&self.dev.metrics.bad_control);
                 guest_warn!(self.dev.limiter, device = %self.dev.name, "bad event buffer at head {head}");
             }
             let _ = q.used.push(&mem, head, len);
@@ -350,7 +350,7 @@ impl Session {
                         // Stop serving it: every later pass would find the
                         // same (a reset gives the driver a new ring).
                         q.broken = true;
-                        DeviceCounters::bump(&self.dev.counters.broken_rings);
+                        DeviceMetrics::bump(&self.dev.metrics.broken_rings);
                         guest_warn!(self.dev.limiter, device = %self.dev.name,
                             "control queue: {e}: stopped, device needs reset");
                         return;
@@ -385,7 +385,7 @@ impl Session {
             let len = match parsed {
                 Ok(()) => self.control_request(&mem),
                 Err(e) => {
-                    DeviceCounters::bump(&self.dev.counters.bad_control);
+                    DeviceMetrics::bump(&self.dev.metrics.bad_control);
                     guest_warn!(self.dev.limiter, device = %self.dev.name, "bad control chain: {e}");
                     self.control_response(&mem, &[Response::Failure.to_byte()])
                 }
@@ -441,7 +441,7 @@ impl Session {
     }
 
     fn bad_control(&self, mem: &GuestMemoryMmap, what: &str) -> u32 {
-        DeviceCounters::bump(&self.dev.counters.bad_control);
+        DeviceMetrics::bump(&self.dev.metrics.bad_control);
         guest_warn!(self.dev.limiter, device = %self.dev.name, "{what}");
         self.control_response(mem, &[Response::Failure.to_byte()])
     }

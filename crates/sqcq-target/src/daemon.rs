@@ -123,7 +123,7 @@ impl Daemon {
     }
 
     /// Every queue's latest statistics (what `--stats-file` holds).
-    pub fn stats(&self) -> Vec<crate::stats::QueueReport> {
+    pub fn stats(&self) -> Vec<crate::metrics::QueueSnapshot> {
         self.pool.stats().snapshot()
     }
 

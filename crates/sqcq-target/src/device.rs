@@ -21,11 +21,11 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::{DeviceConfig, QueueMap};
-use crate::counters::DeviceCounters;
 use crate::guest_warn;
 use crate::hotplug::{EventSender, LunTable};
 use crate::listen::ListeningSocket;
 use crate::memory::GuardedRegion;
+use crate::metrics::DeviceMetrics;
 use crate::ratelimit::{DEFAULT_BURST, RateLimiter};
 use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
 use crate::target::Target;
@@ -68,8 +68,8 @@ pub struct DeviceShared {
     pub params: DeviceParams,
     /// The logical units (the current snapshot; workers hold their own).
     pub target: LunTable,
-    /// Error counters.
-    pub counters: DeviceCounters,
+    /// The device's figures (errors, and every queue's).
+    pub metrics: Arc<DeviceMetrics>,
     /// Rate limiter of guest-triggered log messages.
     pub limiter: RateLimiter,
     /// Written by the SIGBUS guard when a page of this device's guest
@@ -119,10 +119,14 @@ impl DeviceHandle {
                 queue_map: config.queue_map.clone(),
             },
             target: LunTable::new(target),
-            counters: DeviceCounters::default(),
+            metrics: Arc::new(DeviceMetrics::new(
+                id,
+                2 + usize::from(crate::session::MAX_REQUEST_QUEUES),
+            )),
             limiter: RateLimiter::new(DEFAULT_BURST),
             memory_fault: EventFd::new(EFD_NONBLOCK)?,
         });
+        pool.stats().register(&shared.metrics);
         for e in shared.target.current().luns() {
             info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
         }
@@ -345,7 +349,7 @@ impl ControlThread {
 
     /// Drops a connection whose frontend misbehaved.
     fn drop_connection(&self, why: std::fmt::Arguments<'_>) -> Ended {
-        DeviceCounters::bump(&self.shared.counters.dropped_connections);
+        DeviceMetrics::bump(&self.shared.metrics.dropped_connections);
         guest_warn!(
             self.shared.limiter,
             device = self.shared.id,
@@ -394,12 +398,12 @@ impl ControlThread {
             // or descriptors on a message that takes none: the body may
             // still be in the socket, so nothing after it can be trusted.
             Err(e @ (VhostError::InvalidMessage | VhostError::OversizedMsg)) => {
-                DeviceCounters::bump(&self.shared.counters.failed_messages);
+                DeviceMetrics::bump(&self.shared.metrics.failed_messages);
                 return Some(self.drop_connection(format_args!("malformed message ({e})")));
             }
             Err(e) => {
                 *errors += 1;
-                DeviceCounters::bump(&self.shared.counters.failed_messages);
+                DeviceMetrics::bump(&self.shared.metrics.failed_messages);
                 guest_warn!(
                     self.shared.limiter,
                     device = self.shared.id,
@@ -453,7 +457,7 @@ impl ControlThread {
                     }
                     MEMORY_FAULT_TOKEN => {
                         let _ = self.shared.memory_fault.read();
-                        DeviceCounters::bump(&self.shared.counters.memory_faults);
+                        DeviceMetrics::bump(&self.shared.metrics.memory_faults);
                         return self.drop_connection(format_args!(
                             "guest memory lost its backing (the frontend shrank or \
                              punched its memory file)"

@@ -21,12 +21,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use crate::config::PollOptions;
 use crate::config::QueueMap;
-use crate::counters::DeviceCounters;
 use crate::device::{DeviceParams, DeviceShared};
 use crate::eventfd::PeerEventFd;
 use crate::hotplug::LunTable;
-use crate::poll::PollOptions;
+use crate::metrics::DeviceMetrics;
 use crate::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
 use crate::ratelimit::RateLimiter;
 use crate::session::Session;
@@ -53,7 +53,7 @@ pub(crate) fn device(queue_size: u16) -> Arc<DeviceShared> {
             unit: Arc::new(unit),
             backstore,
         }])),
-        counters: DeviceCounters::default(),
+        metrics: Arc::new(DeviceMetrics::new(0, 4)),
         // Quiet: fuzzing produces nothing but guest-triggered warnings.
         limiter: RateLimiter::new(0),
         memory_fault: EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"),

@@ -36,7 +36,7 @@
 //! backstore (`sqcq_backstore`) with iovecs into guest memory ([`guest`]),
 //! everything else is answered from a scratch buffer. Completions are
 //! written to the used ring and published once per pass, with at most one
-//! call ([`used`]). Bad input is answered, counted ([`counters`]) and
+//! call ([`used`]). Bad input is answered, counted ([`metrics`]) and
 //! logged through a rate limiter ([`ratelimit`]).
 //!
 //! # A hostile frontend
@@ -67,7 +67,6 @@ pub mod admin;
 pub mod chain;
 pub mod config;
 pub mod control;
-pub mod counters;
 pub mod cpu;
 pub mod daemon;
 pub mod device;
@@ -80,6 +79,7 @@ pub mod hotplug;
 pub mod inflight;
 pub mod listen;
 pub mod memory;
+pub mod metrics;
 pub mod poll;
 pub mod queue;
 pub mod ratelimit;

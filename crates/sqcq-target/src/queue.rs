@@ -21,12 +21,11 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::chain::ChainBuffers;
-use crate::counters::DeviceCounters;
 use crate::device::DeviceShared;
 use crate::eventfd::{PeerEventFd, Signal};
 use crate::guest_warn;
 use crate::inflight::Inflight;
-use crate::stats::QueueReport;
+use crate::metrics::DeviceMetrics;
 use crate::target::Target;
 use crate::used::UsedRing;
 
@@ -136,8 +135,6 @@ pub struct StopReport {
     pub next_avail: u16,
     /// Requests completed while the queue ran.
     pub requests: u64,
-    /// Its final statistics.
-    pub stats: QueueReport,
 }
 
 /// One LUN's backstore queue on this worker.
@@ -173,10 +170,6 @@ pub struct ServedQueue {
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
     poll: Option<Box<QueuePoll>>,
-    /// Kicks received (eventfd counts).
-    kicks: u64,
-    /// Calls sent.
-    calls: u64,
     /// This queue's LUN snapshot (see [`crate::hotplug`]): `luns[i]` is
     /// the backstore queue of `target.luns()[i]`; queues of removed LUNs
     /// with requests in flight follow.
@@ -250,8 +243,6 @@ impl ServedQueue {
             err: s.err,
             source: s.source,
             poll: None,
-            kicks: 0,
-            calls: 0,
             target,
             luns,
             inflight: Inflight::new(ring.size),
@@ -265,6 +256,9 @@ impl ServedQueue {
             requests: 0,
             device: s.device,
         };
+        if let Some(m) = q.metrics() {
+            m.started(q.mode());
+        }
         q.open_poll(&ring, s.spin);
         Ok(q)
     }
@@ -328,8 +322,8 @@ impl ServedQueue {
     pub fn on_kick(&mut self) {
         // Never blocks (see `PeerEventFd::drain`). The value only counts
         // kicks; the ring says what to do.
-        if let Some(n) = self.kick.drain() {
-            self.kicks = self.kicks.wrapping_add(n);
+        if let (Some(n), Some(m)) = (self.kick.drain(), self.metrics()) {
+            m.kicked(n);
         }
         self.process();
     }
@@ -346,7 +340,7 @@ impl ServedQueue {
     /// The kick descriptor hung up or failed: the driver can no longer
     /// notify this queue, which stops.
     pub fn kick_failed(&mut self) {
-        DeviceCounters::bump(&self.device.counters.dead_kicks);
+        DeviceMetrics::bump(&self.device.metrics.dead_kicks);
         guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
             "kick descriptor hung up: queue stopped, device needs reset");
         self.mark_broken();
@@ -445,11 +439,11 @@ impl ServedQueue {
         }
     }
 
-    /// Counts one published batch in the device's per-queue counters,
-    /// whichever way the queue is notified.
-    fn count_batch(&self, batch: u16, called: bool) {
-        if let Some(stats) = self.device.counters.queues.get(self.key.vq) {
-            stats.batch(batch, called);
+    /// Counts one published batch in the queue's metrics, whichever way
+    /// the queue is notified.
+    fn count_batch(&self, batch: u16) {
+        if let Some(m) = self.metrics() {
+            m.batch(batch);
         }
     }
 
@@ -461,7 +455,7 @@ impl ServedQueue {
         let batch = self.used.pending();
         let result = self.used.publish(mem);
         if batch > 0 {
-            self.count_batch(batch, matches!(result, Ok(true)) && self.call.is_some());
+            self.count_batch(batch);
         }
         match result {
             Ok(true) => self.signal_call(),
@@ -478,14 +472,19 @@ impl ServedQueue {
     /// be written at all breaks the queue, since the driver would wait for
     /// completions forever.
     fn signal_call(&mut self) {
-        self.calls = self.calls.wrapping_add(1);
         let Some(call) = &self.call else {
             self.call_owed = !self.broken;
             return;
         };
-        match call.signal() {
+        let signal = call.signal();
+        if matches!(signal, Signal::Sent | Signal::Coalesced)
+            && let Some(m) = self.metrics()
+        {
+            m.called();
+        }
+        match signal {
             Signal::Sent => {}
-            Signal::Coalesced => DeviceCounters::bump(&self.device.counters.calls_coalesced),
+            Signal::Coalesced => DeviceMetrics::bump(&self.device.metrics.calls_coalesced),
             Signal::Failed(e) => {
                 guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                     "call eventfd cannot be written ({e}): queue stopped");
@@ -493,7 +492,7 @@ impl ServedQueue {
                 self.mark_broken();
             }
             Signal::Stalled => {
-                DeviceCounters::bump(&self.device.counters.stalled_writes);
+                DeviceMetrics::bump(&self.device.metrics.stalled_writes);
                 guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                     "call eventfd blocked the worker (made blocking and full by the frontend): \
                      queue stopped");
@@ -514,7 +513,10 @@ impl ServedQueue {
             return;
         }
         self.broken = true;
-        DeviceCounters::bump(&self.device.counters.broken_rings);
+        DeviceMetrics::bump(&self.device.metrics.broken_rings);
+        if let Some(m) = self.metrics() {
+            m.broke();
+        }
         // Whatever the error descriptor does, the queue is stopped already.
         if let Some(err) = &self.err {
             let _ = err.signal();
@@ -567,13 +569,13 @@ impl ServedQueue {
             requests = self.requests,
             "queue stopped"
         );
+        self.flush_poll_figures();
+        if let Some(m) = self.metrics() {
+            m.stopped();
+        }
         StopReport {
             next_avail: self.queue.next_avail(),
             requests: self.requests,
-            stats: QueueReport {
-                running: false,
-                ..self.report()
-            },
         }
     }
 }

@@ -22,11 +22,11 @@ use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use crate::chain::{self, ChainError, Segment};
-use crate::counters::DeviceCounters;
 use crate::device::DeviceShared;
 use crate::guest;
 use crate::guest_warn;
 use crate::inflight::{Inflight, OpKind, RangeOp, Slot};
+use crate::metrics::DeviceMetrics;
 use crate::queue::{LunQueue, ServedQueue};
 use crate::used::UsedRing;
 use sqcq_wire::scsi::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
@@ -98,22 +98,22 @@ impl ServedQueue {
     ) {
         let head = chain.head_index();
         let parsed = chain::parse(chain, mem, self.max_segments, &mut self.chain);
-        let counters = &self.device.counters;
+        let counters = &self.device.metrics;
         if head >= self.queue.size() {
-            DeviceCounters::bump(&counters.malformed_chains);
+            DeviceMetrics::bump(&counters.malformed_chains);
             guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                 "head index {head} out of range: chain dropped");
             return;
         }
         if self.inflight.is_busy(head) {
-            DeviceCounters::bump(&counters.duplicate_heads);
+            DeviceMetrics::bump(&counters.duplicate_heads);
             guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                 "head {head} made available while in flight: ignored");
             return;
         }
         self.requests += 1;
         if let Err(e) = parsed {
-            DeviceCounters::bump(match e {
+            DeviceMetrics::bump(match e {
                 ChainError::Malformed | ChainError::TooManySegments { .. } => {
                     &counters.malformed_chains
                 }
@@ -132,7 +132,7 @@ impl ServedQueue {
         if header_ok {
             self.execute(mem, head, &header);
         } else {
-            DeviceCounters::bump(&counters.short_headers);
+            DeviceMetrics::bump(&counters.short_headers);
             guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                 "request header shorter than {hdr_len} bytes at head {head}");
             self.respond_now(mem, head, CmdResp::transport(Response::Failure, 0), &[], 0);
@@ -148,7 +148,7 @@ impl ServedQueue {
         let lun = match req.lun {
             Some(lun) if lun.target() == 0 => lun.lun(),
             _ => {
-                DeviceCounters::bump(&self.device.counters.bad_target);
+                DeviceMetrics::bump(&self.device.metrics.bad_target);
                 guest_warn!(self.device.limiter, device = %self.device.name,
                     "request for {:?}: no such target", req.lun);
                 self.respond_now(
@@ -185,7 +185,7 @@ impl ServedQueue {
                     .execute(self.nexus, cdb, &data_out[..n_out], &mut data_in)
             }
             None => {
-                DeviceCounters::bump(&self.device.counters.bad_lun);
+                DeviceMetrics::bump(&self.device.metrics.bad_lun);
                 execute_absent(cdb, &mut data_in)
             }
         };
@@ -242,7 +242,7 @@ impl ServedQueue {
         let len = match len {
             Some(n) => n + data_in,
             None => {
-                DeviceCounters::bump(&self.device.counters.short_responses);
+                DeviceMetrics::bump(&self.device.metrics.short_responses);
                 guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                     "no room for a response at head {head}: returned with length 0");
                 0
@@ -274,7 +274,7 @@ impl ServedQueue {
             MediumOp::Unmap(_) => (OpKind::Other, 0, 0, 0),
         };
         if have < needed {
-            DeviceCounters::bump(&self.device.counters.overruns);
+            DeviceMetrics::bump(&self.device.metrics.overruns);
             guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                 "data buffer of {have} bytes for a {needed}-byte transfer: overrun");
             self.respond_now(
@@ -482,7 +482,7 @@ fn complete_request(
             },
         ),
         Some(e) => {
-            DeviceCounters::bump(&device.counters.io_errors);
+            DeviceMetrics::bump(&device.metrics.io_errors);
             let (status, sense, n) = scsi_failure(e);
             (
                 CmdResp::completed(status, saturating_u32(slot.buffer_len)),

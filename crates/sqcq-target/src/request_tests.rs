@@ -174,7 +174,7 @@ fn short_header_and_wrong_direction_fail() {
     let resp = f.buf(&[], RESP);
     f.run(&[(resp, RESP, WRITE), (req, REQ, 0)]);
     assert_eq!(f.resp(resp).3, 9);
-    let c = &f.queue.device.counters;
+    let c = &f.queue.device.metrics;
     assert_eq!(
         c.short_headers.load(std::sync::atomic::Ordering::Relaxed),
         1

@@ -16,11 +16,11 @@ use sqcq_scsi::NexusId;
 use tracing::{error, info, warn};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
+use crate::config::RingMode;
 use crate::control::{ControlPlane, ControlQueueFds};
 use crate::device::DeviceShared;
 use crate::eventfd::PeerEventFd;
 use crate::memory::{GuardedRegion, Mapping};
-use crate::poll::RingMode;
 use crate::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
 use crate::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 

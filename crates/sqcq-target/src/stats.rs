@@ -1,120 +1,37 @@
-//! Per-queue statistics: the RFC's log line every interval, and a JSON
-//! snapshot of every queue for the load generator.
+//! Where the figures of [`crate::metrics`] go: the RFC's log line every
+//! interval, and a JSON snapshot of every queue for the load generator.
 //!
 //! Each worker logs its own queues (the figures of the last interval, in
 //! `sqcq_protocol::QueueStats`' format: `vq[N] cq=... ema_lat=...
-//! interval=... spins=... sleeps=... wakeups=...`, plus kicks received)
-//! and posts their cumulative figures to the daemon's [`StatsBoard`]. The
-//! board rewrites `--stats-file` atomically (a temporary file, then
-//! `rename`) at most once per interval, and when a frontend disconnects,
-//! after its queues stopped, so the file then holds the final figures of
-//! the connection.
+//! interval=... spins=... sleeps=... wakeups=...`, plus kicks received).
+//! The daemon's [`StatsBoard`] knows every device's metrics and rewrites
+//! `--stats-file` atomically (a temporary file, then `rename`) at most
+//! once per interval, and when a frontend disconnects, after its queues
+//! stopped, so the file then holds the figures at the end of the
+//! connection.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use sqcq_protocol::QueueStats;
 use tracing::{info, warn};
 
-/// One queue's figures since it started (per connection).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QueueReport {
-    /// Device number.
-    pub device: u32,
-    /// How it is served: "kick", "ring-poll" or "sqcq".
-    pub mode: &'static str,
-    /// Poll counters (completions: used elements published; wakeups:
-    /// calls sent). Spin figures are zero for a kick queue.
-    pub stats: QueueStats,
-    /// Kicks received (eventfd counts).
-    pub kicks: u64,
-    /// Whether the queue was found broken.
-    pub broken: bool,
-    /// Whether the queue still runs.
-    pub running: bool,
-    /// With VIRTIO_F_SQCQ_POLL: NEED_WAKEUP in the SQ doorbell (the
-    /// device's poller sleeps) and in the CQ doorbell (the driver's
-    /// poller sleeps), as they were when the report was made.
-    pub need_wakeup: Option<(bool, bool)>,
-}
-
-impl QueueReport {
-    /// The log line of the figures since `earlier` (same queue).
-    pub fn line(&self, earlier: Option<&QueueReport>) -> String {
-        let (stats, kicks) = match earlier {
-            Some(e) => (
-                self.stats.since(&e.stats),
-                sqcq_protocol::counted_since(self.kicks, e.kicks),
-            ),
-            None => (self.stats, self.kicks),
-        };
-        if self.mode == "kick" {
-            format!(
-                "vq[{}] cq={} kicks={kicks} calls={}",
-                stats.queue, stats.completions, stats.wakeups
-            )
-        } else {
-            format!("{stats} kicks={kicks}")
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct Entry {
-    device: u32,
-    vq: u16,
-    mode: &'static str,
-    running: bool,
-    broken: bool,
-    completions: u64,
-    ema_lat_ns: u64,
-    interval_ns: u64,
-    spins: u64,
-    sleeps: u64,
-    wakeups: u64,
-    kicks: u64,
-    calls: u64,
-    sq_need_wakeup: Option<bool>,
-    cq_need_wakeup: Option<bool>,
-}
-
-impl From<&QueueReport> for Entry {
-    fn from(r: &QueueReport) -> Self {
-        Entry {
-            device: r.device,
-            vq: r.stats.queue,
-            mode: r.mode,
-            running: r.running,
-            broken: r.broken,
-            completions: r.stats.completions,
-            ema_lat_ns: r.stats.ema_ns,
-            interval_ns: r.stats.interval_ns,
-            spins: r.stats.spins,
-            sleeps: r.stats.sleeps,
-            wakeups: r.stats.wakeups,
-            kicks: r.kicks,
-            calls: r.stats.wakeups,
-            sq_need_wakeup: r.need_wakeup.map(|(sq, _)| sq),
-            cq_need_wakeup: r.need_wakeup.map(|(_, cq)| cq),
-        }
-    }
-}
+use crate::metrics::{DeviceMetrics, QueueSnapshot};
 
 #[derive(Serialize)]
 struct Snapshot {
-    queues: Vec<Entry>,
+    queues: Vec<QueueSnapshot>,
 }
 
 struct Board {
-    queues: BTreeMap<(u32, u16), QueueReport>,
+    devices: Vec<Weak<DeviceMetrics>>,
     written: Instant,
 }
 
-/// The latest figures of every queue of the daemon.
+/// Every device's figures, for the statistics file and whoever asks.
 pub struct StatsBoard {
     interval: Option<Duration>,
     file: Option<PathBuf>,
@@ -137,25 +54,35 @@ impl StatsBoard {
             interval,
             file,
             board: Mutex::new(Board {
-                queues: BTreeMap::new(),
+                devices: Vec::new(),
                 written: Instant::now(),
             }),
         }
     }
 
-    /// The logging and posting period.
+    /// The logging and writing period.
     pub fn interval(&self) -> Option<Duration> {
         self.interval
     }
 
-    /// Records a queue's figures (replacing its earlier ones).
-    pub fn post(&self, r: QueueReport) {
-        self.lock().queues.insert((r.device, r.stats.queue), r);
+    /// Adds a device's figures (until the device is dropped).
+    pub fn register(&self, device: &Arc<DeviceMetrics>) {
+        let mut b = self.lock();
+        b.devices.retain(|d| d.strong_count() > 0);
+        b.devices.push(Arc::downgrade(device));
     }
 
-    /// Every queue's latest figures, ordered by device and virtqueue.
-    pub fn snapshot(&self) -> Vec<QueueReport> {
-        self.lock().queues.values().copied().collect()
+    /// Every queue that ever ran, ordered by device and virtqueue.
+    pub fn snapshot(&self) -> Vec<QueueSnapshot> {
+        let devices: Vec<_> = self
+            .lock()
+            .devices
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut queues: Vec<_> = devices.iter().flat_map(|d| d.queues()).collect();
+        queues.sort_by_key(|q| (q.device, q.vq));
+        queues
     }
 
     /// Rewrites the file if an interval has passed since the last write.
@@ -171,12 +98,9 @@ impl StatsBoard {
     /// Rewrites the file now (temporary file, then rename).
     pub fn write(&self) {
         let Some(path) = &self.file else { return };
-        let snapshot = {
-            let mut b = self.lock();
-            b.written = Instant::now();
-            Snapshot {
-                queues: b.queues.values().map(Entry::from).collect(),
-            }
+        self.lock().written = Instant::now();
+        let snapshot = Snapshot {
+            queues: self.snapshot(),
         };
         if let Err(e) = write_atomically(path, &snapshot) {
             warn!("cannot write statistics to {}: {e}", path.display());
@@ -209,7 +133,7 @@ fn write_atomically(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
 #[derive(Debug, Default)]
 pub(crate) struct StatsTicker {
     next: Option<Instant>,
-    last: BTreeMap<(u32, u16), QueueReport>,
+    last: BTreeMap<(u32, u16), QueueSnapshot>,
 }
 
 impl StatsTicker {
@@ -220,27 +144,29 @@ impl StatsTicker {
         Some(next.saturating_duration_since(Instant::now()))
     }
 
-    /// If due: logs each report's interval figures and posts them.
+    /// Whether a tick is due now (then the caller brings its queues'
+    /// figures up to date and calls [`Self::tick`]).
+    pub(crate) fn due(&self, board: &StatsBoard) -> bool {
+        board.interval().is_some() && self.next.is_none_or(|n| n <= Instant::now())
+    }
+
+    /// Logs the figures of the interval of every queue in `queues` (the
+    /// worker's), then writes the file if that is due.
     pub(crate) fn tick(
         &mut self,
         worker: usize,
         board: &StatsBoard,
-        reports: impl Iterator<Item = QueueReport>,
+        queues: impl Iterator<Item = QueueSnapshot>,
     ) {
         let Some(interval) = board.interval() else {
             return;
         };
-        let now = Instant::now();
-        if self.next.is_some_and(|n| n > now) {
-            return;
-        }
-        self.next = Some(now + interval);
+        self.next = Some(Instant::now() + interval);
         let mut seen = BTreeMap::new();
-        for r in reports {
-            let key = (r.device, r.stats.queue);
-            info!(worker, device = r.device, "{}", r.line(self.last.get(&key)));
-            board.post(r);
-            seen.insert(key, r);
+        for q in queues {
+            let key = (q.device, q.vq);
+            info!(worker, device = q.device, "{}", q.line(self.last.get(&key)));
+            seen.insert(key, q);
         }
         self.last = seen;
         board.write_if_due();
@@ -250,54 +176,47 @@ impl StatsTicker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn report(completions: u64, kicks: u64) -> QueueReport {
-        QueueReport {
-            device: 0,
-            mode: "sqcq",
-            stats: QueueStats {
-                queue: 2,
-                completions,
-                ema_ns: 100,
-                interval_ns: 400,
-                spins: 10,
-                sleeps: 1,
-                wakeups: 1,
-            },
-            kicks,
-            broken: false,
-            running: true,
-            need_wakeup: None,
-        }
-    }
+    use crate::metrics::QueueMode;
 
     #[test]
-    fn line_reports_the_interval_in_the_rfc_format() {
-        let a = report(10, 1);
-        let b = report(25, 3);
-        assert_eq!(
-            b.line(Some(&a)),
-            "vq[2] cq=15 ema_lat=100ns interval=400ns spins=0 sleeps=0 wakeups=0 kicks=2"
-        );
-        let k = QueueReport { mode: "kick", ..a };
-        assert_eq!(k.line(None), "vq[2] cq=10 kicks=1 calls=1");
-    }
-
-    #[test]
-    fn file_is_replaced_with_valid_json() {
+    fn the_file_is_replaced_with_every_live_devices_queues() {
         let dir = std::env::temp_dir().join(format!("sqcq-stats-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("stats.json");
         let board = StatsBoard::new(None, Some(path.clone()));
-        board.post(report(5, 0));
+        let a = Arc::new(DeviceMetrics::new(0, 4));
+        let b = Arc::new(DeviceMetrics::new(1, 4));
+        board.register(&b);
+        board.register(&a);
+        a.queue(2).unwrap().started(QueueMode::Sqcq);
+        a.queue(2).unwrap().batch(5);
+        b.queue(3).unwrap().started(QueueMode::Kick);
         board.write();
-        board.post(report(7, 0));
+        a.queue(2).unwrap().batch(2);
         board.write();
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let read = || -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+        };
+        let v = read();
         assert_eq!(v["queues"][0]["completions"], 7);
         assert_eq!(v["queues"][0]["mode"], "sqcq");
-        assert!(!dir.join("stats.json.tmp").exists());
+        assert_eq!(v["queues"][0]["sq_need_wakeup"], serde_json::Value::Null);
+        assert_eq!(
+            (
+                v["queues"][1]["device"].clone(),
+                v["queues"][1]["mode"].clone()
+            ),
+            (1.into(), "kick".into())
+        );
+        drop(b);
+        board.write();
+        assert_eq!(
+            read()["queues"].as_array().unwrap().len(),
+            1,
+            "a dropped device is gone"
+        );
+        let leftovers = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(leftovers, 1, "no temporary file left behind");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -26,8 +26,8 @@ use tracing::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::config::PollOptions;
 use crate::eventfd::PeerEventFd;
-use crate::poll::PollOptions;
 use crate::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
 use crate::stats::{StatsBoard, StatsTicker};
 use crate::target::Target;
@@ -408,8 +408,17 @@ impl Worker {
             }
             self.check_drains();
             crate::poll::spin(&mut self.queues);
-            let reports = self.queues.iter().flatten().map(ServedQueue::report);
-            self.ticker.tick(self.id, &self.board, reports);
+            if self.ticker.due(&self.board) {
+                let served = self.queues.iter_mut().flatten();
+                let snapshots: Vec<_> = served
+                    .filter_map(|q| {
+                        q.flush_poll_figures();
+                        q.metrics()?.snapshot(q.key.device, q.key.vq)
+                    })
+                    .collect();
+                self.ticker
+                    .tick(self.id, &self.board, snapshots.into_iter());
+            }
         }
         self.stop_all(Instant::now() + QUEUE_STOP_TIMEOUT);
     }
@@ -509,7 +518,6 @@ impl Worker {
         let q = self.queues[slot].take()?;
         self.unwatch(&q);
         let report = q.stop(deadline);
-        self.board.post(report.stats);
         self.check_drains();
         Some(report)
     }
@@ -560,7 +568,7 @@ impl Worker {
         for slot in 0..self.queues.len() {
             if let Some(q) = self.queues[slot].take() {
                 self.unwatch(&q);
-                self.board.post(q.stop(deadline).stats);
+                q.stop(deadline);
             }
         }
         self.check_drains();

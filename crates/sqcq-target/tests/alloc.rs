@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::*;
 use sqcq_target::Daemon;
+use sqcq_target::config::PollOptions;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, QueueMap};
-use sqcq_target::poll::PollOptions;
 
 /// Allocations (alloc, alloc_zeroed, realloc) made on worker threads.
 static WORKER_ALLOCS: AtomicU64 = AtomicU64::new(0);

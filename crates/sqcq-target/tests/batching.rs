@@ -39,11 +39,11 @@ fn a_batch_completes_with_one_publish_and_one_call() {
     let stats = || {
         daemon.devices()[0]
             .shared()
-            .counters
-            .queues
-            .get(2)
+            .metrics
+            .queue(2)
+            .and_then(|q| q.snapshot(0, 2))
+            .map(|s| (s.completions, s.publishes, s.calls))
             .unwrap()
-            .get()
     };
 
     for round in 0..4 {

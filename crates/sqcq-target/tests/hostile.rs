@@ -9,17 +9,6 @@ mod common;
 
 use common::*;
 
-fn counter(d: &sqcq_target::Daemon, name: &str) -> u64 {
-    d.devices()[0]
-        .shared()
-        .counters
-        .snapshot()
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .unwrap()
-        .1
-}
-
 fn header(g: &mut Guest, lun: [u8; 8], cdb: &[u8]) -> u64 {
     let req = g.alloc(REQ_LEN);
     let mut hdr = vec![0u8; REQ_LEN as usize];

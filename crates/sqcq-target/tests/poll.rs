@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use common::sqcq::*;
 use common::*;
 use sqcq_protocol::NEED_WAKEUP;
-use sqcq_target::poll::{PollOptions, RingMode, spin_config};
-use sqcq_target::stats::QueueReport;
+use sqcq_target::config::{PollOptions, RingMode, spin_config};
+use sqcq_target::metrics::{QueueMode, QueueSnapshot};
 use vhost::VhostBackend;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -53,25 +53,11 @@ fn std_command(
     read_resp(g, p.resp)
 }
 
-fn counter(d: &sqcq_target::Daemon, name: &str) -> u64 {
-    d.devices()[0]
-        .shared()
-        .counters
-        .snapshot()
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .unwrap()
-        .1
-}
-
 /// The final figures of request queue `vq`, once the frontend has gone.
-fn final_report(d: &sqcq_target::Daemon, vq: u16) -> QueueReport {
+fn final_report(d: &sqcq_target::Daemon, vq: u16) -> QueueSnapshot {
     let mut found = None;
     wait_until("the stopped queue's figures", || {
-        found = d
-            .stats()
-            .into_iter()
-            .find(|r| r.stats.queue == vq && !r.running);
+        found = d.stats().into_iter().find(|r| r.vq == vq && !r.running);
         found.is_some()
     });
     found.unwrap()
@@ -132,10 +118,10 @@ fn idle_poll_threads_sleep_with_need_wakeup_and_calls_follow_cq_need_wakeup() {
 
     drop(fe);
     let r = final_report(&daemon, 2);
-    assert_eq!(r.mode, "sqcq");
-    assert_eq!(r.stats.completions, u64::from(completed));
-    assert_eq!(r.stats.wakeups, calls, "calls sent = calls received");
-    assert!(r.stats.sleeps >= 1, "{r:?}");
+    assert_eq!(r.mode, QueueMode::Sqcq);
+    assert_eq!(r.completions, u64::from(completed));
+    assert_eq!(r.calls, calls, "calls sent = calls received");
+    assert!(r.sleeps >= 1, "{r:?}");
     assert!(!r.broken);
     // The file is rewritten when the frontend leaves.
     wait_until("the stats file", || {
@@ -223,9 +209,9 @@ fn ring_poll_needs_no_kick_after_the_first() {
         assert_eq!(kicks, u64::from(event_idx), "event_idx {event_idx}");
         drop(fe);
         let r = final_report(&daemon, 2);
-        assert_eq!(r.mode, "ring-poll");
+        assert_eq!(r.mode, QueueMode::RingPoll);
         assert_eq!(r.kicks, kicks, "kicks received = kicks sent");
-        assert_eq!(r.stats.completions, 51);
+        assert_eq!(r.completions, 51);
         daemon.shutdown();
     }
 }

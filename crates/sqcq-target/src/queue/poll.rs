@@ -30,8 +30,8 @@ use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
 use super::{RingConfig, ServedQueue, SubmissionSource};
 use crate::guest_warn;
+use crate::metrics::{QueueMetrics, QueueMode};
 use crate::ring_poll::RingWatch;
-use crate::stats::QueueReport;
 
 type Cell = GuestDoorbell<GuestMemoryMmap>;
 
@@ -101,6 +101,8 @@ pub(crate) struct QueuePoll {
     /// The memory map the doorbells (or the ring watch) point into.
     map: Arc<GuestMemoryMmap>,
     asleep: bool,
+    /// The poller's figures as last taken into the queue's metrics.
+    flushed: QueueStats,
 }
 
 impl QueuePoll {
@@ -137,6 +139,7 @@ impl QueuePoll {
             cq,
             map,
             asleep: false,
+            flushed: QueueStats::default(),
         })
     }
 
@@ -316,7 +319,7 @@ impl ServedQueue {
                 if owed {
                     self.signal_call();
                 }
-                self.count_batch(batch, owed && self.call.is_some());
+                self.count_batch(batch);
             }
             Err(e) => {
                 error!(device = %self.device.name, vq = self.key.vq, "used ring: {e}");
@@ -326,31 +329,34 @@ impl ServedQueue {
         true
     }
 
-    /// The queue's figures since it started.
-    pub fn report(&self) -> QueueReport {
-        let stats = self.poll.as_ref().map_or(
-            QueueStats {
-                queue: self.key.vq,
-                ..QueueStats::default()
-            },
-            |p| p.poller.stats(),
-        );
-        QueueReport {
-            device: self.key.device,
-            mode: match self.source {
-                SubmissionSource::Kick => "kick",
-                SubmissionSource::RingPoll => "ring-poll",
-                SubmissionSource::Doorbell => "sqcq",
-            },
-            stats: QueueStats {
-                completions: self.used.published_total(),
-                wakeups: self.calls,
-                ..stats
-            },
-            kicks: self.kicks,
-            broken: self.broken,
-            running: true,
-            need_wakeup: self.need_wakeup(),
+    /// How the queue is served, as the statistics name it.
+    pub(crate) fn mode(&self) -> QueueMode {
+        match self.source {
+            SubmissionSource::Kick => QueueMode::Kick,
+            SubmissionSource::RingPoll => QueueMode::RingPoll,
+            SubmissionSource::Doorbell => QueueMode::Sqcq,
+        }
+    }
+
+    /// This queue's figures in the device's metrics.
+    pub(crate) fn metrics(&self) -> Option<&QueueMetrics> {
+        self.device.metrics.queue(self.key.vq)
+    }
+
+    /// Brings the figures only the poll loop keeps (spins, sleeps, the
+    /// spin window, NEED_WAKEUP in the doorbells) into the metrics: at
+    /// every statistics tick, when the poller is dropped and when the
+    /// queue stops.
+    pub(crate) fn flush_poll_figures(&mut self) {
+        let need_wakeup = self.need_wakeup();
+        let Some(m) = self.device.metrics.queue(self.key.vq) else {
+            return;
+        };
+        if let Some(p) = self.poll.as_mut() {
+            m.poll_figures(&p.poller.stats(), &mut p.flushed);
+        }
+        if let Some((sq, cq)) = need_wakeup {
+            m.need_wakeup(sq, cq);
         }
     }
 
@@ -402,6 +408,7 @@ impl ServedQueue {
         let cause = std::error::Error::source(e).map_or_else(String::new, |c| format!(": {c}"));
         guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
             "{e}{cause}: queue stopped, device needs reset");
+        self.flush_poll_figures();
         self.poll = None;
         self.mark_broken();
     }

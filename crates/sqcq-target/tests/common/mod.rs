@@ -15,8 +15,9 @@ use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
 use sqcq_target::Daemon;
-use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, LunSpec, QueueMap};
-use sqcq_target::poll::PollOptions;
+use sqcq_target::config::{
+    BackstoreKind, DaemonConfig, DeviceConfig, LunSpec, PollOptions, QueueMap,
+};
 use sqcq_wire::scsi::{self, CmdResp, Lun, TaskAttr};
 use vhost::vhost_user::message::{
     VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
@@ -384,6 +385,18 @@ impl Resp {
     pub fn asc(&self) -> u8 {
         self.sense.get(12).copied().unwrap_or(0)
     }
+}
+
+/// Error counter `name` of the daemon's first device.
+pub fn counter(d: &Daemon, name: &str) -> u64 {
+    d.devices()[0]
+        .shared()
+        .metrics
+        .errors()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap()
+        .1
 }
 
 /// The LUN field for `target`, `lun`.

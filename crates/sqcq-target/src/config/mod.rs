@@ -8,8 +8,14 @@ use clap::Parser;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::poll::{FilePoll, PollArgs, PollOptions};
 use crate::sandbox::SeccompMode;
+
+mod poll;
+
+pub use poll::{
+    DEFAULT_STATS_INTERVAL, FilePoll, MAX_CPU, PollArgs, PollOptions, RingMode, parse_spin_us,
+    spin_config,
+};
 
 /// Default request queues per device.
 pub const DEFAULT_NUM_QUEUES: u16 = 1;

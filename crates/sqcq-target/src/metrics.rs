@@ -1,0 +1,468 @@
+//! The daemon's figures, in one place: per device, the count of
+//! everything its frontend did wrong and of queue failures; per virtqueue,
+//! what it served and how. Admin `stats`, the per-queue log line and
+//! `--stats-file` all read these (through [`QueueSnapshot`]); nothing else
+//! counts.
+//!
+//! Every counter is cumulative since the daemon started (a queue that is
+//! stopped and started again, or served by another worker, goes on
+//! counting), like a Prometheus counter. A queue's figures are written by
+//! the one worker that serves it, at most once per batch (kicks: per
+//! drained kick; poll-loop figures: at every statistics tick and when the
+//! queue stops), in a cache line of their own; error counters are touched
+//! only on error paths. All accesses are Relaxed: these are statistics and
+//! order nothing. A queue moves between workers only through a stop and a
+//! start handed over by channel, which orders the two writers.
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use serde::Serialize;
+use sqcq_protocol::{QueueStats, counted_since};
+
+/// How a queue learns of new requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueMode {
+    /// Kicks (classic virtio).
+    Kick,
+    /// The device polls the avail ring (`--poll ring`).
+    RingPoll,
+    /// The device polls the SQ doorbell (VIRTIO_F_SQCQ_POLL).
+    Sqcq,
+}
+
+impl QueueMode {
+    /// The name used in logs, the statistics file and admin replies.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kick => "kick",
+            Self::RingPoll => "ring-poll",
+            Self::Sqcq => "sqcq",
+        }
+    }
+
+    fn code(mode: Option<Self>) -> u8 {
+        match mode {
+            None => 0,
+            Some(Self::Kick) => 1,
+            Some(Self::RingPoll) => 2,
+            Some(Self::Sqcq) => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::Kick),
+            2 => Some(Self::RingPoll),
+            3 => Some(Self::Sqcq),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for QueueMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Bits of [`QueueMetrics::state`].
+const RUNNING: u8 = 1;
+const BROKEN: u8 = 2;
+/// Bits of [`QueueMetrics::need_wakeup`]: whether the flags below were
+/// read (a doorbell queue), SQ NEED_WAKEUP, CQ NEED_WAKEUP.
+const NW_KNOWN: u8 = 1;
+const NW_SQ: u8 = 2;
+const NW_CQ: u8 = 4;
+
+/// The figures of one virtqueue of a device.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub struct QueueMetrics {
+    completions: AtomicU64,
+    publishes: AtomicU64,
+    calls: AtomicU64,
+    kicks: AtomicU64,
+    spins: AtomicU64,
+    sleeps: AtomicU64,
+    ema_ns: AtomicU64,
+    interval_ns: AtomicU64,
+    mode: AtomicU8,
+    state: AtomicU8,
+    need_wakeup: AtomicU8,
+}
+
+/// Adds `n` to a counter only one thread writes: a load and a store, no
+/// locked read-modify-write on the request path.
+fn add(counter: &AtomicU64, n: u64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(n),
+        Ordering::Relaxed,
+    );
+}
+
+impl QueueMetrics {
+    /// The queue started in `mode`.
+    pub fn started(&self, mode: QueueMode) {
+        self.mode
+            .store(QueueMode::code(Some(mode)), Ordering::Relaxed);
+        self.state.store(RUNNING, Ordering::Relaxed);
+        self.need_wakeup.store(0, Ordering::Relaxed);
+    }
+
+    /// The queue stopped (it keeps its figures and whether it broke).
+    pub fn stopped(&self) {
+        self.state.fetch_and(!RUNNING, Ordering::Relaxed);
+    }
+
+    /// The queue was found broken (until it is started again).
+    pub fn broke(&self) {
+        self.state.fetch_or(BROKEN, Ordering::Relaxed);
+    }
+
+    /// One published batch of `completions` used elements.
+    pub fn batch(&self, completions: u16) {
+        add(&self.completions, u64::from(completions));
+        add(&self.publishes, 1);
+    }
+
+    /// A call sent (written to the call eventfd, or merged into the
+    /// notification pending there).
+    pub fn called(&self) {
+        add(&self.calls, 1);
+    }
+
+    /// Kicks received (the eventfd's count).
+    pub fn kicked(&self, n: u64) {
+        add(&self.kicks, n);
+    }
+
+    /// Takes in the poll loop's figures: the counters that grew since
+    /// `flushed` (what was taken in last time, from the same poller) and
+    /// the gauges as they are; `flushed` becomes `now`.
+    pub fn poll_figures(&self, now: &QueueStats, flushed: &mut QueueStats) {
+        let d = now.since(flushed);
+        add(&self.spins, d.spins);
+        add(&self.sleeps, d.sleeps);
+        self.ema_ns.store(now.ema_ns, Ordering::Relaxed);
+        self.interval_ns.store(now.interval_ns, Ordering::Relaxed);
+        *flushed = *now;
+    }
+
+    /// NEED_WAKEUP in the SQ and CQ doorbells as last read (doorbell
+    /// queues only).
+    pub fn need_wakeup(&self, sq: bool, cq: bool) {
+        let bits = NW_KNOWN | if sq { NW_SQ } else { 0 } | if cq { NW_CQ } else { 0 };
+        self.need_wakeup.store(bits, Ordering::Relaxed);
+    }
+
+    /// The figures as they are, `None` for a queue that never ran.
+    pub fn snapshot(&self, device: u32, vq: u16) -> Option<QueueSnapshot> {
+        let mode = QueueMode::from_code(self.mode.load(Ordering::Relaxed))?;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let state = self.state.load(Ordering::Relaxed);
+        let nw = self.need_wakeup.load(Ordering::Relaxed);
+        Some(QueueSnapshot {
+            device,
+            vq,
+            mode,
+            running: state & RUNNING != 0,
+            broken: state & BROKEN != 0,
+            completions: get(&self.completions),
+            publishes: get(&self.publishes),
+            calls: get(&self.calls),
+            kicks: get(&self.kicks),
+            spins: get(&self.spins),
+            sleeps: get(&self.sleeps),
+            ema_lat_ns: get(&self.ema_ns),
+            interval_ns: get(&self.interval_ns),
+            sq_need_wakeup: (nw & NW_KNOWN != 0).then_some(nw & NW_SQ != 0),
+            cq_need_wakeup: (nw & NW_KNOWN != 0).then_some(nw & NW_CQ != 0),
+        })
+    }
+}
+
+/// One queue's figures at one moment: what `--stats-file` lists, what the
+/// log line and admin `stats` print.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct QueueSnapshot {
+    /// Device number.
+    pub device: u32,
+    /// Virtqueue index.
+    pub vq: u16,
+    /// How it is (or was last) served.
+    pub mode: QueueMode,
+    /// Whether it runs now.
+    pub running: bool,
+    /// Whether it was found broken since it last started.
+    pub broken: bool,
+    /// Requests completed (used elements published).
+    pub completions: u64,
+    /// Stores of `used->idx` (one per batch).
+    pub publishes: u64,
+    /// Calls sent (notifications the driver asked for).
+    pub calls: u64,
+    /// Kicks received.
+    pub kicks: u64,
+    /// Polls that found nothing new (polled queues).
+    pub spins: u64,
+    /// Times the queue's poller slept with NEED_WAKEUP set.
+    pub sleeps: u64,
+    /// Moving average of the gaps between submissions (the RFC's
+    /// `ema_lat`), ns.
+    pub ema_lat_ns: u64,
+    /// The spin window (the RFC's `interval`), ns.
+    pub interval_ns: u64,
+    /// NEED_WAKEUP in the SQ doorbell (doorbell queues): the device's
+    /// poller sleeps.
+    pub sq_need_wakeup: Option<bool>,
+    /// NEED_WAKEUP in the CQ doorbell: the driver's poller sleeps.
+    pub cq_need_wakeup: Option<bool>,
+}
+
+impl QueueSnapshot {
+    /// The log line of what happened since `earlier` (same queue), or
+    /// since the start: the RFC's format plus the kicks received for a
+    /// polled queue (`wakeups` are the calls sent), `cq`, `kicks` and
+    /// `calls` for a kicked one.
+    pub fn line(&self, earlier: Option<&QueueSnapshot>) -> String {
+        let since = |now: u64, pick: fn(&QueueSnapshot) -> u64| {
+            earlier.map_or(now, |e| counted_since(now, pick(e)))
+        };
+        let cq = since(self.completions, |s| s.completions);
+        let kicks = since(self.kicks, |s| s.kicks);
+        let calls = since(self.calls, |s| s.calls);
+        if self.mode == QueueMode::Kick {
+            return format!("vq[{}] cq={cq} kicks={kicks} calls={calls}", self.vq);
+        }
+        let stats = QueueStats {
+            queue: self.vq,
+            completions: cq,
+            ema_ns: self.ema_lat_ns,
+            interval_ns: self.interval_ns,
+            spins: since(self.spins, |s| s.spins),
+            sleeps: since(self.sleeps, |s| s.sleeps),
+            wakeups: calls,
+        };
+        format!("{stats} kicks={kicks}")
+    }
+}
+
+/// The figures of one device (all connections since the daemon started).
+#[derive(Debug)]
+pub struct DeviceMetrics {
+    /// Chains that could not be followed (loop, too long, bad index or
+    /// indirect table): returned with length 0.
+    pub malformed_chains: AtomicU64,
+    /// Chains with a buffer outside guest memory.
+    pub out_of_memory: AtomicU64,
+    /// Chains with device-readable buffers after device-writable ones.
+    pub wrong_order: AtomicU64,
+    /// Requests whose header was shorter than the configured size.
+    pub short_headers: AtomicU64,
+    /// Requests whose response buffer was too small to hold a response.
+    pub short_responses: AtomicU64,
+    /// Requests to a target that does not exist.
+    pub bad_target: AtomicU64,
+    /// Requests to a LUN that does not exist.
+    pub bad_lun: AtomicU64,
+    /// Data buffers too small for the transfer (OVERRUN).
+    pub overruns: AtomicU64,
+    /// Heads made available again while still in flight.
+    pub duplicate_heads: AtomicU64,
+    /// Malformed control queue requests.
+    pub bad_control: AtomicU64,
+    /// Queues stopped because their ring was corrupt.
+    pub broken_rings: AtomicU64,
+    /// Backstore I/O errors reported to the guest as sense data.
+    pub io_errors: AtomicU64,
+    /// Calls merged into a notification still pending because the
+    /// frontend left the call counter saturated.
+    pub calls_coalesced: AtomicU64,
+    /// Writes to a frontend eventfd that blocked and were interrupted by
+    /// the stall guard: their queue was stopped.
+    pub stalled_writes: AtomicU64,
+    /// Kick descriptors that hung up or failed: their queue was stopped.
+    pub dead_kicks: AtomicU64,
+    /// vhost-user messages refused (bad values, unsupported requests).
+    pub failed_messages: AtomicU64,
+    /// Connections the daemon closed because the frontend misbehaved
+    /// (incomplete message, unread replies, repeated failures, lost
+    /// memory).
+    pub dropped_connections: AtomicU64,
+    /// Guest memory pages lost under a mapping (SIGBUS recovered).
+    pub memory_faults: AtomicU64,
+    /// Device number, as in [`QueueSnapshot::device`].
+    device: u32,
+    queues: Box<[QueueMetrics]>,
+}
+
+impl DeviceMetrics {
+    /// Zeroed figures for device `device` with virtqueues `0..queues`.
+    pub fn new(device: u32, queues: usize) -> Self {
+        let zero = AtomicU64::default;
+        Self {
+            malformed_chains: zero(),
+            out_of_memory: zero(),
+            wrong_order: zero(),
+            short_headers: zero(),
+            short_responses: zero(),
+            bad_target: zero(),
+            bad_lun: zero(),
+            overruns: zero(),
+            duplicate_heads: zero(),
+            bad_control: zero(),
+            broken_rings: zero(),
+            io_errors: zero(),
+            calls_coalesced: zero(),
+            stalled_writes: zero(),
+            dead_kicks: zero(),
+            failed_messages: zero(),
+            dropped_connections: zero(),
+            memory_faults: zero(),
+            device,
+            queues: (0..queues).map(|_| QueueMetrics::default()).collect(),
+        }
+    }
+
+    /// Adds one to `counter` (an error counter: any thread).
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The figures of virtqueue `vq` (`None` past the last one).
+    pub fn queue(&self, vq: u16) -> Option<&QueueMetrics> {
+        self.queues.get(usize::from(vq))
+    }
+
+    /// Every queue that ever ran, by virtqueue index.
+    pub fn queues(&self) -> impl Iterator<Item = QueueSnapshot> + '_ {
+        self.queues
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| q.snapshot(self.device, u16::try_from(i).unwrap_or(u16::MAX)))
+    }
+
+    /// The error counters as (name, value) pairs.
+    pub fn errors(&self) -> [(&'static str, u64); 18] {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("malformed_chains", get(&self.malformed_chains)),
+            ("out_of_memory", get(&self.out_of_memory)),
+            ("wrong_order", get(&self.wrong_order)),
+            ("short_headers", get(&self.short_headers)),
+            ("short_responses", get(&self.short_responses)),
+            ("bad_target", get(&self.bad_target)),
+            ("bad_lun", get(&self.bad_lun)),
+            ("overruns", get(&self.overruns)),
+            ("duplicate_heads", get(&self.duplicate_heads)),
+            ("bad_control", get(&self.bad_control)),
+            ("broken_rings", get(&self.broken_rings)),
+            ("io_errors", get(&self.io_errors)),
+            ("calls_coalesced", get(&self.calls_coalesced)),
+            ("stalled_writes", get(&self.stalled_writes)),
+            ("dead_kicks", get(&self.dead_kicks)),
+            ("failed_messages", get(&self.failed_messages)),
+            ("dropped_connections", get(&self.dropped_connections)),
+            ("memory_faults", get(&self.memory_faults)),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll(spins: u64, sleeps: u64) -> QueueStats {
+        QueueStats {
+            queue: 2,
+            completions: 0,
+            ema_ns: 100,
+            interval_ns: 400,
+            spins,
+            sleeps,
+            wakeups: 0,
+        }
+    }
+
+    #[test]
+    fn a_queue_that_never_ran_has_no_figures() {
+        let m = DeviceMetrics::new(3, 4);
+        assert_eq!(m.queues().count(), 0);
+        assert!(m.queue(4).is_none());
+        m.queue(2).unwrap().started(QueueMode::Kick);
+        let s: Vec<_> = m.queues().collect();
+        assert_eq!((s.len(), s[0].device, s[0].vq), (1, 3, 2));
+        assert!(s[0].running && !s[0].broken);
+    }
+
+    #[test]
+    fn counters_go_on_across_restarts_and_pollers() {
+        let m = DeviceMetrics::new(0, 3);
+        let q = m.queue(2).unwrap();
+        q.started(QueueMode::Sqcq);
+        q.batch(5);
+        q.called();
+        q.batch(3);
+        q.kicked(2);
+        let mut flushed = QueueStats::default();
+        q.poll_figures(&poll(10, 1), &mut flushed);
+        q.poll_figures(&poll(15, 2), &mut flushed);
+        q.broke();
+        q.stopped();
+        let s = q.snapshot(0, 2).unwrap();
+        assert!(!s.running && s.broken);
+        // A new start: a new poller counting from zero, same totals.
+        q.started(QueueMode::Sqcq);
+        let mut flushed = QueueStats::default();
+        q.poll_figures(&poll(4, 0), &mut flushed);
+        q.batch(1);
+        q.called();
+        let s = q.snapshot(0, 2).unwrap();
+        assert_eq!((s.completions, s.publishes, s.calls, s.kicks), (9, 3, 2, 2));
+        assert_eq!((s.spins, s.sleeps), (19, 2));
+        assert!(s.running && !s.broken, "a start clears broken");
+        assert_eq!((s.sq_need_wakeup, s.cq_need_wakeup), (None, None));
+        q.need_wakeup(true, false);
+        let s = q.snapshot(0, 2).unwrap();
+        assert_eq!(
+            (s.sq_need_wakeup, s.cq_need_wakeup),
+            (Some(true), Some(false))
+        );
+    }
+
+    #[test]
+    fn the_log_line_is_the_rfcs_for_the_interval() {
+        let m = DeviceMetrics::new(0, 3);
+        let q = m.queue(2).unwrap();
+        q.started(QueueMode::Sqcq);
+        q.batch(10);
+        q.called();
+        q.kicked(1);
+        let mut flushed = QueueStats::default();
+        q.poll_figures(&poll(10, 1), &mut flushed);
+        let a = q.snapshot(0, 2).unwrap();
+        q.batch(15);
+        q.kicked(2);
+        let b = q.snapshot(0, 2).unwrap();
+        assert_eq!(
+            b.line(Some(&a)),
+            "vq[2] cq=15 ema_lat=100ns interval=400ns spins=0 sleeps=0 wakeups=0 kicks=2"
+        );
+        let k = QueueSnapshot {
+            mode: QueueMode::Kick,
+            ..a
+        };
+        assert_eq!(k.line(None), "vq[2] cq=10 kicks=1 calls=1");
+    }
+
+    #[test]
+    fn modes_serialize_as_their_names() {
+        for m in [QueueMode::Kick, QueueMode::RingPoll, QueueMode::Sqcq] {
+            assert_eq!(
+                serde_json::to_value(m).unwrap(),
+                serde_json::Value::from(m.as_str())
+            );
+        }
+    }
+}
