@@ -43,8 +43,8 @@ use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::{ConfigError, LunSpec, parse_size};
-use crate::hotplug::{DeviceControl, HotplugError};
-use crate::listen::ListeningSocket;
+use crate::scsi::hotplug::{DeviceControl, HotplugError};
+use crate::transport::listen::ListeningSocket;
 
 /// Longest command line accepted.
 const MAX_LINE: usize = 4096;

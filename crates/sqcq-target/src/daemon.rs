@@ -9,10 +9,10 @@ use tracing::info;
 
 use crate::admin::AdminServer;
 use crate::config::DaemonConfig;
-use crate::device::DeviceHandle;
-use crate::hotplug::DeviceControl;
-use crate::target::{Target, TargetError, wwn_seed};
-use crate::worker::WorkerPool;
+use crate::runtime::worker::WorkerPool;
+use crate::scsi::hotplug::DeviceControl;
+use crate::scsi::target::{Target, TargetError, wwn_seed};
+use crate::transport::device::DeviceHandle;
 
 /// How long [`Daemon::shutdown`] gives requests in flight to complete.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -123,7 +123,7 @@ impl Daemon {
     }
 
     /// Every queue's latest statistics (what `--stats-file` holds).
-    pub fn stats(&self) -> Vec<crate::metrics::QueueSnapshot> {
+    pub fn stats(&self) -> Vec<crate::runtime::metrics::QueueSnapshot> {
         self.pool.stats().snapshot()
     }
 

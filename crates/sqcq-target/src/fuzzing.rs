@@ -23,15 +23,15 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::config::PollOptions;
 use crate::config::QueueMap;
-use crate::device::{DeviceParams, DeviceShared};
-use crate::eventfd::PeerEventFd;
-use crate::hotplug::LunTable;
-use crate::metrics::DeviceMetrics;
-use crate::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
-use crate::ratelimit::RateLimiter;
-use crate::session::Session;
-use crate::target::{LunEntry, Target};
-use crate::worker::WorkerPool;
+use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
+use crate::runtime::ratelimit::RateLimiter;
+use crate::runtime::worker::WorkerPool;
+use crate::scsi::hotplug::LunTable;
+use crate::scsi::target::{LunEntry, Target};
+use crate::transport::device::{DeviceParams, DeviceShared};
+use crate::transport::session::Session;
 
 const QUEUE_SIZE: u16 = 64;
 

@@ -2,19 +2,28 @@
 //! (`sqcqd`) that QEMU's `vhost-user-scsi-pci` (or any vhost-user
 //! frontend) connects to.
 //!
+//! # Layers
+//!
+//! | module | what | knows of |
+//! |---|---|---|
+//! | [`runtime`] | the virtqueue runtime: the worker pool, a served queue (ring, eventfds, used-ring batching, kick / ring-poll / SQ-doorbell polling), descriptor chains, guest memory access, metrics and statistics | nothing else in the crate |
+//! | [`transport`] | vhost-user: one control thread per device socket, the session (negotiation, memory table, vrings), message handling, hostile-frontend guards | [`runtime`] |
+//! | [`scsi`] | the virtio-scsi device: command requests, the control and event queues, LUN tables and hot plug | [`runtime`], [`transport`] |
+//! | [`config`], [`daemon`], [`admin`], [`sandbox`] | the daemon: command line and file, start and stop, the admin socket, seccomp | everything |
+//!
 //! # Threads and what each owns
 //!
-//! - **One control thread per device** ([`device`]): owns the listening
-//!   Unix socket and, while a frontend is connected, the [`session::Session`]
+//! - **One control thread per device** ([`device`](crate::transport::device)): owns the listening
+//!   Unix socket and, while a frontend is connected, the [`session::Session`](crate::transport::session::Session)
 //!   (negotiated features, guest memory map, vring configuration, which
 //!   worker runs which queue). It handles vhost-user messages
-//!   ([`handler`]) with `vhost`'s `BackendReqHandler`, and serves the
+//!   ([`handler`](crate::transport::handler)) with `vhost`'s `BackendReqHandler`, and serves the
 //!   control queue (task management, asynchronous notification) and the
-//!   event queue ([`control`]) itself: their traffic is rare and what they
+//!   event queue ([`control`](crate::scsi::control)) itself: their traffic is rare and what they
 //!   do needs the state this thread owns. A frontend that disconnects
 //!   leaves the device listening for the next one (a new I_T nexus).
-//! - **A pool of worker threads shared by every device** ([`worker`]):
-//!   each owns the request queues assigned to it ([`queue::ServedQueue`]:
+//! - **A pool of worker threads shared by every device** ([`worker`](crate::runtime::worker)):
+//!   each owns the request queues assigned to it ([`queue::ServedQueue`](crate::runtime::queue::ServedQueue):
 //!   the ring, its eventfds, one backstore queue per LUN, the requests in
 //!   flight) and waits in one epoll set for their kicks and backstore
 //!   completions. The virtqueue-to-worker map is explicit (`--queue-map`)
@@ -29,74 +38,49 @@
 //!
 //! # A request
 //!
-//! [`chain`] turns a descriptor chain into checked buffer lists (loops,
+//! [`chain`](crate::runtime::chain) turns a descriptor chain into checked buffer lists (loops,
 //! over-long chains, buffers outside memory, wrong direction), the request
 //! module parses the virtio-scsi header (`sqcq_wire::scsi`) and calls
 //! `sqcq_scsi::LogicalUnit::execute`; medium commands go zero-copy to the
-//! backstore (`sqcq_backstore`) with iovecs into guest memory ([`guest`]),
+//! backstore (`sqcq_backstore`) with iovecs into guest memory ([`guest`](crate::runtime::guest)),
 //! everything else is answered from a scratch buffer. Completions are
 //! written to the used ring and published once per pass, with at most one
-//! call ([`used`]). Bad input is answered, counted ([`metrics`]) and
-//! logged through a rate limiter ([`ratelimit`]).
+//! call ([`used`](crate::runtime::used)). Bad input is answered, counted ([`metrics`](crate::runtime::metrics)) and
+//! logged through a rate limiter ([`ratelimit`](crate::runtime::ratelimit)).
 //!
 //! # A hostile frontend
 //!
 //! Whatever a frontend sends costs at most its own connection:
-//! [`eventfd`] accepts only eventfds and never blocks on them, with
-//! [`stall`] interrupting a write that blocks anyway; [`memory`] checks
-//! every region against its file and [`sigbus`] turns memory taken away
-//! later into a dropped connection; [`vhost_socket`] bounds the waits for a
-//! whole message and for unread replies; [`listen`] never replaces what is
+//! [`eventfd`](crate::runtime::eventfd) accepts only eventfds and never blocks on them, with
+//! [`stall`](crate::runtime::stall) interrupting a write that blocks anyway; [`memory`](crate::transport::memory) checks
+//! every region against its file and [`sigbus`](crate::transport::sigbus) turns memory taken away
+//! later into a dropped connection; [`vhost_socket`](crate::transport::vhost_socket) bounds the waits for a
+//! whole message and for unread replies; [`listen`](crate::transport::listen) never replaces what is
 //! not a stale socket; long commands go to the backstore in slices; and
 //! [`sandbox`] is the optional seccomp filter. `docs/target.md`, "Hostile
 //! frontends", lists every class and its test.
 //!
 //! # Poll mode (VIRTIO_F_SQCQ_POLL and ring polling)
 //!
-//! [`queue::SubmissionSource`] is where a queue decides how it learns of
+//! [`queue::SubmissionSource`](crate::runtime::queue::SubmissionSource) is where a queue decides how it learns of
 //! new requests: by kick, by polling the SQ doorbell of VIRTIO_F_SQCQ_POLL
 //! (when negotiated), or by polling the avail ring (`--poll ring`,
-//! [`ring_poll`]). A worker spins over its polled queues and sleeps only
-//! when every one of them has asked for a notification ([`poll`]); it can
-//! be bound to a CPU ([`cpu`]); every queue's figures are logged and kept
-//! in a JSON file ([`stats`]).
+//! [`ring_poll`](crate::runtime::ring_poll)). A worker spins over its polled queues and sleeps only
+//! when every one of them has asked for a notification ([`poll`](crate::runtime::poll)); it can
+//! be bound to a CPU ([`cpu`](crate::runtime::cpu)); every queue's figures are logged and kept
+//! in a JSON file ([`stats`](crate::runtime::stats)).
 
 #![deny(missing_docs)]
 
 pub mod admin;
-pub mod chain;
 pub mod config;
-pub mod control;
-pub mod cpu;
 pub mod daemon;
-pub mod device;
-pub mod eventfd;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-pub mod guest;
-pub mod handler;
-pub mod hotplug;
-pub mod inflight;
-pub mod listen;
-pub mod memory;
-pub mod metrics;
-pub mod poll;
-pub mod queue;
-pub mod ratelimit;
-mod request;
-#[cfg(test)]
-#[allow(clippy::cast_possible_truncation)]
-mod request_tests;
-pub mod ring_poll;
+pub mod runtime;
 pub mod sandbox;
-pub mod session;
-pub mod sigbus;
-pub mod stall;
-pub mod stats;
-pub mod target;
-pub mod used;
-pub mod vhost_socket;
-pub mod worker;
+pub mod scsi;
+pub mod transport;
 
 pub use config::{Cli, DaemonConfig, DeviceConfig, LunSpec};
 pub use daemon::Daemon;

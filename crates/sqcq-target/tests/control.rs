@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use sqcq_target::device::EventReport;
+use sqcq_target::transport::device::EventReport;
 use vhost::VhostBackend;
 use vhost::vhost_user::VhostUserFrontend;
 

@@ -14,7 +14,7 @@ use common::sqcq::*;
 use common::*;
 use sqcq_protocol::NEED_WAKEUP;
 use sqcq_target::config::{PollOptions, RingMode, spin_config};
-use sqcq_target::metrics::{QueueMode, QueueSnapshot};
+use sqcq_target::runtime::metrics::{QueueMode, QueueSnapshot};
 use vhost::VhostBackend;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};

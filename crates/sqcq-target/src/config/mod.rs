@@ -452,10 +452,10 @@ impl DaemonConfig {
         }
         for d in &self.devices {
             let name = d.socket_path.display();
-            if d.num_queues == 0 || d.num_queues > crate::session::MAX_REQUEST_QUEUES {
+            if d.num_queues == 0 || d.num_queues > crate::transport::session::MAX_REQUEST_QUEUES {
                 return bad(format!(
                     "{name}: num-queues must be 1..={}",
-                    crate::session::MAX_REQUEST_QUEUES
+                    crate::transport::session::MAX_REQUEST_QUEUES
                 ));
             }
             if !d.queue_size.is_power_of_two() || d.queue_size < 4 {

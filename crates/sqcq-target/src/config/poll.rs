@@ -2,7 +2,7 @@
 //! ring polling), the adaptive spin window's bounds, CPU binding and
 //! statistics, from the command line (`PollArgs`) or a configuration
 //! file's `[poll]` table (`FilePoll`). What the worker does with them is
-//! [`crate::poll`].
+//! [`crate::runtime::poll`].
 
 use std::path::PathBuf;
 use std::time::Duration;

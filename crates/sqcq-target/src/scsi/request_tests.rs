@@ -9,8 +9,8 @@ use virtio_queue::desc::{RawDescriptor, split::Descriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::device::DeviceShared;
-use crate::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
+use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
+use crate::transport::device::DeviceShared;
 
 const NEXT: u16 = 1;
 const WRITE: u16 = 2;
@@ -51,7 +51,7 @@ impl Fixture {
             cdb_size: 32,
             mem: GuestMemoryAtomic::new(mem.clone()),
             ring,
-            kick: crate::eventfd::PeerEventFd::new().unwrap(),
+            kick: crate::runtime::eventfd::PeerEventFd::new().unwrap(),
             call: None,
             err: None,
             source: SubmissionSource::Kick,

@@ -23,8 +23,8 @@ use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
-use crate::eventfd::{FdRole, PeerEventFd};
-use crate::session::Session;
+use crate::runtime::eventfd::{FdRole, PeerEventFd};
+use crate::transport::session::Session;
 use sqcq_wire::scsi::{
     CONFIG_CDB_SIZE_OFFSET, CONFIG_SENSE_SIZE_OFFSET, MAX_CDB_SIZE, MAX_SENSE_SIZE, ScsiConfig,
     VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG,
@@ -51,7 +51,7 @@ fn not_supported<T>() -> Result<T> {
     Err(Error::InvalidOperation("not supported by this device"))
 }
 
-/// Checks a kick, call or error descriptor (see [`crate::eventfd`]); a
+/// Checks a kick, call or error descriptor (see [`crate::runtime::eventfd`]); a
 /// descriptor that is not a usable eventfd fails the message.
 fn eventfd(session: &Session, file: Option<File>, role: FdRole) -> Result<Option<PeerEventFd>> {
     file.map(|f| PeerEventFd::adopt(f, role))
@@ -154,7 +154,7 @@ impl VhostUserBackendReqHandlerMut for Session {
         if postcopy_listening.is_some() {
             return not_supported();
         }
-        let shared = crate::memory::map(ctx, files, self.dev.memory_fault.as_raw_fd()).map_err(|e| {
+        let shared = crate::transport::memory::map(ctx, files, self.dev.memory_fault.as_raw_fd()).map_err(|e| {
             warn!(device = %self.dev.name, "memory table refused: {}", crate::admin::error_chain(&e));
             Error::InvalidParam
         })?;

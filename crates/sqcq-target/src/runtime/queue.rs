@@ -20,14 +20,14 @@ use tracing::{error, info};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::chain::ChainBuffers;
-use crate::device::DeviceShared;
-use crate::eventfd::{PeerEventFd, Signal};
 use crate::guest_warn;
-use crate::inflight::Inflight;
-use crate::metrics::DeviceMetrics;
-use crate::target::Target;
-use crate::used::UsedRing;
+use crate::runtime::chain::ChainBuffers;
+use crate::runtime::eventfd::{PeerEventFd, Signal};
+use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::used::UsedRing;
+use crate::scsi::inflight::Inflight;
+use crate::scsi::target::Target;
+use crate::transport::device::DeviceShared;
 
 mod poll;
 
@@ -47,7 +47,7 @@ pub struct QueueKey {
 ///
 /// The two poll variants run a `sqcq_protocol::Poller` over what
 /// they watch (module `poll` below): the worker spins over its polled
-/// queues for their adaptive windows ([`crate::poll`]), then each asks for
+/// queues for their adaptive windows ([`crate::runtime::poll`]), then each asks for
 /// a notification, and the worker sleeps on the same kick eventfds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SubmissionSource {
@@ -170,7 +170,7 @@ pub struct ServedQueue {
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
     poll: Option<Box<QueuePoll>>,
-    /// This queue's LUN snapshot (see [`crate::hotplug`]): `luns[i]` is
+    /// This queue's LUN snapshot (see [`crate::scsi::hotplug`]): `luns[i]` is
     /// the backstore queue of `target.luns()[i]`; queues of removed LUNs
     /// with requests in flight follow.
     pub(crate) target: Arc<Target>,

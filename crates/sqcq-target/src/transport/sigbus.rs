@@ -6,7 +6,7 @@
 //! hugetlbfs file when no huge page is left, or otherwise removes what a
 //! mapped page stands for, the next access to the page raises SIGBUS
 //! (`BUS_ADRERR`), whose default action ends the daemon with every device
-//! and VM it serves. [`crate::memory`] refuses regions the file does not
+//! and VM it serves. [`crate::transport::memory`] refuses regions the file does not
 //! cover when they arrive; this guard covers what happens afterwards.
 //!
 //! Every guest memory mapping is registered here with the eventfd of the
@@ -27,7 +27,7 @@
 //! Registrations live in a fixed table ([`MAX_MAPPINGS`] entries) so the
 //! handler needs no allocation and no lock. A [`Registration`] must be
 //! dropped before its mapping is unmapped (see
-//! [`crate::memory::GuardedRegion`]).
+//! [`crate::transport::memory::GuardedRegion`]).
 
 use std::io;
 use std::os::fd::RawFd;
@@ -270,7 +270,7 @@ mod tests {
         let last = unsafe { base.add(3 * page) };
         // SAFETY: `last` is a mapped byte of the file.
         unsafe { last.write_volatile(7) };
-        let notify = crate::eventfd::PeerEventFd::new().unwrap();
+        let notify = crate::runtime::eventfd::PeerEventFd::new().unwrap();
         let reg = register(base, 4 * page, page, notify.as_raw_fd()).unwrap();
         let before = recovered();
         // The frontend takes the last two pages away.

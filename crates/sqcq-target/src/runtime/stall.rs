@@ -2,7 +2,7 @@
 //! interrupted after [`STALL_LIMIT`].
 //!
 //! The daemon makes every eventfd a frontend hands over non-blocking
-//! ([`crate::eventfd`]), but `O_NONBLOCK` belongs to the open file
+//! ([`crate::runtime::eventfd`]), but `O_NONBLOCK` belongs to the open file
 //! description, which the frontend shares: it can clear the flag again on
 //! its own copy and saturate the counter, and Linux offers no per-call
 //! non-blocking write for eventfds. Such a write would hold a worker, and

@@ -165,8 +165,8 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
-    fn new_stop() -> crate::eventfd::PeerEventFd {
-        crate::eventfd::PeerEventFd::new().unwrap()
+    fn new_stop() -> crate::runtime::eventfd::PeerEventFd {
+        crate::runtime::eventfd::PeerEventFd::new().unwrap()
     }
 
     #[test]
@@ -196,7 +196,10 @@ mod tests {
         let (mut fe, be) = UnixStream::pair().unwrap();
         let stop = new_stop();
         fe.write_all(&[1, 0, 0]).unwrap();
-        assert!(matches!(stop.signal(), crate::eventfd::Signal::Sent));
+        assert!(matches!(
+            stop.signal(),
+            crate::runtime::eventfd::Signal::Sent
+        ));
         let w = wait_for_message(be.as_raw_fd(), stop.as_raw_fd(), Duration::from_secs(30));
         assert_eq!(w.unwrap(), Wait::Stopped);
         let (fe, be) = UnixStream::pair().unwrap();

@@ -17,7 +17,7 @@ use sqcq_backstore::Backstore;
 use sqcq_scsi::ScsiError;
 use vm_memory::GuestMemoryMmap;
 
-use crate::chain::Segment;
+use crate::runtime::chain::Segment;
 
 /// What a slot's backstore operations do, for error reporting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

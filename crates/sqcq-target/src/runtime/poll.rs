@@ -5,7 +5,7 @@
 //! doorbell is watched) or, with `--poll ring`, when it is not (its avail
 //! index is watched with notifications disabled, standard virtio only).
 //! Either way the queue owns a `sqcq_protocol::Poller` (see
-//! [`crate::queue`]); this module is the part that concerns the whole
+//! [`crate::runtime::queue`]); this module is the part that concerns the whole
 //! worker:
 //!
 //! - while any polled queue is within its spin window, the worker polls
@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use sqcq_protocol::Poll;
 
-use crate::queue::ServedQueue;
+use crate::runtime::queue::ServedQueue;
 
 /// Poll passes over a worker's queues between two yields of the CPU.
 pub const BATCH: u32 = 16;

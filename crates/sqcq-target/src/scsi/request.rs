@@ -21,14 +21,14 @@ use sqcq_scsi::{
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::GuestMemoryMmap;
 
-use crate::chain::{self, ChainError, Segment};
-use crate::device::DeviceShared;
-use crate::guest;
 use crate::guest_warn;
-use crate::inflight::{Inflight, OpKind, RangeOp, Slot};
-use crate::metrics::DeviceMetrics;
-use crate::queue::{LunQueue, ServedQueue};
-use crate::used::UsedRing;
+use crate::runtime::chain::{self, ChainError, Segment};
+use crate::runtime::guest;
+use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::queue::{LunQueue, ServedQueue};
+use crate::runtime::used::UsedRing;
+use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
+use crate::transport::device::DeviceShared;
 use sqcq_wire::scsi::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
 
 /// Bytes of a non-zero WRITE SAME pattern replicated per backstore write:

@@ -44,10 +44,10 @@ use vmm_sys_util::eventfd::EventFd;
 use virtio_queue::QueueT;
 
 use crate::config::LunSpec;
-use crate::device::{DeviceShared, EventReport};
-use crate::queue::{LunQueue, QueueError, ServedQueue};
-use crate::target::{LunEntry, Target, TargetError, build_lun, wwn_seed};
-use crate::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use crate::runtime::queue::{LunQueue, QueueError, ServedQueue};
+use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use crate::scsi::target::{LunEntry, Target, TargetError, build_lun, wwn_seed};
+use crate::transport::device::{DeviceShared, EventReport};
 use sqcq_wire::scsi::{
     EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET, Lun,
 };

@@ -13,7 +13,7 @@
 //! memfd without `F_SEAL_SHRINK` (QEMU seals its memfds by default), any
 //! other file, or a hugetlbfs file whose pages run out can lose pages
 //! that are mapped. Each mapping is therefore registered with the SIGBUS
-//! guard ([`crate::sigbus`]) together with the device's fault eventfd: a
+//! guard ([`crate::transport::sigbus`]) together with the device's fault eventfd: a
 //! lost page costs that device its connection, not the process. The seal
 //! state is logged; the daemon never seals the frontend's file itself.
 //!
@@ -32,7 +32,7 @@ use tracing::debug;
 use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
-use crate::sigbus::{GuardError, Registration};
+use crate::transport::sigbus::{GuardError, Registration};
 
 /// A guest memory region as the frontend maps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,7 +206,7 @@ fn map_region(
         .ok()
         .filter(|&l| isize::try_from(l).is_ok())
         .ok_or(invalid("size exceeds the address space"))?;
-    let st = crate::eventfd::fstat(file.as_fd()).map_err(stat_err)?;
+    let st = crate::runtime::eventfd::fstat(file.as_fd()).map_err(stat_err)?;
     let kind = st.st_mode & libc::S_IFMT;
     if kind != libc::S_IFREG {
         return Err(MemoryError::NotAFile { index, kind });
@@ -230,7 +230,7 @@ fn map_region(
     let region = GuestRegionMmap::new(mmap, GuestAddress(r.guest_phys_addr))
         .ok_or(invalid("guest address + size overflows"))?;
     let page = usize::try_from(page).unwrap_or(usize::MAX);
-    let registration = crate::sigbus::register(region.as_ptr(), len, page, notify)?;
+    let registration = crate::transport::sigbus::register(region.as_ptr(), len, page, notify)?;
     Ok(GuardedRegion {
         _registration: registration,
         region: Arc::new(region),

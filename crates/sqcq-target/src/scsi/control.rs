@@ -21,14 +21,14 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use crate::chain::{self, ChainBuffers};
-use crate::eventfd::{PeerEventFd, Signal};
-use crate::guest;
 use crate::guest_warn;
-use crate::metrics::DeviceMetrics;
-use crate::queue::{PollError, QueueError, RingConfig, open_ring};
-use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
-use crate::used::UsedRing;
+use crate::runtime::chain::{self, ChainBuffers};
+use crate::runtime::eventfd::{PeerEventFd, Signal};
+use crate::runtime::guest;
+use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::queue::{PollError, QueueError, RingConfig, open_ring};
+use crate::runtime::used::UsedRing;
+use crate::transport::session::{CONTROL_VQ, EVENT_VQ, Session};
 use sqcq_wire::scsi::{
     AN_REQ_SIZE, AnReq, CTRL_AN_QUERY, CTRL_AN_SUBSCRIBE, CTRL_TMF, EVENT_INFO_SIZE, EVENT_SIZE,
     EVT_EVENTS_MISSED, EVT_PARAM_CHANGE, EVT_TRANSPORT_RESET, Event, Lun, Response, TMF_REQ_SIZE,

@@ -23,7 +23,7 @@ use sqcq_protocol::{SleepCheck, Watch};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use crate::queue::RingConfig;
+use crate::runtime::queue::RingConfig;
 
 /// Watches a split ring's avail index.
 #[derive(Debug)]

@@ -10,7 +10,7 @@
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::chain::Segment;
+use crate::runtime::chain::Segment;
 
 /// A guest buffer could not be accessed.
 #[derive(Debug, Error)]

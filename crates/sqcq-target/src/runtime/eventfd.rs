@@ -24,7 +24,7 @@
 //!   write for eventfds (`pwritev2(RWF_NOWAIT)` is `EOPNOTSUPP` on them),
 //!   so a frontend that clears `O_NONBLOCK` on the shared description and
 //!   saturates the counter can make the write block: the write runs under
-//!   the stall guard ([`crate::stall`]), which interrupts it after a
+//!   the stall guard ([`crate::runtime::stall`]), which interrupts it after a
 //!   second, and the caller then breaks the queue ([`Signal::Stalled`]).
 //!
 //! The eventfd's kind is read from `/proc/self/fd`; where `/proc` is not
@@ -41,7 +41,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use thiserror::Error;
 
-use crate::stall;
+use crate::runtime::stall;
 
 /// What a descriptor is for, for error messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! Where the figures of [`crate::metrics`] go: the RFC's log line every
+//! Where the figures of [`crate::runtime::metrics`] go: the RFC's log line every
 //! interval, and a JSON snapshot of every queue for the load generator.
 //!
 //! Each worker logs its own queues (the figures of the last interval, in
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::metrics::{DeviceMetrics, QueueSnapshot};
+use crate::runtime::metrics::{DeviceMetrics, QueueSnapshot};
 
 #[derive(Serialize)]
 struct Snapshot {
@@ -176,7 +176,7 @@ impl StatsTicker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::QueueMode;
+    use crate::runtime::metrics::QueueMode;
 
     #[test]
     fn the_file_is_replaced_with_every_live_devices_queues() {

@@ -1,5 +1,5 @@
 //! A request queue in poll mode: what its poller watches, and the queue's
-//! side of the worker's poll loop ([`crate::poll`]).
+//! side of the worker's poll loop ([`crate::runtime::poll`]).
 //!
 //! With VIRTIO_F_SQCQ_POLL the poller watches the SQ doorbell
 //! (`SqConsumer` over the guest memory at `doorbell_location`), every
@@ -30,8 +30,8 @@ use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
 use super::{RingConfig, ServedQueue, SubmissionSource};
 use crate::guest_warn;
-use crate::metrics::{QueueMetrics, QueueMode};
-use crate::ring_poll::RingWatch;
+use crate::runtime::metrics::{QueueMetrics, QueueMode};
+use crate::runtime::ring_poll::RingWatch;
 
 type Cell = GuestDoorbell<GuestMemoryMmap>;
 

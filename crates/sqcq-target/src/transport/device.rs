@@ -22,15 +22,15 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::{DeviceConfig, QueueMap};
 use crate::guest_warn;
-use crate::hotplug::{EventSender, LunTable};
-use crate::listen::ListeningSocket;
-use crate::memory::GuardedRegion;
-use crate::metrics::DeviceMetrics;
-use crate::ratelimit::{DEFAULT_BURST, RateLimiter};
-use crate::session::{CONTROL_VQ, EVENT_VQ, Session};
-use crate::target::Target;
-use crate::vhost_socket::{self, MAX_UNREAD_REPLIES, MESSAGE_TIMEOUT, Wait};
-use crate::worker::WorkerPool;
+use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::ratelimit::{DEFAULT_BURST, RateLimiter};
+use crate::runtime::worker::WorkerPool;
+use crate::scsi::hotplug::{EventSender, LunTable};
+use crate::scsi::target::Target;
+use crate::transport::listen::ListeningSocket;
+use crate::transport::memory::GuardedRegion;
+use crate::transport::session::{CONTROL_VQ, EVENT_VQ, Session};
+use crate::transport::vhost_socket::{self, MAX_UNREAD_REPLIES, MESSAGE_TIMEOUT, Wait};
 
 const LISTEN_TOKEN: u64 = 1;
 const STOP_TOKEN: u64 = 2;
@@ -73,7 +73,7 @@ pub struct DeviceShared {
     /// Rate limiter of guest-triggered log messages.
     pub limiter: RateLimiter,
     /// Written by the SIGBUS guard when a page of this device's guest
-    /// memory was lost ([`crate::sigbus`]); the control thread then drops
+    /// memory was lost ([`crate::transport::sigbus`]); the control thread then drops
     /// the connection.
     pub memory_fault: EventFd,
 }
@@ -121,7 +121,7 @@ impl DeviceHandle {
             target: LunTable::new(target),
             metrics: Arc::new(DeviceMetrics::new(
                 id,
-                2 + usize::from(crate::session::MAX_REQUEST_QUEUES),
+                2 + usize::from(crate::transport::session::MAX_REQUEST_QUEUES),
             )),
             limiter: RateLimiter::new(DEFAULT_BURST),
             memory_fault: EventFd::new(EFD_NONBLOCK)?,
@@ -247,7 +247,7 @@ impl ControlThread {
 
     fn run(mut self) {
         // Writes to frontend eventfds on this thread are bounded.
-        let _stall = match crate::stall::register() {
+        let _stall = match crate::runtime::stall::register() {
             Ok(r) => Some(r),
             Err(e) => {
                 error!(device = self.shared.id, "stall guard: {e}");
@@ -359,7 +359,7 @@ impl ControlThread {
     }
 
     /// Handles one vhost-user message once it has arrived whole (see
-    /// [`crate::vhost_socket`]); `Some` ends the connection.
+    /// [`crate::transport::vhost_socket`]); `Some` ends the connection.
     fn message(
         &self,
         handler: &mut BackendReqHandler<Mutex<Session>>,

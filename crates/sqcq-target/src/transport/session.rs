@@ -7,7 +7,7 @@
 //! negotiated). GET_VRING_BASE stops it: its worker finishes what is in
 //! flight and reports where the driver should resume. Request queues run on
 //! their worker; the control and event queues run on this thread (see
-//! [`crate::control`]).
+//! [`crate::scsi::control`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,12 +17,12 @@ use tracing::{error, info, warn};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::config::RingMode;
-use crate::control::{ControlPlane, ControlQueueFds};
-use crate::device::DeviceShared;
-use crate::eventfd::PeerEventFd;
-use crate::memory::{GuardedRegion, Mapping};
-use crate::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
-use crate::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
+use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use crate::scsi::control::{ControlPlane, ControlQueueFds};
+use crate::transport::device::DeviceShared;
+use crate::transport::memory::{GuardedRegion, Mapping};
 
 /// Most request queues a device serves (QEMU creates 2 + its own
 /// `num_queues` vrings whatever GET_QUEUE_NUM says, so more than
@@ -161,7 +161,7 @@ impl Session {
         } else {
             0
         };
-        crate::handler::OFFERED_FEATURES | sqcq
+        crate::transport::handler::OFFERED_FEATURES | sqcq
     }
 
     /// How request queues of this connection learn of new requests: the

@@ -66,7 +66,7 @@ pub enum TargetError {
 
 /// The logical units of one device, sorted by LUN: an immutable snapshot.
 /// A LUN change makes a new snapshot with a higher generation (see
-/// [`crate::hotplug`]).
+/// [`crate::scsi::hotplug`]).
 #[derive(Debug, Default)]
 pub struct Target {
     luns: Vec<LunEntry>,

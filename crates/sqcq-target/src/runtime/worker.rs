@@ -27,10 +27,10 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::config::PollOptions;
-use crate::eventfd::PeerEventFd;
-use crate::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
-use crate::stats::{StatsBoard, StatsTicker};
-use crate::target::Target;
+use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
+use crate::runtime::stats::{StatsBoard, StatsTicker};
+use crate::scsi::target::Target;
 
 /// epoll token of a worker's wake eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -73,7 +73,7 @@ pub enum WorkerCommand {
         reply: SyncSender<()>,
     },
     /// Switch the queues of `device` to a new LUN snapshot (a LUN was
-    /// added or removed; see [`crate::hotplug`]).
+    /// added or removed; see [`crate::scsi::hotplug`]).
     SetTarget {
         /// The device.
         device: u32,
@@ -146,7 +146,7 @@ impl WorkerPool {
     pub fn new(n: usize, options: PollOptions) -> io::Result<Self> {
         // The stall guard's watchdog, before any worker (and before the
         // seccomp filter, which allows no new thread).
-        crate::stall::install()?;
+        crate::runtime::stall::install()?;
         let stats = Arc::new(StatsBoard::new(
             options.stats_interval,
             options.stats_file.clone(),
@@ -298,14 +298,14 @@ fn steering(bound: &[usize]) -> Option<Vec<usize>> {
     if bound.is_empty() {
         return None;
     }
-    let allowed = match crate::cpu::allowed_cpus() {
+    let allowed = match crate::runtime::cpu::allowed_cpus() {
         Ok(a) => a,
         Err(e) => {
             warn!("cannot read the CPU affinity: backstore completion work not steered: {e}");
             return None;
         }
     };
-    let free = crate::cpu::free_cpus(&allowed, bound);
+    let free = crate::runtime::cpu::free_cpus(&allowed, bound);
     if free.is_empty() {
         info!(
             "every CPU of {allowed:?} runs a poll thread: backstore completion work is not steered"
@@ -340,7 +340,7 @@ impl Worker {
 
     fn run(mut self) {
         // Writes to frontend eventfds on this thread are bounded.
-        let _stall = match crate::stall::register() {
+        let _stall = match crate::runtime::stall::register() {
             Ok(r) => Some(r),
             Err(e) => {
                 error!(worker = self.id, "stall guard: {e}");
@@ -348,7 +348,7 @@ impl Worker {
             }
         };
         if let Some(cpu) = self.cpu {
-            match crate::cpu::bind_current_thread(cpu) {
+            match crate::runtime::cpu::bind_current_thread(cpu) {
                 Ok(()) => info!(worker = self.id, "poll thread bound to cpu{cpu}"),
                 Err(e) => error!(worker = self.id, "cannot bind to cpu{cpu}: {e}"),
             }
@@ -407,7 +407,7 @@ impl Worker {
                 q.pass();
             }
             self.check_drains();
-            crate::poll::spin(&mut self.queues);
+            crate::runtime::poll::spin(&mut self.queues);
             if self.ticker.due(&self.board) {
                 let served = self.queues.iter_mut().flatten();
                 let snapshots: Vec<_> = served

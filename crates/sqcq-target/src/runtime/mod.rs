@@ -1,0 +1,22 @@
+//! The virtqueue runtime: what serves a request virtqueue whatever the
+//! device behind it. A pool of worker threads ([`worker`]) owns the served
+//! queues ([`queue`]): the split ring through `virtio-queue`, checked
+//! descriptor chains ([`chain`]) over guest memory ([`guest`]), used-ring
+//! batching ([`used`]), the kick, ring-poll and SQ-doorbell sources with
+//! the workers' spin loop ([`poll`], [`ring_poll`]), eventfds that never
+//! block ([`eventfd`], [`stall`]), CPU binding ([`cpu`]), and the figures
+//! ([`metrics`], [`stats`], [`ratelimit`]).
+
+pub mod chain;
+pub mod cpu;
+pub mod eventfd;
+pub mod guest;
+pub mod metrics;
+pub mod poll;
+pub mod queue;
+pub mod ratelimit;
+pub mod ring_poll;
+pub mod stall;
+pub mod stats;
+pub mod used;
+pub mod worker;
