@@ -232,7 +232,7 @@ fn stats(devices: &[DeviceControl]) -> String {
     let mut s = String::from("ok");
     for dev in devices {
         let shared = &dev.shared;
-        let _ = write!(s, " device={}", shared.id);
+        let _ = write!(s, " device={}", shared.info.id);
         for e in shared.target.current().luns() {
             let _ = write!(
                 s,
@@ -242,14 +242,14 @@ fn stats(devices: &[DeviceControl]) -> String {
                 e.unit.block_size()
             );
         }
-        for q in shared.metrics.queues().filter(|q| q.publishes > 0) {
+        for q in shared.info.metrics.queues().filter(|q| q.publishes > 0) {
             let _ = write!(
                 s,
                 " vq{}={}/{}/{}",
                 q.vq, q.completions, q.publishes, q.calls
             );
         }
-        for (name, value) in shared.metrics.errors() {
+        for (name, value) in shared.info.metrics.errors() {
             let _ = write!(s, " {name}={value}");
         }
     }

@@ -25,10 +25,13 @@ use crate::config::PollOptions;
 use crate::config::QueueMap;
 use crate::runtime::eventfd::PeerEventFd;
 use crate::runtime::metrics::DeviceMetrics;
-use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
+use crate::runtime::queue::{
+    DeviceInfo, QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource,
+};
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::worker::WorkerPool;
 use crate::scsi::hotplug::LunTable;
+use crate::scsi::queue::make_handler;
 use crate::scsi::target::{LunEntry, Target};
 use crate::transport::device::{DeviceParams, DeviceShared};
 use crate::transport::session::Session;
@@ -41,8 +44,13 @@ pub(crate) fn device(queue_size: u16) -> Arc<DeviceShared> {
     let backstore = Arc::new(RamBackstore::new(1 << 20, 512).expect("RAM backstore"));
     let unit = LogicalUnit::new(LuConfig::new(512, 2048, 0x5001_4050_0000_0001)).expect("LU");
     Arc::new(DeviceShared {
-        id: 0,
-        name: "fuzz".into(),
+        info: Arc::new(DeviceInfo {
+            id: 0,
+            name: "fuzz".into(),
+            metrics: Arc::new(DeviceMetrics::new(0, 4)),
+            // Quiet: fuzzing produces nothing but guest-triggered warnings.
+            limiter: RateLimiter::new(0),
+        }),
         params: DeviceParams {
             num_queues: 2,
             queue_size,
@@ -53,9 +61,6 @@ pub(crate) fn device(queue_size: u16) -> Arc<DeviceShared> {
             unit: Arc::new(unit),
             backstore,
         }])),
-        metrics: Arc::new(DeviceMetrics::new(0, 4)),
-        // Quiet: fuzzing produces nothing but guest-triggered warnings.
-        limiter: RateLimiter::new(0),
         memory_fault: EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"),
     })
 }
@@ -233,6 +238,7 @@ impl ChainHarness {
         let size = 1u16 << (size_log2 % 7);
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), CHAIN_MEM_BYTES)])
             .expect("guest memory");
+        let dev = device(size.max(4));
         let ring = RingConfig {
             size,
             desc: DESC,
@@ -243,10 +249,7 @@ impl ChainHarness {
         };
         let queue = ServedQueue::start(QueueStart {
             key: QueueKey { device: 0, vq: 2 },
-            device: device(size.max(4)),
-            nexus: NexusId(1),
-            cdb_size: 32,
-            sense_size: 96,
+            device: Arc::clone(&dev.info),
             mem: GuestMemoryAtomic::new(mem.clone()),
             ring,
             kick: PeerEventFd::new().expect("eventfd"),
@@ -254,6 +257,7 @@ impl ChainHarness {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
+            handler: make_handler(dev, NexusId(1), 32, 96),
         })
         .expect("queue");
         ChainHarness {

@@ -39,6 +39,7 @@ fn a_batch_completes_with_one_publish_and_one_call() {
     let stats = || {
         daemon.devices()[0]
             .shared()
+            .info
             .metrics
             .queue(2)
             .and_then(|q| q.snapshot(0, 2))

@@ -1,33 +1,35 @@
 //! A request virtqueue as served by its worker: the ring, its eventfds,
-//! the backstore queues of every LUN, and the requests in flight.
+//! how it learns of submissions, and the device's handler of its requests.
 //!
 //! A [`ServedQueue`] is created inside its worker thread from a
 //! [`QueueStart`] and owned by that thread alone until it is stopped:
-//! nothing on the request path is shared with another worker. Guest memory
-//! is read through a `GuestMemoryAtomic` that the control thread swaps on a
-//! memory table change; each pass loads the current map once, and every
-//! request in flight keeps the map its iovecs point into alive.
+//! nothing on the request path is shared with another worker. It is two
+//! parts: the [`Vring`] (the split ring through `virtio-queue`, the used
+//! ring with its batching, the kick/call/error eventfds, the poll state of
+//! a polled queue), which this module and [`crate::runtime::poll`] run the
+//! same way for every device type, and the device's [`RequestHandler`],
+//! which turns chains into requests and completes them through the
+//! `Vring`. Guest memory is read through a `GuestMemoryAtomic` that the
+//! control thread swaps on a memory table change; each pass loads the
+//! current map once, and every request in flight keeps the map its iovecs
+//! point into alive.
 
+use std::any::Any;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqcq_backstore::{Backstore, BackstoreQueue};
 use sqcq_protocol::SpinPolicy;
-use sqcq_scsi::NexusId;
 use thiserror::Error;
 use tracing::{error, info};
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::guest_warn;
-use crate::runtime::chain::ChainBuffers;
 use crate::runtime::eventfd::{PeerEventFd, Signal};
-use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
+use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::used::UsedRing;
-use crate::scsi::inflight::Inflight;
-use crate::scsi::target::Target;
-use crate::transport::device::DeviceShared;
 
 mod poll;
 
@@ -39,7 +41,7 @@ pub(crate) use poll::QueuePoll;
 pub struct QueueKey {
     /// Device number (order of the devices in the configuration).
     pub device: u32,
-    /// Virtqueue index (2 and up for request queues).
+    /// Virtqueue index.
     pub vq: u16,
 }
 
@@ -47,8 +49,9 @@ pub struct QueueKey {
 ///
 /// The two poll variants run a `sqcq_protocol::Poller` over what
 /// they watch (module `poll` below): the worker spins over its polled
-/// queues for their adaptive windows ([`crate::runtime::poll`]), then each asks for
-/// a notification, and the worker sleeps on the same kick eventfds.
+/// queues for their adaptive windows ([`crate::runtime::poll`]), then each
+/// asks for a notification, and the worker sleeps on the same kick
+/// eventfds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SubmissionSource {
     /// Classic virtio: the driver kicks the eventfd (subject to EVENT_IDX
@@ -79,19 +82,97 @@ pub struct RingConfig {
     pub event_idx: bool,
 }
 
-/// Everything a worker needs to start serving a queue.
+/// The device a queue belongs to, as the runtime knows it: its number, a
+/// name for logs, its figures, and the rate limiter of the warnings its
+/// guest can trigger. Shared by the device's control thread and every
+/// worker serving one of its queues.
 #[derive(Debug)]
+pub struct DeviceInfo {
+    /// Device number.
+    pub id: u32,
+    /// Name for logs (the socket path).
+    pub name: String,
+    /// The device's figures (errors, and every queue's).
+    pub metrics: Arc<DeviceMetrics>,
+    /// Rate limiter of guest-triggered log messages.
+    pub limiter: RateLimiter,
+}
+
+/// What a device does with the requests of one of its request queues.
+///
+/// The runtime takes chains from the ring (by kick, ring polling or the SQ
+/// doorbell) and hands each to [`RequestHandler::handle`]; the handler
+/// completes a request through [`Vring::complete`], at once or when its
+/// backstore work is done, and the runtime publishes the used ring and
+/// notifies the driver once per batch. A handler is built on the worker
+/// that owns the queue ([`MakeHandler`]) and never leaves it.
+pub trait RequestHandler {
+    /// A chain taken from the available ring (its head index is within
+    /// the ring).
+    fn handle(
+        &mut self,
+        ring: &mut Vring,
+        mem: &Arc<GuestMemoryMmap>,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+    );
+
+    /// Submits to the backstores what [`Self::handle`] queued (once per
+    /// batch).
+    fn commit(&mut self, ring: &Vring);
+
+    /// Completes every request whose backstore work has finished.
+    fn reap(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap);
+
+    /// Completion descriptor `source` (see [`Self::completion_fds`])
+    /// fired: rearms it and completes what finished.
+    fn completed(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, source: usize);
+
+    /// `(source, fd)` of every descriptor that signals backstore
+    /// completions, for the worker's epoll set.
+    fn completion_fds(&self) -> Vec<(usize, RawFd)>;
+
+    /// Whether requests are in flight.
+    fn busy(&self) -> bool;
+
+    /// Whether work waits for the worker's next pass (the next slice of a
+    /// long command).
+    fn has_deferred(&self) -> bool;
+
+    /// Does the work of [`Self::has_deferred`]; the runtime commits, reaps
+    /// and publishes afterwards.
+    fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap);
+
+    /// Starts waiting for everything in flight now (a task management
+    /// function); returns whether nothing is in flight.
+    fn begin_drain(&mut self) -> bool;
+
+    /// Whether the requests a drain waits for have completed.
+    fn drained(&self) -> bool;
+
+    /// Restricts backstore completion work to `cpus`.
+    fn steer_completions(&mut self, ring: &Vring, cpus: &[usize]);
+
+    /// Waits for the requests in flight until `deadline`, completing them
+    /// to the driver; returns how many are left (abandoned).
+    fn finish(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, deadline: Instant) -> usize;
+
+    /// A change of the device that concerns its running queues (for SCSI,
+    /// a new LUN snapshot); a handler ignores what it does not know. On
+    /// error nothing changed.
+    fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError>;
+}
+
+/// Builds a queue's request handler on the worker that will serve it, so
+/// that it sees every device change handed to the workers before it.
+pub type MakeHandler =
+    Box<dyn FnOnce(&RingConfig) -> Result<Box<dyn RequestHandler>, QueueError> + Send>;
+
+/// Everything a worker needs to start serving a queue.
 pub struct QueueStart {
     /// Which queue.
     pub key: QueueKey,
     /// The device it belongs to.
-    pub device: Arc<DeviceShared>,
-    /// The I_T nexus of the connection.
-    pub nexus: NexusId,
-    /// CDB bytes in a request header.
-    pub cdb_size: u32,
-    /// Sense bytes in a response.
-    pub sense_size: u32,
+    pub device: Arc<DeviceInfo>,
     /// Guest memory of the connection.
     pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
     /// The ring.
@@ -106,9 +187,21 @@ pub struct QueueStart {
     pub source: SubmissionSource,
     /// The adaptive spin window of a polled queue.
     pub spin: SpinPolicy,
+    /// The device's handler of the queue's requests.
+    pub handler: MakeHandler,
 }
 
-/// Why a queue could not start.
+impl std::fmt::Debug for QueueStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueStart")
+            .field("key", &self.key)
+            .field("ring", &self.ring)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a queue could not start, or could not take a device change.
 #[derive(Debug, Error)]
 pub enum QueueError {
     /// The ring addresses or size are invalid for guest memory.
@@ -120,7 +213,7 @@ pub enum QueueError {
     /// A backstore queue could not be opened.
     #[error("cannot open a backstore queue for LUN {lun}")]
     Backstore {
-        /// The LUN.
+        /// The LUN (the one unit of a block device: 0).
         lun: u16,
         /// Why.
         #[source]
@@ -133,29 +226,17 @@ pub enum QueueError {
 pub struct StopReport {
     /// Next available index to process (the vring base).
     pub next_avail: u16,
-    /// Requests completed while the queue ran.
+    /// Requests taken while the queue ran.
     pub requests: u64,
 }
 
-/// One LUN's backstore queue on this worker.
-pub(crate) struct LunQueue {
-    /// The LUN, and the backstore the queue was opened on (a LUN removed
-    /// and added again is a different backstore).
-    pub(crate) lun: u16,
-    pub(crate) backstore: Arc<dyn Backstore>,
-    pub(crate) io: Box<dyn BackstoreQueue>,
-    pub(crate) uncommitted: bool,
-}
-
-/// A request queue owned by a worker.
-pub struct ServedQueue {
-    pub(crate) key: QueueKey,
-    pub(crate) device: Arc<DeviceShared>,
-    pub(crate) nexus: NexusId,
-    pub(crate) sense_size: usize,
+/// The virtqueue part of a served queue, the same for every device type.
+pub struct Vring {
+    key: QueueKey,
+    device: Arc<DeviceInfo>,
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    pub(crate) queue: Queue,
-    pub(crate) used: UsedRing,
+    queue: Queue,
+    used: UsedRing,
     kick: PeerEventFd,
     call: Option<PeerEventFd>,
     /// A notification fell due while there was no call eventfd: sent as
@@ -170,69 +251,45 @@ pub struct ServedQueue {
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
     poll: Option<Box<QueuePoll>>,
-    /// This queue's LUN snapshot (see [`crate::scsi::hotplug`]): `luns[i]` is
-    /// the backstore queue of `target.luns()[i]`; queues of removed LUNs
-    /// with requests in flight follow.
-    pub(crate) target: Arc<Target>,
-    pub(crate) luns: Vec<LunQueue>,
-    pub(crate) inflight: Inflight,
-    /// Heads of requests whose next slice goes out on the next pass.
-    pub(crate) resume: Vec<u16>,
-    pub(crate) chain: ChainBuffers,
-    pub(crate) max_segments: usize,
-    pub(crate) header: Vec<u8>,
-    pub(crate) data_out: Vec<u8>,
-    pub(crate) data_in: Vec<u8>,
     broken: bool,
-    pub(crate) requests: u64,
+    requests: u64,
 }
 
-impl std::fmt::Debug for ServedQueue {
+impl std::fmt::Debug for Vring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServedQueue")
+        f.debug_struct("Vring")
             .field("key", &self.key)
-            .field("in_flight", &self.inflight.len())
+            .field("source", &self.source)
             .field("broken", &self.broken)
             .finish_non_exhaustive()
     }
 }
 
+/// A request queue owned by a worker: its ring and its device's handler.
+pub struct ServedQueue {
+    ring: Vring,
+    handler: Box<dyn RequestHandler>,
+}
+
+impl std::fmt::Debug for ServedQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServedQueue")
+            .field("key", &self.ring.key)
+            .field("busy", &self.handler.busy())
+            .field("broken", &self.ring.broken)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ServedQueue {
-    /// Validates the ring and opens a backstore queue per LUN.
+    /// Validates the ring and builds the device's handler.
     pub fn start(s: QueueStart) -> Result<Self, QueueError> {
         let ring = s.ring;
         let (queue, used) = open_ring(&ring, &s.mem.memory())?;
-        // Read here, on the worker: a LUN change handed to the workers
-        // before this start is in it, one after comes as SetTarget.
-        let target = s.device.target.current();
-        let mut luns = Vec::with_capacity(target.luns().len());
-        for entry in target.luns() {
-            let io = entry
-                .backstore
-                .open_queue(u32::from(ring.size))
-                .map_err(|source| QueueError::Backstore {
-                    lun: entry.lun,
-                    source,
-                })?;
-            luns.push(LunQueue {
-                lun: entry.lun,
-                backstore: Arc::clone(&entry.backstore),
-                io,
-                uncommitted: false,
-            });
-        }
-        let data_out_len = target
-            .luns()
-            .iter()
-            .map(|e| e.unit.max_data_out_len())
-            .max()
-            .unwrap_or(0);
-        let max_segments = usize::from(ring.size);
-        let cdb_size = usize::try_from(s.cdb_size).unwrap_or(usize::MAX);
-        let mut q = ServedQueue {
+        let handler = (s.handler)(&ring)?;
+        let mut ring_state = Vring {
             key: s.key,
-            nexus: s.nexus,
-            sense_size: usize::try_from(s.sense_size).unwrap_or(usize::MAX),
+            device: s.device,
             mem: s.mem,
             queue,
             used,
@@ -243,58 +300,58 @@ impl ServedQueue {
             err: s.err,
             source: s.source,
             poll: None,
-            target,
-            luns,
-            inflight: Inflight::new(ring.size),
-            resume: Vec::with_capacity(usize::from(ring.size)),
-            chain: ChainBuffers::with_capacity(max_segments.min(64)),
-            max_segments,
-            header: vec![0; sqcq_wire::scsi::CMD_REQ_FIXED + cdb_size],
-            data_out: vec![0; data_out_len],
-            data_in: vec![0; sqcq_scsi::DATA_IN_LEN],
             broken: false,
             requests: 0,
-            device: s.device,
         };
-        if let Some(m) = q.metrics() {
-            m.started(q.mode());
+        if let Some(m) = ring_state.metrics() {
+            m.started(ring_state.mode());
         }
-        q.open_poll(&ring, s.spin);
-        Ok(q)
+        ring_state.open_poll(&ring, s.spin);
+        Ok(ServedQueue {
+            ring: ring_state,
+            handler,
+        })
+    }
+
+    /// Which queue this is.
+    pub fn key(&self) -> QueueKey {
+        self.ring.key
+    }
+
+    /// The virtqueue part.
+    pub fn ring(&self) -> &Vring {
+        &self.ring
     }
 
     /// The kick eventfd, for the worker's epoll set.
     pub fn kick_fd(&self) -> RawFd {
-        self.kick.as_raw_fd()
+        self.ring.kick.as_raw_fd()
     }
 
-    /// `(LUN index, fd)` of every backstore queue that signals completions
-    /// through a descriptor.
-    pub fn completion_fds(&self) -> impl Iterator<Item = (usize, RawFd)> + '_ {
-        self.luns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.io.completion_fd().map(|fd| (i, fd)))
+    /// `(source, fd)` of every descriptor that signals backstore
+    /// completions.
+    pub fn completion_fds(&self) -> Vec<(usize, RawFd)> {
+        self.handler.completion_fds()
     }
 
     /// How long the worker may sleep before this queue needs a look
     /// without an event; `None`: only when its fds are readable.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        if self.has_slices_pending() {
+        if self.handler.has_deferred() {
             return Some(Duration::ZERO);
         }
-        match self.source {
+        match self.ring.source {
             SubmissionSource::Kick => None,
             // While spinning, the worker only looks at its fds.
             SubmissionSource::RingPoll | SubmissionSource::Doorbell => {
-                self.is_spinning().then_some(Duration::ZERO)
+                self.ring.is_spinning().then_some(Duration::ZERO)
             }
         }
     }
 
     /// Whether the ring was found corrupt (the queue no longer runs).
     pub fn is_broken(&self) -> bool {
-        self.broken
+        self.ring.broken
     }
 
     /// Fault injection (`fault break`): the queue will break when it next
@@ -302,19 +359,19 @@ impl ServedQueue {
     /// for a doorbell value no correct driver writes. False if it is
     /// broken or armed already.
     pub(crate) fn arm_break(&mut self) -> bool {
-        if self.broken || self.break_armed {
+        if self.ring.broken || self.ring.break_armed {
             return false;
         }
-        self.break_armed = true;
+        self.ring.break_armed = true;
         true
     }
 
     /// Replaces the call eventfd (SET_VRING_CALL while running), and
     /// sends the notification owed since the queue had none.
     pub fn set_call(&mut self, call: Option<PeerEventFd>) {
-        self.call = call;
-        if self.call.is_some() && std::mem::take(&mut self.call_owed) {
-            self.signal_call();
+        self.ring.call = call;
+        if self.ring.call.is_some() && std::mem::take(&mut self.ring.call_owed) {
+            self.ring.signal_call();
         }
     }
 
@@ -322,38 +379,36 @@ impl ServedQueue {
     pub fn on_kick(&mut self) {
         // Never blocks (see `PeerEventFd::drain`). The value only counts
         // kicks; the ring says what to do.
-        if let (Some(n), Some(m)) = (self.kick.drain(), self.metrics()) {
+        if let (Some(n), Some(m)) = (self.ring.kick.drain(), self.ring.metrics()) {
             m.kicked(n);
         }
         self.process();
     }
 
-    /// One pass of the worker's loop: the next slice of every long
-    /// command that waits for one.
+    /// One pass of the worker's loop: the work the handler deferred to it.
     pub fn pass(&mut self) {
-        if self.has_slices_pending() {
-            let mem = self.mem.memory().into_inner();
-            self.resume_slices(&mem);
+        if self.handler.has_deferred() {
+            let mem = self.ring.mem.memory().into_inner();
+            self.handler.run_deferred(&mut self.ring, &mem);
+            self.complete_batch(&mem);
         }
     }
 
     /// The kick descriptor hung up or failed: the driver can no longer
     /// notify this queue, which stops.
     pub fn kick_failed(&mut self) {
-        DeviceMetrics::bump(&self.device.metrics.dead_kicks);
-        guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+        let d = &self.ring.device;
+        DeviceMetrics::bump(&d.metrics.dead_kicks);
+        guest_warn!(d.limiter, device = %d.name, vq = self.ring.key.vq,
             "kick descriptor hung up: queue stopped, device needs reset");
-        self.mark_broken();
+        self.ring.mark_broken();
     }
 
-    /// A backstore queue's completion descriptor fired.
-    pub fn on_completion(&mut self, lun: usize) {
-        if let Some(fd) = self.luns.get(lun).and_then(|l| l.io.completion_fd()) {
-            drain_fd(fd);
-        }
-        let mem = self.mem.memory().into_inner();
-        self.reap(lun, &mem);
-        self.publish(&mem);
+    /// Backstore completion descriptor `source` fired.
+    pub fn on_completion(&mut self, source: usize) {
+        let mem = self.ring.mem.memory().into_inner();
+        self.handler.completed(&mut self.ring, &mem, source);
+        self.ring.publish(&mem);
     }
 
     /// Processes every available request, then re-enables notifications
@@ -363,80 +418,178 @@ impl ServedQueue {
     /// A polled queue only takes what is available: its notifications are
     /// its poller's business.
     pub fn process(&mut self) {
-        if self.broken {
+        if self.ring.broken {
             return;
         }
-        if self.source != SubmissionSource::Kick {
+        if self.ring.source != SubmissionSource::Kick {
             self.drain_ring();
             return;
         }
-        let mem = self.mem.memory().into_inner();
+        let mem = self.ring.mem.memory().into_inner();
         loop {
-            if let Err(e) = self.queue.disable_notification(&*mem) {
-                self.ring_broken(&e);
+            if let Err(e) = self.ring.queue.disable_notification(&*mem) {
+                self.ring.ring_broken(&e);
                 return;
             }
             if !self.take_available(&mem) {
                 return;
             }
-            self.commit();
-            for lun in 0..self.luns.len() {
-                self.reap(lun, &mem);
-            }
-            self.publish(&mem);
-            match self.queue.enable_notification(&*mem) {
+            self.complete_batch(&mem);
+            match self.ring.queue.enable_notification(&*mem) {
                 Ok(true) => continue,
                 Ok(false) => return,
                 Err(e) => {
-                    self.ring_broken(&e);
+                    self.ring.ring_broken(&e);
                     return;
                 }
             }
         }
     }
 
+    /// Takes every available request, then completes what it can.
+    pub(crate) fn drain_ring(&mut self) {
+        if self.ring.broken {
+            return;
+        }
+        let mem = self.ring.mem.memory().into_inner();
+        if self.take_available(&mem) {
+            self.complete_batch(&mem);
+        }
+    }
+
+    /// After a batch: submits what the handler queued, completes what
+    /// finished, publishes.
+    fn complete_batch(&mut self, mem: &GuestMemoryMmap) {
+        self.handler.commit(&self.ring);
+        self.handler.reap(&mut self.ring, mem);
+        self.ring.publish(mem);
+    }
+
+    /// Completes what finished and publishes (a polled queue with requests
+    /// in flight).
+    fn reap_all(&mut self) {
+        let mem = self.ring.mem.memory().into_inner();
+        self.handler.reap(&mut self.ring, &mem);
+        self.ring.publish(&mem);
+    }
+
     /// Handles every chain available now (at most a ring's worth); false
     /// if the ring turned out corrupt.
     fn take_available(&mut self, mem: &Arc<GuestMemoryMmap>) -> bool {
-        if self.break_armed {
-            match self
+        let ring = &mut self.ring;
+        if ring.break_armed {
+            match ring
                 .queue
                 .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
             {
-                Ok(idx) if idx.0 == self.queue.next_avail() => return true,
+                Ok(idx) if idx.0 == ring.queue.next_avail() => return true,
                 Ok(_) => {
-                    self.break_armed = false;
-                    self.break_injected();
+                    ring.break_armed = false;
+                    ring.break_injected();
                 }
-                Err(e) => self.ring_broken(&e),
+                Err(e) => ring.ring_broken(&e),
             }
             return false;
         }
-        let mut budget = self.queue.size();
+        let mut budget = ring.queue.size();
         while budget > 0 {
-            let chain = match self.queue.iter(&**mem) {
+            let chain = match ring.queue.iter(&**mem) {
                 Ok(mut it) => it.next(),
                 Err(e) => {
-                    self.ring_broken(&e);
+                    ring.ring_broken(&e);
                     return false;
                 }
             };
             let Some(chain) = chain else { break };
-            self.handle_chain(mem, chain);
             budget -= 1;
+            let head = chain.head_index();
+            if head >= ring.queue.size() {
+                let d = &ring.device;
+                DeviceMetrics::bump(&d.metrics.malformed_chains);
+                guest_warn!(d.limiter, device = %d.name, vq = ring.key.vq,
+                    "head index {head} out of range: chain dropped");
+                continue;
+            }
+            ring.requests += 1;
+            self.handler.handle(ring, mem, chain);
         }
         true
     }
 
-    pub(crate) fn commit(&mut self) {
-        for l in self.luns.iter_mut().filter(|l| l.uncommitted) {
-            l.uncommitted = false;
-            if let Err(e) = l.io.commit() {
-                // The requests stay queued in the backstore queue and are
-                // reaped as failures or on a later commit.
-                error!(device = %self.device.name, vq = self.key.vq, "backstore commit failed: {e}");
-            }
+    /// Starts waiting for everything in flight now (a task management
+    /// function); returns whether nothing is in flight.
+    pub fn begin_drain(&mut self) -> bool {
+        self.handler.begin_drain()
+    }
+
+    /// Whether the requests a drain waits for have completed.
+    pub fn drained(&self) -> bool {
+        self.handler.drained()
+    }
+
+    /// Hands a device change to the handler (see
+    /// [`RequestHandler::update`]).
+    pub fn update(&mut self, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError> {
+        self.handler.update(&self.ring, update)
+    }
+
+    /// Restricts the backstore completion work of this queue to `cpus`
+    /// (the ones without a poll thread).
+    pub(crate) fn steer_completions(&mut self, cpus: &[usize]) {
+        self.handler.steer_completions(&self.ring, cpus);
+    }
+
+    /// Stops the queue: waits for the backstore to finish everything in
+    /// flight, completes it to the driver, and says where to resume.
+    pub fn stop(mut self, deadline: Instant) -> StopReport {
+        let mem = self.ring.mem.memory().into_inner();
+        let left = self.handler.finish(&mut self.ring, &mem, deadline);
+        let (device, vq) = (Arc::clone(&self.ring.device), self.ring.key.vq);
+        if left > 0 {
+            error!(device = %device.name, vq,
+                "{left} requests still in flight at the stop deadline; abandoning them");
         }
+        self.ring.publish(&mem);
+        info!(device = %device.name, vq, requests = self.ring.requests, "queue stopped");
+        self.ring.flush_poll_figures();
+        if let Some(m) = self.ring.metrics() {
+            m.stopped();
+        }
+        StopReport {
+            next_avail: self.ring.queue.next_avail(),
+            requests: self.ring.requests,
+        }
+    }
+}
+
+impl Vring {
+    /// Which queue this is.
+    pub fn key(&self) -> QueueKey {
+        self.key
+    }
+
+    /// The device it belongs to.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    /// The queue size.
+    pub fn size(&self) -> u16 {
+        self.queue.size()
+    }
+
+    /// Puts a completed request on the used ring (published with the
+    /// batch). A used ring that cannot be written is logged.
+    pub fn complete(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) {
+        if let Err(e) = self.used.push(mem, head, len) {
+            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                "cannot complete head {head}: {e}");
+        }
+    }
+
+    /// This queue's figures in the device's metrics.
+    pub(crate) fn metrics(&self) -> Option<&QueueMetrics> {
+        self.device.metrics.queue(self.key.vq)
     }
 
     /// Counts one published batch in the queue's metrics, whichever way
@@ -522,62 +675,6 @@ impl ServedQueue {
             let _ = err.signal();
         }
     }
-
-    /// Starts waiting for everything in flight now (a task management
-    /// function); returns whether nothing is in flight.
-    pub fn begin_drain(&mut self) -> bool {
-        self.inflight.begin_drain()
-    }
-
-    /// Whether the requests a drain waits for have completed.
-    pub fn drained(&self) -> bool {
-        self.inflight.drained()
-    }
-
-    /// Stops the queue: waits for the backstore to finish everything in
-    /// flight, completes it to the driver, and says where to resume.
-    pub fn stop(mut self, deadline: Instant) -> StopReport {
-        let mem = self.mem.memory().into_inner();
-        self.commit();
-        while !self.inflight.is_empty() && Instant::now() < deadline {
-            if self.has_slices_pending() {
-                self.resume_slices(&mem);
-            }
-            for lun in 0..self.luns.len() {
-                if self.luns[lun].io.in_flight() == 0 {
-                    continue;
-                }
-                if let Some(fd) = self.luns[lun].io.completion_fd() {
-                    wait_readable(fd, 10);
-                    drain_fd(fd);
-                }
-                self.reap(lun, &mem);
-            }
-        }
-        if !self.inflight.is_empty() {
-            error!(
-                device = %self.device.name,
-                vq = self.key.vq,
-                "{} requests still in flight at the stop deadline; abandoning them",
-                self.inflight.len()
-            );
-        }
-        self.publish(&mem);
-        info!(
-            device = %self.device.name,
-            vq = self.key.vq,
-            requests = self.requests,
-            "queue stopped"
-        );
-        self.flush_poll_figures();
-        if let Some(m) = self.metrics() {
-            m.stopped();
-        }
-        StopReport {
-            next_avail: self.queue.next_avail(),
-            requests: self.requests,
-        }
-    }
 }
 
 /// Builds the device side of a split ring from its configuration and
@@ -623,9 +720,9 @@ pub(crate) fn open_ring(
     Ok((queue, used))
 }
 
-/// Reads an eventfd-like descriptor to rearm it; errors (EAGAIN) mean
-/// there was nothing to read.
-fn drain_fd(fd: RawFd) {
+/// Reads a backstore's completion descriptor (eventfd-like) to rearm it;
+/// errors (EAGAIN) mean there was nothing to read.
+pub(crate) fn drain_fd(fd: RawFd) {
     let mut buf = [0u8; 8];
     // SAFETY: `buf` is valid for writes of 8 bytes; `fd` is a descriptor
     // the backstore queue owns and keeps open while we hold the queue.
@@ -633,7 +730,7 @@ fn drain_fd(fd: RawFd) {
 }
 
 /// Waits up to `ms` milliseconds for `fd` to become readable.
-fn wait_readable(fd: RawFd, ms: i32) {
+pub(crate) fn wait_readable(fd: RawFd, ms: i32) {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,

@@ -14,6 +14,7 @@
 //! so a queue that polls its SQ doorbell keeps the worker awake while it
 //! spins and lets it sleep on the kick eventfd afterwards.
 
+use std::any::Any;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
@@ -30,7 +31,6 @@ use crate::config::PollOptions;
 use crate::runtime::eventfd::PeerEventFd;
 use crate::runtime::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
 use crate::runtime::stats::{StatsBoard, StatsTicker};
-use crate::scsi::target::Target;
 
 /// epoll token of a worker's wake eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -72,15 +72,16 @@ pub enum WorkerCommand {
         /// Signalled when drained.
         reply: SyncSender<()>,
     },
-    /// Switch the queues of `device` to a new LUN snapshot (a LUN was
-    /// added or removed; see [`crate::scsi::hotplug`]).
-    SetTarget {
+    /// Hand a device change to the request handlers of every running
+    /// queue of `device` (for SCSI, a new LUN snapshot after a LUN was
+    /// added or removed), between two passes over their rings.
+    Update {
         /// The device.
         device: u32,
-        /// The snapshot.
-        target: Arc<Target>,
-        /// The first queue that could not open a backstore queue for a new
-        /// LUN (that queue keeps its previous snapshot).
+        /// The change, as the device's handlers know it.
+        update: Arc<dyn Any + Send + Sync>,
+        /// The first queue that could not take it (that queue keeps its
+        /// previous state).
         reply: SyncSender<Result<(), QueueError>>,
     },
     /// Arm the running request queues of `device` (only vring `vq` if
@@ -413,7 +414,7 @@ impl Worker {
                 let snapshots: Vec<_> = served
                     .filter_map(|q| {
                         q.flush_poll_figures();
-                        q.metrics()?.snapshot(q.key.device, q.key.vq)
+                        q.ring().metrics()?.snapshot(q.key().device, q.key().vq)
                     })
                     .collect();
                 self.ticker
@@ -445,27 +446,27 @@ impl Worker {
                 }
                 WorkerCommand::Drain { device, reply } => {
                     for q in self.queues.iter_mut().flatten() {
-                        if q.key.device == device {
+                        if q.key().device == device {
                             q.begin_drain();
                         }
                     }
                     self.drains.push((device, reply));
                     self.check_drains();
                 }
-                WorkerCommand::SetTarget {
+                WorkerCommand::Update {
                     device,
-                    target,
+                    update,
                     reply,
                 } => {
-                    let _ = reply.send(self.set_target(device, &target));
+                    let _ = reply.send(self.update(device, &*update));
                 }
                 WorkerCommand::Break { device, vq, reply } => {
                     let broken = self
                         .queues
                         .iter_mut()
                         .flatten()
-                        .filter(|q| q.key.device == device && vq.is_none_or(|v| v == q.key.vq))
-                        .filter_map(|q| q.arm_break().then_some(q.key.vq))
+                        .filter(|q| q.key().device == device && vq.is_none_or(|v| v == q.key().vq))
+                        .filter_map(|q| q.arm_break().then_some(q.key().vq))
                         .collect();
                     let _ = reply.send(broken);
                 }
@@ -481,7 +482,7 @@ impl Worker {
     fn find(&self, key: QueueKey) -> Option<usize> {
         self.queues
             .iter()
-            .position(|q| q.as_ref().is_some_and(|q| q.key == key))
+            .position(|q| q.as_ref().is_some_and(|q| q.key() == key))
     }
 
     fn start(&mut self, start: QueueStart) -> Result<(), QueueError> {
@@ -524,29 +525,37 @@ impl Worker {
 
     fn watch(&self, slot: usize, q: &ServedQueue) {
         let mut fds: Vec<(RawFd, u64)> = vec![(q.kick_fd(), token(slot, 0))];
-        fds.extend(q.completion_fds().map(|(i, fd)| (fd, token(slot, i + 1))));
+        fds.extend(
+            q.completion_fds()
+                .into_iter()
+                .map(|(i, fd)| (fd, token(slot, i + 1))),
+        );
         for (fd, t) in &fds {
             if let Err(e) = self.epoll.ctl(
                 ControlOperation::Add,
                 *fd,
                 EpollEvent::new(EventSet::IN, *t),
             ) {
-                error!(worker = self.id, vq = q.key.vq, "cannot watch fd {fd}: {e}");
+                error!(
+                    worker = self.id,
+                    vq = q.key().vq,
+                    "cannot watch fd {fd}: {e}"
+                );
             }
         }
     }
 
     /// Hands a new LUN snapshot to every queue of `device` (their
     /// completion descriptors change, so they are watched anew).
-    fn set_target(&mut self, device: u32, target: &Arc<Target>) -> Result<(), QueueError> {
+    fn update(&mut self, device: u32, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError> {
         let mut result = Ok(());
         for slot in 0..self.queues.len() {
-            let Some(mut q) = self.queues[slot].take_if(|q| q.key.device == device) else {
+            let Some(mut q) = self.queues[slot].take_if(|q| q.key().device == device) else {
                 continue;
             };
             self.unwatch(&q);
-            if let Err(e) = q.set_target(target) {
-                error!(worker = self.id, vq = q.key.vq, "new LUN snapshot: {e}");
+            if let Err(e) = q.update(update) {
+                error!(worker = self.id, vq = q.key().vq, "device change: {e}");
                 result = Err(e);
             }
             self.watch(slot, &q);
@@ -556,7 +565,8 @@ impl Worker {
     }
 
     fn unwatch(&self, q: &ServedQueue) {
-        let fds = std::iter::once(q.kick_fd()).chain(q.completion_fds().map(|(_, fd)| fd));
+        let fds =
+            std::iter::once(q.kick_fd()).chain(q.completion_fds().into_iter().map(|(_, fd)| fd));
         for fd in fds {
             let _ = self
                 .epoll
@@ -583,7 +593,7 @@ impl Worker {
             let done = queues
                 .iter()
                 .flatten()
-                .filter(|q| q.key.device == *device)
+                .filter(|q| q.key().device == *device)
                 .all(ServedQueue::drained);
             if done {
                 let _ = reply.send(());

@@ -304,8 +304,8 @@ impl Session {
                 Ok(mut it) => it.next(),
                 Err(e) => {
                     q.broken = true;
-                    DeviceMetrics::bump(&self.dev.metrics.broken_rings);
-                    guest_warn!(self.dev.limiter, device = %self.dev.name,
+                    DeviceMetrics::bump(&self.dev.info.metrics.broken_rings);
+                    guest_warn!(self.dev.info.limiter, device = %self.dev.info.name,
                         "event queue: {e}: stopped, device needs reset");
                     break;
                 }
@@ -325,8 +325,8 @@ impl Session {
                     len = EVENT_INFO_SIZE;
                 }
             } else {
-                DeviceMetrics::bump(&self.dev.metrics.bad_control);
-                guest_warn!(self.dev.limiter, device = %self.dev.name, "bad event buffer at head {head}");
+                DeviceMetrics::bump(&self.dev.info.metrics.bad_control);
+                guest_warn!(self.dev.info.limiter, device = %self.dev.info.name, "bad event buffer at head {head}");
             }
             let _ = q.used.push(&mem, head, len);
         }
@@ -350,8 +350,8 @@ impl Session {
                         // Stop serving it: every later pass would find the
                         // same (a reset gives the driver a new ring).
                         q.broken = true;
-                        DeviceMetrics::bump(&self.dev.metrics.broken_rings);
-                        guest_warn!(self.dev.limiter, device = %self.dev.name,
+                        DeviceMetrics::bump(&self.dev.info.metrics.broken_rings);
+                        guest_warn!(self.dev.info.limiter, device = %self.dev.info.name,
                             "control queue: {e}: stopped, device needs reset");
                         return;
                     }
@@ -385,8 +385,8 @@ impl Session {
             let len = match parsed {
                 Ok(()) => self.control_request(&mem),
                 Err(e) => {
-                    DeviceMetrics::bump(&self.dev.metrics.bad_control);
-                    guest_warn!(self.dev.limiter, device = %self.dev.name, "bad control chain: {e}");
+                    DeviceMetrics::bump(&self.dev.info.metrics.bad_control);
+                    guest_warn!(self.dev.info.limiter, device = %self.dev.info.name, "bad control chain: {e}");
                     self.control_response(&mem, &[Response::Failure.to_byte()])
                 }
             };
@@ -441,8 +441,8 @@ impl Session {
     }
 
     fn bad_control(&self, mem: &GuestMemoryMmap, what: &str) -> u32 {
-        DeviceMetrics::bump(&self.dev.metrics.bad_control);
-        guest_warn!(self.dev.limiter, device = %self.dev.name, "{what}");
+        DeviceMetrics::bump(&self.dev.info.metrics.bad_control);
+        guest_warn!(self.dev.info.limiter, device = %self.dev.info.name, "{what}");
         self.control_response(mem, &[Response::Failure.to_byte()])
     }
 

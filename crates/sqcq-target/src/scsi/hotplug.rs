@@ -7,8 +7,9 @@
 //! (admin socket, control thread, a queue starting) reads the current one
 //! from [`LunTable`], under a mutex that also serialises changes with
 //! connections coming and going. The request path never touches it: every
-//! [`ServedQueue`] holds its own snapshot, aligned with its own backstore
-//! queues, and a change reaches it as a [`WorkerCommand::SetTarget`]
+//! request queue's [`ScsiQueue`] holds its own snapshot, aligned with its
+//! own backstore queues, and a change reaches it as a
+//! [`WorkerCommand::Update`]
 //! through the worker channel, between two passes over the ring. A worker
 //! opens the backstore queues of new LUNs itself; the queues of a removed
 //! LUN stay (unreachable by new requests) until their I/O has completed and
@@ -41,11 +42,10 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
-use virtio_queue::QueueT;
-
 use crate::config::LunSpec;
-use crate::runtime::queue::{LunQueue, QueueError, ServedQueue};
+use crate::runtime::queue::{QueueError, Vring};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use crate::scsi::queue::{LunQueue, ScsiQueue};
 use crate::scsi::target::{LunEntry, Target, TargetError, build_lun, wwn_seed};
 use crate::transport::device::{DeviceShared, EventReport};
 use sqcq_wire::scsi::{
@@ -217,7 +217,7 @@ impl DeviceControl {
         if dev.target.current().find(lun).is_some() {
             return Err(HotplugError::Exists(lun));
         }
-        let entry = build_lun(lun, spec, wwn_seed(&dev.name)).map_err(HotplugError::Build)?;
+        let entry = build_lun(lun, spec, wwn_seed(&dev.info.name)).map_err(HotplugError::Build)?;
         let geometry = entry.backstore.geometry();
         let target = dev.target.install_added(entry)?;
         if let Err(e) = self.hand_over(&target) {
@@ -228,7 +228,7 @@ impl DeviceControl {
             }
             return Err(HotplugError::Queue(e));
         }
-        info!(device = dev.id, lun, ?geometry, "LUN added");
+        info!(device = dev.info.id, lun, ?geometry, "LUN added");
         self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_RESCAN);
         Ok(lun)
     }
@@ -238,12 +238,12 @@ impl DeviceControl {
         let dev = &self.shared;
         let target = dev.target.install_removed(lun)?;
         if let Err(e) = self.hand_over(&target) {
-            warn!(device = dev.id, lun, "removing: {e}");
+            warn!(device = dev.info.id, lun, "removing: {e}");
         }
         self.drain();
         // Same snapshot again: prunes the drained backstore queues.
         let _ = self.hand_over(&target);
-        info!(device = dev.id, lun, "LUN removed");
+        info!(device = dev.info.id, lun, "LUN removed");
         self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_REMOVED);
         Ok(())
     }
@@ -279,7 +279,7 @@ impl DeviceControl {
                 return Err(HotplugError::Backstore(e));
             }
         }
-        info!(device = dev.id, lun, blocks = new, "LUN resized");
+        info!(device = dev.info.id, lun, blocks = new, "LUN resized");
         self.event(lun, EVT_PARAM_CHANGE, REASON_CAPACITY_CHANGED);
         Ok(new)
     }
@@ -288,7 +288,7 @@ impl DeviceControl {
     /// its next request, as for a nonsense doorbell (fault injection, see
     /// [`crate::admin`]); returns the vring indices armed.
     pub fn break_queues(&self, vq: Option<u16>) -> Vec<u16> {
-        let device = self.shared.id;
+        let device = self.shared.info.id;
         let mut broken = Vec::new();
         for w in 0..self.pool.len() {
             let call = |reply| WorkerCommand::Break { device, vq, reply };
@@ -306,12 +306,12 @@ impl DeviceControl {
 
     /// Gives `target` to every worker; the first failure, if any.
     fn hand_over(&self, target: &Arc<Target>) -> Result<(), QueueError> {
-        let device = self.shared.id;
+        let device = self.shared.info.id;
         let mut result = Ok(());
         for w in 0..self.pool.len() {
-            let call = |reply| WorkerCommand::SetTarget {
+            let call = |reply| WorkerCommand::Update {
                 device,
-                target: Arc::clone(target),
+                update: Arc::new(Arc::clone(target)),
                 reply,
             };
             match self
@@ -328,7 +328,7 @@ impl DeviceControl {
 
     /// Waits until every request of the device in flight now completed.
     fn drain(&self) {
-        let device = self.shared.id;
+        let device = self.shared.info.id;
         let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
         for w in 0..self.pool.len() {
             let call = |reply| WorkerCommand::Drain { device, reply };
@@ -343,16 +343,20 @@ impl DeviceControl {
     }
 }
 
-impl ServedQueue {
+impl ScsiQueue {
     /// Switches to `target` (ignored if older than the snapshot in use):
     /// keeps the backstore queues of LUNs still there, opens queues for new
     /// LUNs, keeps those of removed LUNs after the others while they have
     /// requests in flight, drops them once idle. On error nothing changes.
-    pub(crate) fn set_target(&mut self, target: &Arc<Target>) -> Result<(), QueueError> {
+    pub(crate) fn set_target(
+        &mut self,
+        ring: &Vring,
+        target: &Arc<Target>,
+    ) -> Result<(), QueueError> {
         if target.generation() < self.target.generation() {
             return Ok(());
         }
-        let depth = u32::from(self.queue.size());
+        let depth = u32::from(ring.size());
         let same =
             |l: &LunQueue, e: &LunEntry| l.lun == e.lun && Arc::ptr_eq(&l.backstore, &e.backstore);
         let mut opened: Vec<Option<Box<dyn BackstoreQueue>>> = Vec::new();

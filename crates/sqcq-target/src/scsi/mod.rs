@@ -7,6 +7,7 @@
 pub mod control;
 pub mod hotplug;
 pub mod inflight;
+pub mod queue;
 mod request;
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation)]

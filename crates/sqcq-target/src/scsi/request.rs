@@ -18,17 +18,16 @@ use sqcq_scsi::{
     Completion, MAX_DESCRIPTOR_SENSE_LEN, MediumOp, ScsiError, SenseFormat, Status, execute_absent,
     report_luns, takes_parameter_data,
 };
-use virtio_queue::{DescriptorChain, QueueT};
+use virtio_queue::DescriptorChain;
 use vm_memory::GuestMemoryMmap;
 
 use crate::guest_warn;
 use crate::runtime::chain::{self, ChainError, Segment};
 use crate::runtime::guest;
 use crate::runtime::metrics::DeviceMetrics;
-use crate::runtime::queue::{LunQueue, ServedQueue};
-use crate::runtime::used::UsedRing;
+use crate::runtime::queue::Vring;
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
-use crate::transport::device::DeviceShared;
+use crate::scsi::queue::{LunQueue, ScsiQueue};
 use sqcq_wire::scsi::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
 
 /// Bytes of a non-zero WRITE SAME pattern replicated per backstore write:
@@ -89,29 +88,24 @@ fn saturating_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-impl ServedQueue {
+impl ScsiQueue {
     /// Handles one chain popped from the available ring.
     pub(crate) fn handle_chain(
         &mut self,
+        ring: &mut Vring,
         mem: &Arc<GuestMemoryMmap>,
         chain: DescriptorChain<&GuestMemoryMmap>,
     ) {
         let head = chain.head_index();
         let parsed = chain::parse(chain, mem, self.max_segments, &mut self.chain);
-        let counters = &self.device.metrics;
-        if head >= self.queue.size() {
-            DeviceMetrics::bump(&counters.malformed_chains);
-            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-                "head index {head} out of range: chain dropped");
-            return;
-        }
+        let d = ring.device();
+        let counters = &d.metrics;
         if self.inflight.is_busy(head) {
             DeviceMetrics::bump(&counters.duplicate_heads);
-            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                 "head {head} made available while in flight: ignored");
             return;
         }
-        self.requests += 1;
         if let Err(e) = parsed {
             DeviceMetrics::bump(match e {
                 ChainError::Malformed | ChainError::TooManySegments { .. } => {
@@ -120,9 +114,16 @@ impl ServedQueue {
                 ChainError::WrongOrder => &counters.wrong_order,
                 ChainError::OutOfMemory { .. } => &counters.out_of_memory,
             });
-            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                 "bad descriptor chain at head {head}: {e}");
-            self.respond_now(mem, head, CmdResp::transport(Response::Failure, 0), &[], 0);
+            self.respond_now(
+                ring,
+                mem,
+                head,
+                CmdResp::transport(Response::Failure, 0),
+                &[],
+                0,
+            );
             return;
         }
         let mut header = std::mem::take(&mut self.header);
@@ -130,17 +131,25 @@ impl ServedQueue {
         let header_ok = self.chain.readable_len >= hdr_len
             && guest::read_at(mem, &self.chain.readable, 0, &mut header).is_ok();
         if header_ok {
-            self.execute(mem, head, &header);
+            self.execute(ring, mem, head, &header);
         } else {
             DeviceMetrics::bump(&counters.short_headers);
-            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                 "request header shorter than {hdr_len} bytes at head {head}");
-            self.respond_now(mem, head, CmdResp::transport(Response::Failure, 0), &[], 0);
+            self.respond_now(
+                ring,
+                mem,
+                head,
+                CmdResp::transport(Response::Failure, 0),
+                &[],
+                0,
+            );
         }
         self.header = header;
     }
 
-    fn execute(&mut self, mem: &Arc<GuestMemoryMmap>, head: u16, header: &[u8]) {
+    fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMemoryMmap>, head: u16, header: &[u8]) {
+        let d = ring.device();
         let mut fixed = [0u8; CMD_REQ_FIXED];
         fixed.copy_from_slice(&header[..CMD_REQ_FIXED]);
         let req = CmdReqHeader::decode(&fixed);
@@ -148,10 +157,11 @@ impl ServedQueue {
         let lun = match req.lun {
             Some(lun) if lun.target() == 0 => lun.lun(),
             _ => {
-                DeviceMetrics::bump(&self.device.metrics.bad_target);
-                guest_warn!(self.device.limiter, device = %self.device.name,
+                DeviceMetrics::bump(&d.metrics.bad_target);
+                guest_warn!(d.limiter, device = %d.name,
                     "request for {:?}: no such target", req.lun);
                 self.respond_now(
+                    ring,
                     mem,
                     head,
                     CmdResp::transport(Response::BadTarget, 0),
@@ -185,7 +195,7 @@ impl ServedQueue {
                     .execute(self.nexus, cdb, &data_out[..n_out], &mut data_in)
             }
             None => {
-                DeviceMetrics::bump(&self.device.metrics.bad_lun);
+                DeviceMetrics::bump(&d.metrics.bad_lun);
                 execute_absent(cdb, &mut data_in)
             }
         };
@@ -198,14 +208,23 @@ impl ServedQueue {
             Ok(Completion::Medium(op)) => {
                 // `index` is Some: an absent LUN never yields a medium op.
                 let lun_index = index.unwrap_or(0);
-                self.submit_medium(mem, head, lun_index, op, hdr_len, data_out_len, data_in_len);
+                self.submit_medium(
+                    ring,
+                    mem,
+                    head,
+                    lun_index,
+                    op,
+                    hdr_len,
+                    data_out_len,
+                    data_in_len,
+                );
                 None
             }
             Err(e) => {
                 let (status, sense, n) = scsi_failure(&e);
                 let resp =
                     CmdResp::completed(status, saturating_u32(data_in_len.max(data_out_len)));
-                self.respond_now(mem, head, resp, &sense[..n], 0);
+                self.respond_now(ring, mem, head, resp, &sense[..n], 0);
                 None
             }
         };
@@ -215,7 +234,7 @@ impl ServedQueue {
             let copied = guest::write_at(mem, &self.chain.writable, resp_len, data).is_ok();
             let n = if copied { n } else { 0 };
             let resp = CmdResp::completed(Status::Good.code(), saturating_u32(data_in_len - n));
-            self.respond_now(mem, head, resp, &[], n);
+            self.respond_now(ring, mem, head, resp, &[], n);
         }
         self.data_out = data_out;
         self.data_in = data_in;
@@ -225,6 +244,7 @@ impl ServedQueue {
     /// backstore and puts it on the used ring.
     pub(crate) fn respond_now(
         &mut self,
+        ring: &mut Vring,
         mem: &GuestMemoryMmap,
         head: u16,
         resp: CmdResp,
@@ -242,21 +262,20 @@ impl ServedQueue {
         let len = match len {
             Some(n) => n + data_in,
             None => {
-                DeviceMetrics::bump(&self.device.metrics.short_responses);
-                guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                let d = ring.device();
+                DeviceMetrics::bump(&d.metrics.short_responses);
+                guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                     "no room for a response at head {head}: returned with length 0");
                 0
             }
         };
-        if let Err(e) = self.used.push(mem, head, saturating_u32(len)) {
-            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-                "cannot complete head {head}: {e}");
-        }
+        ring.complete(mem, head, saturating_u32(len));
     }
 
     #[allow(clippy::too_many_arguments)]
     fn submit_medium(
         &mut self,
+        ring: &mut Vring,
         mem: &Arc<GuestMemoryMmap>,
         head: u16,
         lun_index: usize,
@@ -274,10 +293,12 @@ impl ServedQueue {
             MediumOp::Unmap(_) => (OpKind::Other, 0, 0, 0),
         };
         if have < needed {
-            DeviceMetrics::bump(&self.device.metrics.overruns);
-            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+            let d = ring.device();
+            DeviceMetrics::bump(&d.metrics.overruns);
+            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                 "data buffer of {have} bytes for a {needed}-byte transfer: overrun");
             self.respond_now(
+                ring,
                 mem,
                 head,
                 CmdResp::transport(Response::Overrun, saturating_u32(have)),
@@ -362,7 +383,7 @@ impl ServedQueue {
         if slot.pending_ops == 0 {
             // Nothing reached the backstore (an empty UNMAP list or a
             // submission failure): complete now.
-            self.complete_slot(mem, head);
+            self.complete_slot(ring, mem, head);
         }
     }
 
@@ -370,7 +391,7 @@ impl ServedQueue {
     /// slices left is put on the resume list instead of completing: its
     /// next slice goes out on the worker's next pass, after every other
     /// queue had its turn.
-    pub(crate) fn reap(&mut self, lun: usize, mem: &GuestMemoryMmap) {
+    pub(crate) fn reap(&mut self, ring: &mut Vring, lun: usize, mem: &GuestMemoryMmap) {
         let Some(l) = self.luns.get_mut(lun) else {
             return;
         };
@@ -378,9 +399,7 @@ impl ServedQueue {
             return;
         }
         let inflight = &mut self.inflight;
-        let used = &mut self.used;
         let resume = &mut self.resume;
-        let device = &*self.device;
         let sense_size = self.sense_size;
         l.io.reap(&mut |tag, result| {
             let Some(head) = u16::try_from(tag).ok() else {
@@ -400,7 +419,7 @@ impl ServedQueue {
             if slot.error.is_none() && slot.has_slices_left() {
                 resume.push(head);
             } else {
-                complete_request(inflight, used, mem, device, sense_size, head);
+                complete_request(inflight, ring, mem, sense_size, head);
             }
         });
     }
@@ -410,9 +429,9 @@ impl ServedQueue {
         !self.resume.is_empty()
     }
 
-    /// Submits the next slice of every request on the resume list, then
-    /// commits, reaps and publishes.
-    pub(crate) fn resume_slices(&mut self, mem: &GuestMemoryMmap) {
+    /// Submits the next slice of every request on the resume list (the
+    /// runtime then commits, reaps and publishes).
+    pub(crate) fn resume_slices(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
         let mut heads = std::mem::take(&mut self.resume);
         for &head in &heads {
             let Some(slot) = self.inflight.get_mut(head) else {
@@ -428,28 +447,16 @@ impl ServedQueue {
                 None => slot.error = Some(ScsiError::LogicalUnitNotSupported),
             }
             if slot.pending_ops == 0 {
-                self.complete_slot(mem, head);
+                self.complete_slot(ring, mem, head);
             }
         }
         heads.clear();
-        // Keeps the allocation; reaps below may add to it.
+        // Keeps the allocation; reaps may add to it.
         self.resume = heads;
-        self.commit();
-        for lun in 0..self.luns.len() {
-            self.reap(lun, mem);
-        }
-        self.publish(mem);
     }
 
-    fn complete_slot(&mut self, mem: &GuestMemoryMmap, head: u16) {
-        complete_request(
-            &mut self.inflight,
-            &mut self.used,
-            mem,
-            &self.device,
-            self.sense_size,
-            head,
-        );
+    fn complete_slot(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, head: u16) {
+        complete_request(&mut self.inflight, ring, mem, self.sense_size, head);
     }
 }
 
@@ -457,9 +464,8 @@ impl ServedQueue {
 /// its slot.
 fn complete_request(
     inflight: &mut Inflight,
-    used: &mut UsedRing,
+    ring: &mut Vring,
     mem: &GuestMemoryMmap,
-    device: &DeviceShared,
     sense_size: usize,
     head: u16,
 ) {
@@ -482,7 +488,7 @@ fn complete_request(
             },
         ),
         Some(e) => {
-            DeviceMetrics::bump(&device.metrics.io_errors);
+            DeviceMetrics::bump(&ring.device().metrics.io_errors);
             let (status, sense, n) = scsi_failure(e);
             (
                 CmdResp::completed(status, saturating_u32(slot.buffer_len)),
@@ -501,7 +507,7 @@ fn complete_request(
         &sense[..n],
     )
     .map_or(0, |r| r + data);
-    let _ = used.push(mem, head, saturating_u32(len));
+    ring.complete(mem, head, saturating_u32(len));
     inflight.release(head);
 }
 

@@ -10,6 +10,7 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
+use crate::scsi::queue::make_handler;
 use crate::transport::device::DeviceShared;
 
 const NEXT: u16 = 1;
@@ -42,13 +43,10 @@ impl Fixture {
             next_avail: 0,
             event_idx: false,
         };
+        let dev = device();
         let queue = ServedQueue::start(QueueStart {
             key: QueueKey { device: 0, vq: 2 },
-            device: device(),
-            // A nexus the unit does not know has no unit attention.
-            nexus: NexusId(1),
-            sense_size: 96,
-            cdb_size: 32,
+            device: Arc::clone(&dev.info),
             mem: GuestMemoryAtomic::new(mem.clone()),
             ring,
             kick: crate::runtime::eventfd::PeerEventFd::new().unwrap(),
@@ -56,6 +54,8 @@ impl Fixture {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
+            // A nexus the unit does not know has no unit attention.
+            handler: make_handler(dev, NexusId(1), 32, 96),
         })
         .unwrap();
         Fixture {
@@ -174,7 +174,7 @@ fn short_header_and_wrong_direction_fail() {
     let resp = f.buf(&[], RESP);
     f.run(&[(resp, RESP, WRITE), (req, REQ, 0)]);
     assert_eq!(f.resp(resp).3, 9);
-    let c = &f.queue.device.metrics;
+    let c = &f.queue.ring().device().metrics;
     assert_eq!(
         c.short_headers.load(std::sync::atomic::Ordering::Relaxed),
         1

@@ -23,6 +23,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use crate::config::{DeviceConfig, QueueMap};
 use crate::guest_warn;
 use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::queue::DeviceInfo;
 use crate::runtime::ratelimit::{DEFAULT_BURST, RateLimiter};
 use crate::runtime::worker::WorkerPool;
 use crate::scsi::hotplug::{EventSender, LunTable};
@@ -60,18 +61,13 @@ pub struct DeviceParams {
 /// What the control thread and the workers of a device share.
 #[derive(Debug)]
 pub struct DeviceShared {
-    /// Device number.
-    pub id: u32,
-    /// Name for logs (the socket path).
-    pub name: String,
+    /// Number, name, figures and log rate limiter: what the runtime knows
+    /// of the device.
+    pub info: Arc<DeviceInfo>,
     /// Queue parameters.
     pub params: DeviceParams,
     /// The logical units (the current snapshot; workers hold their own).
     pub target: LunTable,
-    /// The device's figures (errors, and every queue's).
-    pub metrics: Arc<DeviceMetrics>,
-    /// Rate limiter of guest-triggered log messages.
-    pub limiter: RateLimiter,
     /// Written by the SIGBUS guard when a page of this device's guest
     /// memory was lost ([`crate::transport::sigbus`]); the control thread then drops
     /// the connection.
@@ -110,23 +106,26 @@ impl DeviceHandle {
     ) -> io::Result<Self> {
         let path = config.socket_path.clone();
         let socket = ListeningSocket::bind(&path).map_err(io::Error::other)?;
-        let shared = Arc::new(DeviceShared {
+        let info = Arc::new(DeviceInfo {
             id,
             name: path.display().to_string(),
+            metrics: Arc::new(DeviceMetrics::new(
+                id,
+                2 + usize::from(crate::transport::session::MAX_REQUEST_QUEUES),
+            )),
+            limiter: RateLimiter::new(DEFAULT_BURST),
+        });
+        let shared = Arc::new(DeviceShared {
+            info,
             params: DeviceParams {
                 num_queues: config.num_queues,
                 queue_size: config.queue_size,
                 queue_map: config.queue_map.clone(),
             },
             target: LunTable::new(target),
-            metrics: Arc::new(DeviceMetrics::new(
-                id,
-                2 + usize::from(crate::transport::session::MAX_REQUEST_QUEUES),
-            )),
-            limiter: RateLimiter::new(DEFAULT_BURST),
             memory_fault: EventFd::new(EFD_NONBLOCK)?,
         });
-        pool.stats().register(&shared.metrics);
+        pool.stats().register(&shared.info.metrics);
         for e in shared.target.current().luns() {
             info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
         }
@@ -188,7 +187,7 @@ impl DeviceHandle {
         if let Some(t) = self.thread.take()
             && t.join().is_err()
         {
-            error!(device = self.shared.id, "control thread panicked");
+            error!(device = self.shared.info.id, "control thread panicked");
         }
     }
 }
@@ -250,7 +249,7 @@ impl ControlThread {
         let _stall = match crate::runtime::stall::register() {
             Ok(r) => Some(r),
             Err(e) => {
-                error!(device = self.shared.id, "stall guard: {e}");
+                error!(device = self.shared.info.id, "stall guard: {e}");
                 None
             }
         };
@@ -261,7 +260,7 @@ impl ControlThread {
             .and_then(|()| self.watch(self.notify.as_raw_fd(), NOTIFY_TOKEN))
             .and_then(|()| self.watch(self.shared.memory_fault.as_raw_fd(), MEMORY_FAULT_TOKEN))
         {
-            error!(device = self.shared.id, "epoll: {e}");
+            error!(device = self.shared.info.id, "epoll: {e}");
             return;
         }
         let mut events = [EpollEvent::default(); 8];
@@ -270,7 +269,7 @@ impl ControlThread {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    error!(device = self.shared.id, "epoll_wait: {e}");
+                    error!(device = self.shared.info.id, "epoll_wait: {e}");
                     return;
                 }
             };
@@ -296,11 +295,11 @@ impl ControlThread {
                                 return;
                             }
                             if let Err(e) = self.watch(listener, LISTEN_TOKEN) {
-                                error!(device = self.shared.id, "epoll: {e}");
+                                error!(device = self.shared.info.id, "epoll: {e}");
                                 return;
                             }
                         }
-                        Err(e) => warn!(device = self.shared.id, "accept: {e}"),
+                        Err(e) => warn!(device = self.shared.info.id, "accept: {e}"),
                     },
                     _ => {}
                 }
@@ -312,7 +311,10 @@ impl ControlThread {
         let session = match Session::new(Arc::clone(&self.shared), Arc::clone(&self.pool)) {
             Ok(s) => Arc::new(Mutex::new(s)),
             Err(e) => {
-                error!(device = self.shared.id, "cannot set up connection: {e}");
+                error!(
+                    device = self.shared.info.id,
+                    "cannot set up connection: {e}"
+                );
                 return Ended::Disconnected;
             }
         };
@@ -323,7 +325,7 @@ impl ControlThread {
             (s.nexus, s.control.epoll_fd())
         };
         info!(
-            device = self.shared.id,
+            device = self.shared.info.id,
             nexus = nexus.0,
             "frontend connected"
         );
@@ -333,7 +335,7 @@ impl ControlThread {
             .watch(socket_fd, SOCKET_TOKEN)
             .and_then(|()| self.watch(control_fd, CONTROL_TOKEN))
         {
-            error!(device = self.shared.id, "epoll: {e}");
+            error!(device = self.shared.info.id, "epoll: {e}");
             return Ended::Disconnected;
         }
         let ended = self.connection_loop(&mut handler, &session);
@@ -349,10 +351,10 @@ impl ControlThread {
 
     /// Drops a connection whose frontend misbehaved.
     fn drop_connection(&self, why: std::fmt::Arguments<'_>) -> Ended {
-        DeviceMetrics::bump(&self.shared.metrics.dropped_connections);
+        DeviceMetrics::bump(&self.shared.info.metrics.dropped_connections);
         guest_warn!(
-            self.shared.limiter,
-            device = self.shared.id,
+            self.shared.info.limiter,
+            device = self.shared.info.id,
             "{why}: disconnecting the frontend"
         );
         Ended::Disconnected
@@ -398,15 +400,15 @@ impl ControlThread {
             // or descriptors on a message that takes none: the body may
             // still be in the socket, so nothing after it can be trusted.
             Err(e @ (VhostError::InvalidMessage | VhostError::OversizedMsg)) => {
-                DeviceMetrics::bump(&self.shared.metrics.failed_messages);
+                DeviceMetrics::bump(&self.shared.info.metrics.failed_messages);
                 return Some(self.drop_connection(format_args!("malformed message ({e})")));
             }
             Err(e) => {
                 *errors += 1;
-                DeviceMetrics::bump(&self.shared.metrics.failed_messages);
+                DeviceMetrics::bump(&self.shared.info.metrics.failed_messages);
                 guest_warn!(
-                    self.shared.limiter,
-                    device = self.shared.id,
+                    self.shared.info.limiter,
+                    device = self.shared.info.id,
                     "vhost-user request failed: {e}"
                 );
                 if *errors >= MAX_CONSECUTIVE_ERRORS {
@@ -432,7 +434,7 @@ impl ControlThread {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    error!(device = self.shared.id, "epoll_wait: {e}");
+                    error!(device = self.shared.info.id, "epoll_wait: {e}");
                     return Ended::Stop;
                 }
             };
@@ -457,7 +459,7 @@ impl ControlThread {
                     }
                     MEMORY_FAULT_TOKEN => {
                         let _ = self.shared.memory_fault.read();
-                        DeviceMetrics::bump(&self.shared.metrics.memory_faults);
+                        DeviceMetrics::bump(&self.shared.info.metrics.memory_faults);
                         return self.drop_connection(format_args!(
                             "guest memory lost its backing (the frontend shrank or \
                              punched its memory file)"

@@ -57,7 +57,7 @@ fn eventfd(session: &Session, file: Option<File>, role: FdRole) -> Result<Option
     file.map(|f| PeerEventFd::adopt(f, role))
         .transpose()
         .map_err(|e| {
-            warn!(device = %session.dev.name, "{e}");
+            warn!(device = %session.dev.info.name, "{e}");
             Error::InvalidParam
         })
 }
@@ -113,7 +113,7 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn reset_device(&mut self) -> Result<()> {
-        info!(device = %self.dev.name, "device reset");
+        info!(device = %self.dev.info.name, "device reset");
         self.reset_rings();
         Ok(())
     }
@@ -134,7 +134,7 @@ impl VhostUserBackendReqHandlerMut for Session {
             return Err(Error::InvalidParam);
         }
         self.acked_features = features;
-        debug!(device = %self.dev.name, "features {features:#x}");
+        debug!(device = %self.dev.info.name, "features {features:#x}");
         if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
             // Without VHOST_USER_F_PROTOCOL_FEATURES rings start enabled.
             for i in 0..self.vrings.len() {
@@ -155,7 +155,7 @@ impl VhostUserBackendReqHandlerMut for Session {
             return not_supported();
         }
         let shared = crate::transport::memory::map(ctx, files, self.dev.memory_fault.as_raw_fd()).map_err(|e| {
-            warn!(device = %self.dev.name, "memory table refused: {}", crate::admin::error_chain(&e));
+            warn!(device = %self.dev.info.name, "memory table refused: {}", crate::admin::error_chain(&e));
             Error::InvalidParam
         })?;
         // Workers load the map once per pass: the swap takes effect at
@@ -172,7 +172,7 @@ impl VhostUserBackendReqHandlerMut for Session {
         // Polling workers rebuild their doorbells on the new map before
         // they sleep again.
         self.pool.nudge_all();
-        info!(device = %self.dev.name, regions = ctx.len(), "memory table set");
+        info!(device = %self.dev.info.name, regions = ctx.len(), "memory table set");
         for i in 0..self.vrings.len() {
             self.update(i);
         }

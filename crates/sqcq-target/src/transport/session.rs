@@ -21,6 +21,7 @@ use crate::runtime::eventfd::PeerEventFd;
 use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 use crate::scsi::control::{ControlPlane, ControlQueueFds};
+use crate::scsi::queue::make_handler;
 use crate::transport::device::DeviceShared;
 use crate::transport::memory::{GuardedRegion, Mapping};
 
@@ -115,7 +116,7 @@ pub struct Session {
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("device", &self.dev.name)
+            .field("device", &self.dev.info.name)
             .field("nexus", &self.nexus)
             .finish_non_exhaustive()
     }
@@ -247,7 +248,7 @@ impl Session {
                     self.vrings[index].running = Running::Control;
                     self.service_control(index);
                 }
-                Err(e) => error!(device = %self.dev.name, vq, "cannot start: {e}"),
+                Err(e) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
             }
             return;
         }
@@ -255,13 +256,10 @@ impl Session {
         let worker = self.dev.params.queue_map.worker_for(rq, self.pool.len());
         let start = QueueStart {
             key: QueueKey {
-                device: self.dev.id,
+                device: self.dev.info.id,
                 vq,
             },
-            device: Arc::clone(&self.dev),
-            nexus: self.nexus,
-            cdb_size: self.cdb_size,
-            sense_size: self.sense_size,
+            device: Arc::clone(&self.dev.info),
             mem: self.mem.clone(),
             ring,
             kick,
@@ -269,6 +267,12 @@ impl Session {
             err,
             source: self.submission_source(),
             spin: self.pool.options().spin_policy(),
+            handler: make_handler(
+                Arc::clone(&self.dev),
+                self.nexus,
+                self.cdb_size,
+                self.sense_size,
+            ),
         };
         let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
         let result = self.pool.call(
@@ -281,11 +285,11 @@ impl Session {
         );
         match result {
             Ok(Ok(())) => {
-                info!("device {} vq {vq} -> worker {worker}", self.dev.id);
+                info!("device {} vq {vq} -> worker {worker}", self.dev.info.id);
                 self.vrings[index].running = Running::Worker(worker);
             }
-            Ok(Err(e)) => error!(device = %self.dev.name, vq, "cannot start: {e}"),
-            Err(e) => error!(device = %self.dev.name, vq, "cannot start: {e}"),
+            Ok(Err(e)) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
+            Err(e) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
         }
     }
 
@@ -297,7 +301,7 @@ impl Session {
             Running::Control => self.control.stop(index),
             Running::Worker(w) => {
                 let key = QueueKey {
-                    device: self.dev.id,
+                    device: self.dev.info.id,
                     vq,
                 };
                 // The worker waits for requests in flight until the
@@ -312,7 +316,7 @@ impl Session {
                     Ok(Some(report)) => Some(report.next_avail),
                     Ok(None) => None,
                     Err(e) => {
-                        error!(device = %self.dev.name, vq, "cannot stop: {e}");
+                        error!(device = %self.dev.info.name, vq, "cannot stop: {e}");
                         None
                     }
                 }
@@ -336,11 +340,11 @@ impl Session {
             Running::Control => self.control.set_call(index, call),
             Running::Worker(w) => {
                 let key = QueueKey {
-                    device: self.dev.id,
+                    device: self.dev.info.id,
                     vq: u16::try_from(index).unwrap_or(u16::MAX),
                 };
                 if let Err(e) = self.pool.send(w, WorkerCommand::SetCall { key, call }) {
-                    warn!(device = %self.dev.name, "cannot update call fd: {e}");
+                    warn!(device = %self.dev.info.name, "cannot update call fd: {e}");
                 }
             }
         }
@@ -380,13 +384,13 @@ impl Session {
             .collect();
         workers.sort_unstable();
         workers.dedup();
-        let device = self.dev.id;
+        let device = self.dev.info.id;
         let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
         let mut drained = true;
         for w in workers {
             let call = |reply| WorkerCommand::Drain { device, reply };
             if let Err(e) = self.pool.call(w, call, deadline) {
-                error!(device = %self.dev.name, "drain: {e}");
+                error!(device = %self.dev.info.name, "drain: {e}");
                 drained = false;
             }
         }
@@ -414,7 +418,7 @@ impl Session {
         self.mappings.clear();
         self.retired.append(&mut self.regions);
         self.release_retired();
-        info!(device = %self.dev.name, nexus = self.nexus.0, "connection closed");
+        info!(device = %self.dev.info.name, nexus = self.nexus.0, "connection closed");
         std::mem::take(&mut self.retired)
     }
 }

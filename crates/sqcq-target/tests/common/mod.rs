@@ -391,6 +391,7 @@ impl Resp {
 pub fn counter(d: &Daemon, name: &str) -> u64 {
     d.devices()[0]
         .shared()
+        .info
         .metrics
         .errors()
         .into_iter()

@@ -24,13 +24,13 @@ use sqcq_protocol::{
     check_index, doorbell_location, guest_doorbells,
 };
 use thiserror::Error;
-use tracing::{debug, error, warn};
+use tracing::error;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
-use super::{RingConfig, ServedQueue, SubmissionSource};
+use super::{RingConfig, ServedQueue, SubmissionSource, Vring};
 use crate::guest_warn;
-use crate::runtime::metrics::{QueueMetrics, QueueMode};
+use crate::runtime::metrics::QueueMode;
 use crate::runtime::ring_poll::RingWatch;
 
 type Cell = GuestDoorbell<GuestMemoryMmap>;
@@ -173,7 +173,7 @@ impl QueuePoll {
     }
 }
 
-impl ServedQueue {
+impl Vring {
     /// Sets up poll mode if the queue's source asks for it; a doorbell
     /// area that cannot be used breaks the queue.
     pub(crate) fn open_poll(&mut self, ring: &RingConfig, spin: SpinPolicy) {
@@ -211,51 +211,6 @@ impl ServedQueue {
         }
     }
 
-    /// Looks at the watched index once; processes the ring if it moved,
-    /// and reaps backstore completions while requests are in flight.
-    pub(crate) fn poll_once(&mut self, now: u64) -> Poll {
-        let Some(p) = self.poll.as_mut() else {
-            return Poll::Expired;
-        };
-        let found = p.poller.poll(now);
-        if let Some(e) = p.take_error() {
-            self.poll_broken(&e);
-            return Poll::Expired;
-        }
-        match found {
-            Poll::Work(idx) => self.on_index(idx),
-            Poll::Idle | Poll::Expired if !self.inflight.is_empty() => self.reap_all(),
-            Poll::Idle | Poll::Expired => {}
-        }
-        found
-    }
-
-    /// Asks for a notification and re-checks. Returns whether the queue
-    /// may sleep; `false` after it found and processed new work.
-    pub(crate) fn poll_prepare_sleep(&mut self, now: u64) -> bool {
-        if self.broken {
-            return true;
-        }
-        let Some(p) = self.poll.as_mut() else {
-            return true;
-        };
-        let check = p.poller.prepare_sleep(now);
-        if let Some(e) = p.take_error() {
-            self.poll_broken(&e);
-            return true;
-        }
-        match check {
-            SleepCheck::Sleep => {
-                p.asleep = true;
-                true
-            }
-            SleepCheck::Work(idx) => {
-                self.on_index(idx);
-                false
-            }
-        }
-    }
-
     /// Another queue of the worker found work: do not sleep after all.
     pub(crate) fn poll_cancel_sleep(&mut self) {
         if let Some(p) = self.poll.as_mut()
@@ -264,39 +219,6 @@ impl ServedQueue {
             p.asleep = false;
             p.poller.cancel_sleep();
         }
-    }
-
-    /// Restricts the completion work of this queue's backstores to
-    /// `cpus` (the ones without a poll thread).
-    pub(crate) fn steer_completions(&mut self, cpus: &[usize]) {
-        let mut steered = false;
-        for l in &mut self.luns {
-            match l.io.steer_completions(cpus) {
-                Ok(s) => steered |= s,
-                Err(e) => warn!(device = %self.device.name, vq = self.key.vq,
-                    "cannot steer backstore completions: {e}"),
-            }
-        }
-        if steered {
-            debug!(device = %self.device.name, vq = self.key.vq,
-                "backstore completion work on CPUs {cpus:?}");
-        }
-    }
-
-    /// Takes every available request, then completes what it can.
-    pub(crate) fn drain_ring(&mut self) {
-        if self.broken {
-            return;
-        }
-        let mem = self.mem.memory().into_inner();
-        if !self.take_available(&mem) {
-            return;
-        }
-        self.commit();
-        for lun in 0..self.luns.len() {
-            self.reap(lun, &mem);
-        }
-        self.publish(&mem);
     }
 
     /// Publishes the used index and the CQ doorbell; the driver is called
@@ -338,11 +260,6 @@ impl ServedQueue {
         }
     }
 
-    /// This queue's figures in the device's metrics.
-    pub(crate) fn metrics(&self) -> Option<&QueueMetrics> {
-        self.device.metrics.queue(self.key.vq)
-    }
-
     /// Brings the figures only the poll loop keeps (spins, sleeps, the
     /// spin window, NEED_WAKEUP in the doorbells) into the metrics: at
     /// every statistics tick, when the poller is dropped and when the
@@ -373,24 +290,6 @@ impl ServedQueue {
         Some((flag(location.sq), flag(location.cq)))
     }
 
-    fn on_index(&mut self, idx: u16) {
-        if self.source == SubmissionSource::Doorbell
-            && let Err(e) = check_index(idx, self.queue.next_avail(), self.queue.size())
-        {
-            self.poll_broken(&PollError::Index(e));
-            return;
-        }
-        self.drain_ring();
-    }
-
-    fn reap_all(&mut self) {
-        let mem = self.mem.memory().into_inner();
-        for lun in 0..self.luns.len() {
-            self.reap(lun, &mem);
-        }
-        self.publish(&mem);
-    }
-
     /// Fault injection, when an armed queue finds a request: breaks it as
     /// a nonsense SQ doorbell index (poll mode with doorbells) or a corrupt
     /// ring would.
@@ -411,5 +310,84 @@ impl ServedQueue {
         self.flush_poll_figures();
         self.poll = None;
         self.mark_broken();
+    }
+}
+
+impl ServedQueue {
+    /// Whether the worker polls this queue (poll mode, not broken).
+    pub fn is_polled(&self) -> bool {
+        self.ring.is_polled()
+    }
+
+    /// See [`Vring::poll_wake`].
+    pub(crate) fn poll_wake(&mut self) {
+        self.ring.poll_wake();
+    }
+
+    /// See [`Vring::poll_cancel_sleep`].
+    pub(crate) fn poll_cancel_sleep(&mut self) {
+        self.ring.poll_cancel_sleep();
+    }
+
+    /// Brings the poll loop's figures into the metrics (see
+    /// [`Vring::flush_poll_figures`]).
+    pub(crate) fn flush_poll_figures(&mut self) {
+        self.ring.flush_poll_figures();
+    }
+
+    /// Looks at the watched index once; processes the ring if it moved,
+    /// and reaps backstore completions while requests are in flight.
+    pub(crate) fn poll_once(&mut self, now: u64) -> Poll {
+        let Some(p) = self.ring.poll.as_mut() else {
+            return Poll::Expired;
+        };
+        let found = p.poller.poll(now);
+        if let Some(e) = p.take_error() {
+            self.ring.poll_broken(&e);
+            return Poll::Expired;
+        }
+        match found {
+            Poll::Work(idx) => self.on_index(idx),
+            Poll::Idle | Poll::Expired if self.handler.busy() => self.reap_all(),
+            Poll::Idle | Poll::Expired => {}
+        }
+        found
+    }
+
+    /// Asks for a notification and re-checks. Returns whether the queue
+    /// may sleep; `false` after it found and processed new work.
+    pub(crate) fn poll_prepare_sleep(&mut self, now: u64) -> bool {
+        if self.ring.broken {
+            return true;
+        }
+        let Some(p) = self.ring.poll.as_mut() else {
+            return true;
+        };
+        let check = p.poller.prepare_sleep(now);
+        if let Some(e) = p.take_error() {
+            self.ring.poll_broken(&e);
+            return true;
+        }
+        match check {
+            SleepCheck::Sleep => {
+                p.asleep = true;
+                true
+            }
+            SleepCheck::Work(idx) => {
+                self.on_index(idx);
+                false
+            }
+        }
+    }
+
+    fn on_index(&mut self, idx: u16) {
+        let ring = &mut self.ring;
+        if ring.source == SubmissionSource::Doorbell
+            && let Err(e) = check_index(idx, ring.queue.next_avail(), ring.queue.size())
+        {
+            ring.poll_broken(&PollError::Index(e));
+            return;
+        }
+        self.drain_ring();
     }
 }

@@ -1,0 +1,241 @@
+//! The virtio-scsi side of a request queue: its [`RequestHandler`].
+//!
+//! A [`ScsiQueue`] holds what a request queue needs to turn chains into
+//! SCSI commands and back: the I_T nexus of the connection, the LUN
+//! snapshot it serves with one backstore queue per LUN, the requests in
+//! flight, and scratch buffers for everything answered without the
+//! backstore. The runtime owns the ring; this owns nothing of it.
+
+use std::any::Any;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sqcq_backstore::{Backstore, BackstoreQueue};
+use sqcq_scsi::NexusId;
+use tracing::{debug, error, warn};
+use vm_memory::GuestMemoryMmap;
+
+use crate::runtime::chain::ChainBuffers;
+use crate::runtime::queue::{
+    MakeHandler, QueueError, RequestHandler, RingConfig, Vring, drain_fd, wait_readable,
+};
+use crate::scsi::inflight::Inflight;
+use crate::scsi::target::Target;
+use crate::transport::device::DeviceShared;
+
+/// One LUN's backstore queue on this worker.
+pub(crate) struct LunQueue {
+    /// The LUN, and the backstore the queue was opened on (a LUN removed
+    /// and added again is a different backstore).
+    pub(crate) lun: u16,
+    pub(crate) backstore: Arc<dyn Backstore>,
+    pub(crate) io: Box<dyn BackstoreQueue>,
+    pub(crate) uncommitted: bool,
+}
+
+/// The SCSI request handler of one request queue.
+pub struct ScsiQueue {
+    pub(crate) nexus: NexusId,
+    pub(crate) sense_size: usize,
+    /// This queue's LUN snapshot (see [`crate::scsi::hotplug`]): `luns[i]`
+    /// is the backstore queue of `target.luns()[i]`; queues of removed
+    /// LUNs with requests in flight follow.
+    pub(crate) target: Arc<Target>,
+    pub(crate) luns: Vec<LunQueue>,
+    pub(crate) inflight: Inflight,
+    /// Heads of requests whose next slice goes out on the next pass.
+    pub(crate) resume: Vec<u16>,
+    pub(crate) chain: ChainBuffers,
+    pub(crate) max_segments: usize,
+    pub(crate) header: Vec<u8>,
+    pub(crate) data_out: Vec<u8>,
+    pub(crate) data_in: Vec<u8>,
+}
+
+/// How a worker builds the SCSI handler of a request queue of `dev`: with
+/// the LUN snapshot current when the worker starts the queue (a change
+/// handed to the workers after that reaches it as an update).
+pub fn make_handler(
+    dev: Arc<DeviceShared>,
+    nexus: NexusId,
+    cdb_size: u32,
+    sense_size: u32,
+) -> MakeHandler {
+    Box::new(move |ring: &RingConfig| {
+        let queue = ScsiQueue::new(dev.target.current(), nexus, cdb_size, sense_size, ring)?;
+        Ok(Box::new(queue) as Box<dyn RequestHandler>)
+    })
+}
+
+impl std::fmt::Debug for ScsiQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScsiQueue")
+            .field("nexus", &self.nexus)
+            .field("luns", &self.luns.len())
+            .field("in_flight", &self.inflight.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScsiQueue {
+    /// A handler serving `target` (one backstore queue per LUN, as deep
+    /// as the ring) for `nexus`, with the connection's CDB and sense
+    /// sizes.
+    pub fn new(
+        target: Arc<Target>,
+        nexus: NexusId,
+        cdb_size: u32,
+        sense_size: u32,
+        ring: &RingConfig,
+    ) -> Result<Self, QueueError> {
+        let mut luns = Vec::with_capacity(target.luns().len());
+        for entry in target.luns() {
+            let io = entry
+                .backstore
+                .open_queue(u32::from(ring.size))
+                .map_err(|source| QueueError::Backstore {
+                    lun: entry.lun,
+                    source,
+                })?;
+            luns.push(LunQueue {
+                lun: entry.lun,
+                backstore: Arc::clone(&entry.backstore),
+                io,
+                uncommitted: false,
+            });
+        }
+        let data_out_len = target
+            .luns()
+            .iter()
+            .map(|e| e.unit.max_data_out_len())
+            .max()
+            .unwrap_or(0);
+        let max_segments = usize::from(ring.size);
+        let cdb_size = usize::try_from(cdb_size).unwrap_or(usize::MAX);
+        Ok(ScsiQueue {
+            nexus,
+            sense_size: usize::try_from(sense_size).unwrap_or(usize::MAX),
+            target,
+            luns,
+            inflight: Inflight::new(ring.size),
+            resume: Vec::with_capacity(usize::from(ring.size)),
+            chain: ChainBuffers::with_capacity(max_segments.min(64)),
+            max_segments,
+            header: vec![0; sqcq_wire::scsi::CMD_REQ_FIXED + cdb_size],
+            data_out: vec![0; data_out_len],
+            data_in: vec![0; sqcq_scsi::DATA_IN_LEN],
+        })
+    }
+
+    fn reap_all(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+        for lun in 0..self.luns.len() {
+            self.reap(ring, lun, mem);
+        }
+    }
+}
+
+impl RequestHandler for ScsiQueue {
+    fn handle(
+        &mut self,
+        ring: &mut Vring,
+        mem: &Arc<GuestMemoryMmap>,
+        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
+    ) {
+        self.handle_chain(ring, mem, chain);
+    }
+
+    fn commit(&mut self, ring: &Vring) {
+        for l in self.luns.iter_mut().filter(|l| l.uncommitted) {
+            l.uncommitted = false;
+            if let Err(e) = l.io.commit() {
+                // The requests stay queued in the backstore queue and are
+                // reaped as failures or on a later commit.
+                error!(device = %ring.device().name, vq = ring.key().vq,
+                    "backstore commit failed: {e}");
+            }
+        }
+    }
+
+    fn reap(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+        self.reap_all(ring, mem);
+    }
+
+    fn completed(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, source: usize) {
+        if let Some(fd) = self.luns.get(source).and_then(|l| l.io.completion_fd()) {
+            drain_fd(fd);
+        }
+        self.reap(ring, source, mem);
+    }
+
+    fn completion_fds(&self) -> Vec<(usize, RawFd)> {
+        self.luns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.io.completion_fd().map(|fd| (i, fd)))
+            .collect()
+    }
+
+    fn busy(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+
+    fn has_deferred(&self) -> bool {
+        self.has_slices_pending()
+    }
+
+    fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+        self.resume_slices(ring, mem);
+    }
+
+    fn begin_drain(&mut self) -> bool {
+        self.inflight.begin_drain()
+    }
+
+    fn drained(&self) -> bool {
+        self.inflight.drained()
+    }
+
+    fn steer_completions(&mut self, ring: &Vring, cpus: &[usize]) {
+        let mut steered = false;
+        for l in &mut self.luns {
+            match l.io.steer_completions(cpus) {
+                Ok(s) => steered |= s,
+                Err(e) => warn!(device = %ring.device().name, vq = ring.key().vq,
+                    "cannot steer backstore completions: {e}"),
+            }
+        }
+        if steered {
+            debug!(device = %ring.device().name, vq = ring.key().vq,
+                "backstore completion work on CPUs {cpus:?}");
+        }
+    }
+
+    fn finish(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, deadline: Instant) -> usize {
+        RequestHandler::commit(self, ring);
+        while !self.inflight.is_empty() && Instant::now() < deadline {
+            if self.has_slices_pending() {
+                self.resume_slices(ring, mem);
+                RequestHandler::commit(self, ring);
+            }
+            for lun in 0..self.luns.len() {
+                if self.luns[lun].io.in_flight() == 0 {
+                    continue;
+                }
+                if let Some(fd) = self.luns[lun].io.completion_fd() {
+                    wait_readable(fd, 10);
+                    drain_fd(fd);
+                }
+                self.reap(ring, lun, mem);
+            }
+        }
+        usize::try_from(self.inflight.len()).unwrap_or(usize::MAX)
+    }
+
+    fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError> {
+        match update.downcast_ref::<Arc<Target>>() {
+            Some(target) => self.set_target(ring, target),
+            None => Ok(()),
+        }
+    }
+}
