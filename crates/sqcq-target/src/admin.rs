@@ -207,21 +207,9 @@ pub fn execute(devices: &[DeviceControl], line: &str) -> String {
     };
     match result {
         Ok(Ok(reply)) => reply,
-        Ok(Err(e)) => format!("error {}", error_chain(&e)),
+        Ok(Err(e)) => format!("error {}", crate::runtime::error_chain(&e)),
         Err(reply) => reply,
     }
-}
-
-/// An error with its causes, on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s.replace('\n', " ")
 }
 
 /// `ok` then, per device: its LUNs (`lunN=BLOCKSxBLOCK_SIZE`), the figures

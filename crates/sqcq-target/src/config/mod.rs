@@ -12,10 +12,10 @@ use crate::sandbox::SeccompMode;
 
 mod poll;
 
-pub use poll::{
-    DEFAULT_STATS_INTERVAL, FilePoll, MAX_CPU, PollArgs, PollOptions, RingMode, parse_spin_us,
-    spin_config,
+pub use crate::runtime::options::{
+    DEFAULT_STATS_INTERVAL, MAX_CPU, PollOptions, QueueMap, RingMode, spin_config,
 };
+pub use poll::{FilePoll, PollArgs, parse_spin_us};
 
 /// Default request queues per device.
 pub const DEFAULT_NUM_QUEUES: u16 = 1;
@@ -218,11 +218,6 @@ fn de_wwn<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Erro
     }
 }
 
-/// An explicit request-queue-to-worker map: `(request queue, worker)`.
-/// Request queue 0 is virtqueue 2. Queues not listed go round robin.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueMap(pub Vec<(u16, usize)>);
-
 impl FromStr for QueueMap {
     type Err = ConfigError;
 
@@ -239,17 +234,6 @@ impl FromStr for QueueMap {
             })
             .collect::<Result<Vec<_>, _>>()
             .map(QueueMap)
-    }
-}
-
-impl QueueMap {
-    /// The worker of request queue `rq`: the map's entry, else round robin
-    /// over `workers`.
-    pub fn worker_for(&self, rq: u16, workers: usize) -> usize {
-        self.0
-            .iter()
-            .find(|(q, _)| *q == rq)
-            .map_or(usize::from(rq) % workers.max(1), |(_, w)| *w)
     }
 }
 

@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod eventfd;
 pub mod guest;
 pub mod metrics;
+pub mod options;
 pub mod poll;
 pub mod queue;
 pub mod ratelimit;
@@ -20,3 +21,15 @@ pub mod stall;
 pub mod stats;
 pub mod used;
 pub mod worker;
+
+/// An error with its causes, on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s.replace('\n', " ")
+}

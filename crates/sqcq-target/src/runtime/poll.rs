@@ -1,5 +1,5 @@
 //! Poll mode: how one worker spins over the polled queues it serves and
-//! when it may sleep (its options are [`crate::config::PollOptions`]).
+//! when it may sleep (its options are [`crate::runtime::options::PollOptions`]).
 //!
 //! A request queue is polled when VIRTIO_F_SQCQ_POLL is negotiated (its SQ
 //! doorbell is watched) or, with `--poll ring`, when it is not (its avail

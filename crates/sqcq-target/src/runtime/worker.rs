@@ -27,8 +27,8 @@ use tracing::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::config::PollOptions;
 use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::options::PollOptions;
 use crate::runtime::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
 use crate::runtime::stats::{StatsBoard, StatsTicker};
 

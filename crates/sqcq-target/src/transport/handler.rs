@@ -155,7 +155,7 @@ impl VhostUserBackendReqHandlerMut for Session {
             return not_supported();
         }
         let shared = crate::transport::memory::map(ctx, files, self.dev.memory_fault.as_raw_fd()).map_err(|e| {
-            warn!(device = %self.dev.info.name, "memory table refused: {}", crate::admin::error_chain(&e));
+            warn!(device = %self.dev.info.name, "memory table refused: {}", crate::runtime::error_chain(&e));
             Error::InvalidParam
         })?;
         // Workers load the map once per pass: the swap takes effect at

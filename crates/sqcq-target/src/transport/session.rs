@@ -16,8 +16,8 @@ use sqcq_scsi::NexusId;
 use tracing::{error, info, warn};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::config::RingMode;
 use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::options::RingMode;
 use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 use crate::scsi::control::{ControlPlane, ControlQueueFds};

@@ -304,9 +304,8 @@ impl Vring {
     /// Stops the queue for good (until the driver resets it): the
     /// doorbells are not touched again.
     fn poll_broken(&mut self, e: &PollError) {
-        let cause = std::error::Error::source(e).map_or_else(String::new, |c| format!(": {c}"));
         guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-            "{e}{cause}: queue stopped, device needs reset");
+            "{}: queue stopped, device needs reset", crate::runtime::error_chain(e));
         self.flush_poll_figures();
         self.poll = None;
         self.mark_broken();
