@@ -42,8 +42,8 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::config::{ConfigError, LunSpec, parse_size};
 use crate::scsi::hotplug::{DeviceControl, HotplugError};
+use crate::spec::{LunSpec, LunSpecError, parse_size};
 use crate::transport::listen::ListeningSocket;
 
 /// Longest command line accepted.
@@ -65,7 +65,7 @@ pub enum CommandError {
     Argument(String),
     /// The LUN spec of `lun add` is invalid.
     #[error(transparent)]
-    Spec(#[from] ConfigError),
+    Spec(#[from] LunSpecError),
 }
 
 /// One admin command.
@@ -219,9 +219,8 @@ fn stats(devices: &[DeviceControl]) -> String {
     use std::fmt::Write as _;
     let mut s = String::from("ok");
     for dev in devices {
-        let shared = &dev.shared;
-        let _ = write!(s, " device={}", shared.info.id);
-        for e in shared.target.current().luns() {
+        let _ = write!(s, " device={}", dev.info.id);
+        for e in dev.scsi.target.current().luns() {
             let _ = write!(
                 s,
                 " lun{}={}x{}",
@@ -230,14 +229,14 @@ fn stats(devices: &[DeviceControl]) -> String {
                 e.unit.block_size()
             );
         }
-        for q in shared.info.metrics.queues().filter(|q| q.publishes > 0) {
+        for q in dev.info.metrics.queues().filter(|q| q.publishes > 0) {
             let _ = write!(
                 s,
                 " vq{}={}/{}/{}",
                 q.vq, q.completions, q.publishes, q.calls
             );
         }
-        for (name, value) in shared.info.metrics.errors() {
+        for (name, value) in dev.info.metrics.errors() {
             let _ = write!(s, " {name}={value}");
         }
     }

@@ -10,9 +10,11 @@ use tracing::info;
 use crate::admin::AdminServer;
 use crate::config::DaemonConfig;
 use crate::runtime::worker::WorkerPool;
+use crate::scsi::device::ScsiDevice;
 use crate::scsi::hotplug::DeviceControl;
 use crate::scsi::target::{Target, TargetError, wwn_seed};
-use crate::transport::device::DeviceHandle;
+use crate::transport::device::{DeviceHandle, DeviceParams};
+use crate::transport::device_type::VirtioDevice;
 
 /// How long [`Daemon::shutdown`] gives requests in flight to complete.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -45,6 +47,8 @@ pub enum DaemonError {
 pub struct Daemon {
     pool: Arc<WorkerPool>,
     devices: Vec<DeviceHandle>,
+    /// The SCSI device behind each of `devices`.
+    scsi: Vec<Arc<ScsiDevice>>,
     admin: Option<AdminServer>,
 }
 
@@ -71,10 +75,32 @@ impl Daemon {
         );
         info!(workers = config.workers, "worker pool started");
         let mut devices = Vec::with_capacity(config.devices.len());
+        let mut scsi = Vec::with_capacity(config.devices.len());
         for (i, (d, target)) in config.devices.iter().zip(targets).enumerate() {
             let id = u32::try_from(i).unwrap_or(u32::MAX);
-            match DeviceHandle::spawn(id, d, target, Arc::clone(&pool)) {
-                Ok(h) => devices.push(h),
+            for e in target.luns() {
+                info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
+            }
+            let params = DeviceParams {
+                num_queues: d.num_queues,
+                queue_size: d.queue_size,
+                queue_map: d.queue_map.clone(),
+            };
+            let spawned = ScsiDevice::new(target).map(Arc::new).and_then(|device| {
+                let h = DeviceHandle::spawn(
+                    id,
+                    &d.socket_path,
+                    params,
+                    Arc::clone(&device) as Arc<dyn VirtioDevice>,
+                    Arc::clone(&pool),
+                )?;
+                Ok((h, device))
+            });
+            match spawned {
+                Ok((h, device)) => {
+                    devices.push(h);
+                    scsi.push(device);
+                }
                 Err(source) => {
                     drop(devices);
                     pool.shutdown();
@@ -88,6 +114,7 @@ impl Daemon {
         let mut daemon = Daemon {
             pool,
             devices,
+            scsi,
             admin: None,
         };
         if let Some(path) = &config.admin_socket {
@@ -110,21 +137,27 @@ impl Daemon {
 
     /// What the admin socket needs to change each device's LUNs.
     fn device_controls(&self) -> std::io::Result<Vec<DeviceControl>> {
-        self.devices
+        Ok(self
+            .devices
             .iter()
-            .map(|d| {
-                Ok(DeviceControl {
-                    shared: Arc::clone(d.shared()),
-                    events: d.event_sender()?,
-                    pool: Arc::clone(&self.pool),
-                })
+            .zip(&self.scsi)
+            .map(|(d, scsi)| DeviceControl {
+                info: Arc::clone(&d.shared().info),
+                scsi: Arc::clone(scsi),
+                pool: Arc::clone(&self.pool),
             })
-            .collect()
+            .collect())
     }
 
     /// Every queue's latest statistics (what `--stats-file` holds).
     pub fn stats(&self) -> Vec<crate::runtime::metrics::QueueSnapshot> {
         self.pool.stats().snapshot()
+    }
+
+    /// The SCSI device of device `i` (configuration order): its LUNs,
+    /// its event reports.
+    pub fn scsi_device(&self, i: usize) -> Option<&Arc<ScsiDevice>> {
+        self.scsi.get(i)
     }
 
     /// The devices, in configuration order.

@@ -30,20 +30,29 @@ use crate::runtime::queue::{
 };
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::worker::WorkerPool;
-use crate::scsi::hotplug::LunTable;
+use crate::scsi::device::ScsiDevice;
 use crate::scsi::queue::make_handler;
 use crate::scsi::target::{LunEntry, Target};
 use crate::transport::device::{DeviceParams, DeviceShared};
+use crate::transport::device_type::VirtioDevice;
 use crate::transport::session::Session;
 
 const QUEUE_SIZE: u16 = 64;
 
-/// A device with one 1 MiB RAM LUN of 512-byte blocks, for tests and
-/// fuzzing.
-pub(crate) fn device(queue_size: u16) -> Arc<DeviceShared> {
+/// A SCSI device with one 1 MiB RAM LUN of 512-byte blocks, as the
+/// transport and the runtime see it, for tests and fuzzing.
+pub(crate) fn device(queue_size: u16) -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
     let backstore = Arc::new(RamBackstore::new(1 << 20, 512).expect("RAM backstore"));
     let unit = LogicalUnit::new(LuConfig::new(512, 2048, 0x5001_4050_0000_0001)).expect("LU");
-    Arc::new(DeviceShared {
+    let scsi = Arc::new(
+        ScsiDevice::new(Target::from_entries(vec![LunEntry {
+            lun: 0,
+            unit: Arc::new(unit),
+            backstore,
+        }]))
+        .expect("device"),
+    );
+    let shared = Arc::new(DeviceShared {
         info: Arc::new(DeviceInfo {
             id: 0,
             name: "fuzz".into(),
@@ -56,13 +65,10 @@ pub(crate) fn device(queue_size: u16) -> Arc<DeviceShared> {
             queue_size,
             queue_map: QueueMap::default(),
         },
-        target: LunTable::new(Target::from_entries(vec![LunEntry {
-            lun: 0,
-            unit: Arc::new(unit),
-            backstore,
-        }])),
+        device: Arc::clone(&scsi) as Arc<dyn VirtioDevice>,
         memory_fault: EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"),
-    })
+    });
+    (shared, scsi)
 }
 
 /// One worker pool for the whole fuzzing process.
@@ -139,7 +145,7 @@ impl MessageHarness {
     pub fn new() -> Self {
         let (client, server) = UnixStream::pair().expect("socket pair");
         client.set_nonblocking(true).expect("non-blocking");
-        let session = Session::new(device(QUEUE_SIZE), pool()).expect("session");
+        let session = Session::new(device(QUEUE_SIZE).0, pool()).expect("session");
         let session = Arc::new(Mutex::new(session));
         let handler = BackendReqHandler::from_stream(server, Arc::clone(&session));
         MessageHarness {
@@ -238,7 +244,7 @@ impl ChainHarness {
         let size = 1u16 << (size_log2 % 7);
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), CHAIN_MEM_BYTES)])
             .expect("guest memory");
-        let dev = device(size.max(4));
+        let (dev, scsi) = device(size.max(4));
         let ring = RingConfig {
             size,
             desc: DESC,
@@ -257,7 +263,7 @@ impl ChainHarness {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
-            handler: make_handler(dev, NexusId(1), 32, 96),
+            handler: make_handler(scsi, NexusId(1), 32, 96),
         })
         .expect("queue");
         ChainHarness {

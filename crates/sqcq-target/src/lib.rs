@@ -6,9 +6,10 @@
 //!
 //! | module | what | knows of |
 //! |---|---|---|
-//! | [`runtime`] | the virtqueue runtime: the worker pool, a served queue (ring, eventfds, used-ring batching, kick / ring-poll / SQ-doorbell polling), descriptor chains, guest memory access, metrics and statistics | nothing else in the crate |
-//! | [`transport`] | vhost-user: one control thread per device socket, the session (negotiation, memory table, vrings), message handling, hostile-frontend guards | [`runtime`] |
-//! | [`scsi`] | the virtio-scsi device: command requests, the control and event queues, LUN tables and hot plug | [`runtime`], [`transport`] |
+//! | [`runtime`] | the virtqueue runtime: the worker pool, a served queue (ring, eventfds, used-ring batching, kick / ring-poll / SQ-doorbell polling), descriptor chains, guest memory access, metrics and statistics; a device plugs in a [`RequestHandler`](crate::runtime::queue::RequestHandler) per request queue | nothing else in the crate |
+//! | [`spec`] | what a disk is made of (backstore, size, block size, identity), from the command line or a file | nothing else in the crate |
+//! | [`transport`] | vhost-user for any device type ([`VirtioDevice`](crate::transport::device_type::VirtioDevice), [`DeviceSession`](crate::transport::device_type::DeviceSession)): one control thread per device socket, the session (negotiation, memory table, vrings), message handling, hostile-frontend guards | [`runtime`] |
+//! | [`scsi`] | the virtio-scsi device: its device type and sessions, command requests, the control and event queues, LUN tables and hot plug | [`runtime`], [`spec`], [`transport`] |
 //! | [`config`], [`daemon`], [`admin`], [`sandbox`] | the daemon: command line and file, start and stop, the admin socket, seccomp | everything |
 //!
 //! # Threads and what each owns
@@ -16,17 +17,20 @@
 //! - **One control thread per device** ([`device`](crate::transport::device)): owns the listening
 //!   Unix socket and, while a frontend is connected, the [`session::Session`](crate::transport::session::Session)
 //!   (negotiated features, guest memory map, vring configuration, which
-//!   worker runs which queue). It handles vhost-user messages
-//!   ([`handler`](crate::transport::handler)) with `vhost`'s `BackendReqHandler`, and serves the
-//!   control queue (task management, asynchronous notification) and the
-//!   event queue ([`control`](crate::scsi::control)) itself: their traffic is rare and what they
-//!   do needs the state this thread owns. A frontend that disconnects
+//!   worker runs which queue) and the device's state for the connection
+//!   (for SCSI, [`ScsiSession`](crate::scsi::device::ScsiSession)). It
+//!   handles vhost-user messages ([`handler`](crate::transport::handler))
+//!   with `vhost`'s `BackendReqHandler`, and lets the device serve its
+//!   own queues: virtio-scsi's control queue (task management,
+//!   asynchronous notification) and event queue
+//!   ([`control`](crate::scsi::control)), whose traffic is rare and whose
+//!   work needs the state this thread owns. A frontend that disconnects
 //!   leaves the device listening for the next one (a new I_T nexus).
 //! - **A pool of worker threads shared by every device** ([`worker`](crate::runtime::worker)):
 //!   each owns the request queues assigned to it ([`queue::ServedQueue`](crate::runtime::queue::ServedQueue):
-//!   the ring, its eventfds, one backstore queue per LUN, the requests in
-//!   flight) and waits in one epoll set for their kicks and backstore
-//!   completions. The virtqueue-to-worker map is explicit (`--queue-map`)
+//!   the ring and its eventfds, and the device's handler: for SCSI one
+//!   backstore queue per LUN and the requests in flight) and waits in one
+//!   epoll set for their kicks and backstore completions. The virtqueue-to-worker map is explicit (`--queue-map`)
 //!   or round robin, and logged (`device D vq Q -> worker W`). Control
 //!   threads hand queues over through a channel and an eventfd (start,
 //!   stop, new call fd, drain for a task management function); the request
@@ -80,6 +84,7 @@ pub mod fuzzing;
 pub mod runtime;
 pub mod sandbox;
 pub mod scsi;
+pub mod spec;
 pub mod transport;
 
 pub use config::{Cli, DaemonConfig, DeviceConfig, LunSpec};

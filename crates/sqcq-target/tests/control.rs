@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use sqcq_target::transport::device::EventReport;
+use sqcq_target::scsi::device::EventReport;
 use vhost::VhostBackend;
 use vhost::vhost_user::VhostUserFrontend;
 
@@ -81,7 +81,7 @@ fn events_reach_the_event_queue() {
     let buf = g.alloc(16);
     let head = evq.add(&g, &[(buf, 16, true)]);
     evq.kick(&g);
-    daemon.devices()[0].report_event(EventReport {
+    daemon.scsi_device(0).unwrap().report_event(EventReport {
         lun: 1,
         event: 1,
         reason: 1,

@@ -28,12 +28,18 @@ use crate::runtime::guest;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{PollError, QueueError, RingConfig, open_ring};
 use crate::runtime::used::UsedRing;
-use crate::transport::session::{CONTROL_VQ, EVENT_VQ, Session};
+use crate::scsi::device::ScsiSession;
+use crate::transport::device_type::{LocalQueueFds, SessionCtx};
 use sqcq_wire::scsi::{
     AN_REQ_SIZE, AnReq, CTRL_AN_QUERY, CTRL_AN_SUBSCRIBE, CTRL_TMF, EVENT_INFO_SIZE, EVENT_SIZE,
     EVT_EVENTS_MISSED, EVT_PARAM_CHANGE, EVT_TRANSPORT_RESET, Event, Lun, Response, TMF_REQ_SIZE,
     Tmf, TmfReq, VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG, ctrl_type, encode_an_resp,
 };
+
+/// Index of the control queue.
+pub const CONTROL_VQ: usize = 0;
+/// Index of the event queue.
+pub const EVENT_VQ: usize = 1;
 
 /// epoll token of the control queue's kick eventfd on the control thread.
 pub const CONTROL_KICK_TOKEN: u64 = 100;
@@ -59,14 +65,6 @@ struct CtrlQueue {
     broken: bool,
     /// Where the doorbells are, with VIRTIO_F_SQCQ_POLL.
     doorbells: Option<DoorbellLocation>,
-}
-
-/// The eventfds of a control or event queue (no error eventfd: these
-/// queues stop without a broken state to report).
-#[derive(Debug)]
-pub(crate) struct ControlQueueFds {
-    pub(crate) kick: PeerEventFd,
-    pub(crate) call: Option<PeerEventFd>,
 }
 
 /// The control and event queues of one connection.
@@ -150,7 +148,7 @@ impl ControlPlane {
         index: usize,
         ring: &RingConfig,
         mem: &Arc<GuestMemoryMmap>,
-        fds: ControlQueueFds,
+        fds: LocalQueueFds,
         doorbells: bool,
     ) -> Result<(), QueueError> {
         let (queue, used) = open_ring(ring, mem)?;
@@ -165,13 +163,14 @@ impl ControlPlane {
             let (sq, _) = guest_doorbells(mem, location)
                 .map_err(|e| QueueError::Doorbells(PollError::Memory(e)))?;
             // The queue is looked at once right after it starts
-            // (`Session::start`), which covers requests published before.
+            // (`ScsiSession::start_control_queue`), which covers requests
+            // published before.
             SqConsumer::new(sq, ring.next_avail).park();
             Some(location)
         } else {
             None
         };
-        let ControlQueueFds { kick, call } = fds;
+        let LocalQueueFds { kick, call } = fds;
         let token = if index == CONTROL_VQ {
             CONTROL_KICK_TOKEN
         } else {
@@ -261,15 +260,47 @@ fn signal(q: &mut CtrlQueue) {
     }
 }
 
-impl Session {
+impl ScsiSession {
+    /// Starts the control (0) or event (1) queue and serves what is
+    /// already there.
+    pub(crate) fn start_control_queue(
+        &mut self,
+        ctx: &SessionCtx<'_>,
+        index: usize,
+        ring: &RingConfig,
+        fds: LocalQueueFds,
+    ) -> Result<(), QueueError> {
+        self.control.start(
+            index,
+            ring,
+            &ctx.mem.memory().into_inner(),
+            fds,
+            ctx.has_feature(sqcq_protocol::VIRTIO_F_SQCQ_POLL),
+        )?;
+        self.service_control(ctx, index);
+        Ok(())
+    }
+
+    /// Serves the queues whose kick fired, and control requests left
+    /// from the last pass.
+    pub(crate) fn service_control_queues(&mut self, ctx: &SessionCtx<'_>) {
+        let fired = self.control.fired();
+        if fired[CONTROL_VQ] || self.control.more {
+            self.service_control(ctx, CONTROL_VQ);
+        }
+        if fired[EVENT_VQ] {
+            self.service_control(ctx, EVENT_VQ);
+        }
+    }
+
     /// The kick of vq `index` fired (or the vq just started): serve it.
-    pub fn service_control(&mut self, index: usize) {
+    fn service_control(&mut self, ctx: &SessionCtx<'_>, index: usize) {
         if let Some(q) = self.control.queues.get(index).and_then(Option::as_ref) {
             let _ = q.kick.drain();
         }
         match index {
-            CONTROL_VQ => self.process_control(),
-            EVENT_VQ => self.deliver_events(),
+            CONTROL_VQ => self.process_control(ctx),
+            EVENT_VQ => self.deliver_events(ctx),
             _ => {}
         }
     }
@@ -277,13 +308,13 @@ impl Session {
     /// Reports `event` to the driver if it negotiated the feature the event
     /// belongs to (HOTPLUG for transport resets, CHANGE for parameter
     /// changes).
-    pub fn report_event(&mut self, lun: u16, event: u32, reason: u32) {
+    pub(crate) fn report_event(&mut self, ctx: &SessionCtx<'_>, lun: u16, event: u32, reason: u32) {
         let needed = match event {
             EVT_TRANSPORT_RESET => VIRTIO_SCSI_F_HOTPLUG,
             EVT_PARAM_CHANGE => VIRTIO_SCSI_F_CHANGE,
             _ => return,
         };
-        if !self.has_feature(needed) {
+        if !ctx.has_feature(needed) {
             return;
         }
         self.control.push_event(Event {
@@ -291,11 +322,11 @@ impl Session {
             lun: Lun::new(0, lun),
             reason,
         });
-        self.deliver_events();
+        self.deliver_events(ctx);
     }
 
-    fn deliver_events(&mut self) {
-        let mem = self.mem.memory().into_inner();
+    fn deliver_events(&mut self, ctx: &SessionCtx<'_>) {
+        let mem = ctx.mem.memory().into_inner();
         let Some(q) = self.control.queues[EVENT_VQ].as_mut().filter(|q| !q.broken) else {
             return;
         };
@@ -304,8 +335,8 @@ impl Session {
                 Ok(mut it) => it.next(),
                 Err(e) => {
                     q.broken = true;
-                    DeviceMetrics::bump(&self.dev.info.metrics.broken_rings);
-                    guest_warn!(self.dev.info.limiter, device = %self.dev.info.name,
+                    DeviceMetrics::bump(&self.info.metrics.broken_rings);
+                    guest_warn!(self.info.limiter, device = %self.info.name,
                         "event queue: {e}: stopped, device needs reset");
                     break;
                 }
@@ -325,8 +356,8 @@ impl Session {
                     len = EVENT_INFO_SIZE;
                 }
             } else {
-                DeviceMetrics::bump(&self.dev.info.metrics.bad_control);
-                guest_warn!(self.dev.info.limiter, device = %self.dev.info.name, "bad event buffer at head {head}");
+                DeviceMetrics::bump(&self.info.metrics.bad_control);
+                guest_warn!(self.info.limiter, device = %self.info.name, "bad event buffer at head {head}");
             }
             let _ = q.used.push(&mem, head, len);
         }
@@ -337,8 +368,8 @@ impl Session {
     /// `control.more` set when requests are left, for the control thread
     /// to come back after its other events (a guest that keeps the queue
     /// full cannot hold the thread, or SIGTERM, for good).
-    fn process_control(&mut self) {
-        let mem = self.mem.memory().into_inner();
+    fn process_control(&mut self, ctx: &SessionCtx<'_>) {
+        let mem = ctx.mem.memory().into_inner();
         let mut budget = CONTROL_BUDGET;
         self.control.more = false;
         loop {
@@ -350,8 +381,8 @@ impl Session {
                         // Stop serving it: every later pass would find the
                         // same (a reset gives the driver a new ring).
                         q.broken = true;
-                        DeviceMetrics::bump(&self.dev.info.metrics.broken_rings);
-                        guest_warn!(self.dev.info.limiter, device = %self.dev.info.name,
+                        DeviceMetrics::bump(&self.info.metrics.broken_rings);
+                        guest_warn!(self.info.limiter, device = %self.info.name,
                             "control queue: {e}: stopped, device needs reset");
                         return;
                     }
@@ -383,10 +414,10 @@ impl Session {
             let head = chain.head_index();
             let parsed = chain::parse(chain, &mem, 8, &mut self.control.chain);
             let len = match parsed {
-                Ok(()) => self.control_request(&mem),
+                Ok(()) => self.control_request(ctx, &mem),
                 Err(e) => {
-                    DeviceMetrics::bump(&self.dev.info.metrics.bad_control);
-                    guest_warn!(self.dev.info.limiter, device = %self.dev.info.name, "bad control chain: {e}");
+                    DeviceMetrics::bump(&self.info.metrics.bad_control);
+                    guest_warn!(self.info.limiter, device = %self.info.name, "bad control chain: {e}");
                     self.control_response(&mem, &[Response::Failure.to_byte()])
                 }
             };
@@ -408,7 +439,7 @@ impl Session {
     }
 
     /// Handles one control request; returns the used length.
-    fn control_request(&mut self, mem: &GuestMemoryMmap) -> u32 {
+    fn control_request(&mut self, ctx: &SessionCtx<'_>, mem: &GuestMemoryMmap) -> u32 {
         let readable = self.control.chain.readable.clone();
         let mut kind = [0u8; 4];
         if guest::read_at(mem, &readable, 0, &mut kind).is_err() {
@@ -420,7 +451,7 @@ impl Session {
                 if guest::read_at(mem, &readable, 0, &mut buf).is_err() {
                     return self.bad_control(mem, "short TMF request");
                 }
-                let response = self.task_management(&TmfReq::decode(&buf));
+                let response = self.task_management(ctx, &TmfReq::decode(&buf));
                 self.control_response(mem, &[response.to_byte()])
             }
             CTRL_AN_QUERY | CTRL_AN_SUBSCRIBE => {
@@ -441,8 +472,8 @@ impl Session {
     }
 
     fn bad_control(&self, mem: &GuestMemoryMmap, what: &str) -> u32 {
-        DeviceMetrics::bump(&self.dev.info.metrics.bad_control);
-        guest_warn!(self.dev.info.limiter, device = %self.dev.info.name, "{what}");
+        DeviceMetrics::bump(&self.info.metrics.bad_control);
+        guest_warn!(self.info.limiter, device = %self.info.name, "{what}");
         self.control_response(mem, &[Response::Failure.to_byte()])
     }
 
@@ -450,7 +481,7 @@ impl Session {
     /// once the backstore has them, so the functions that end tasks wait
     /// until every request in flight when the TMF arrived has completed;
     /// then no task it names is left and FUNCTION COMPLETE is true.
-    fn task_management(&mut self, req: &TmfReq) -> Response {
+    fn task_management(&mut self, ctx: &SessionCtx<'_>, req: &TmfReq) -> Response {
         let Some(lun) = req.lun.filter(|l| l.target() == 0).map(Lun::lun) else {
             return Response::BadTarget;
         };
@@ -463,7 +494,7 @@ impl Session {
         };
         match function {
             Tmf::ItNexusReset => {
-                if !self.drain_requests() {
+                if !(ctx.drain_requests)() {
                     return Response::Failure;
                 }
                 for e in target.luns() {
@@ -481,7 +512,7 @@ impl Session {
                 let Some(unit) = unit else {
                     return Response::IncorrectLun;
                 };
-                if !self.drain_requests() {
+                if !(ctx.drain_requests)() {
                     return Response::Failure;
                 }
                 if function == Tmf::LogicalUnitReset {

@@ -33,21 +33,20 @@
 //! the driver negotiated HOTPLUG (transport resets) or CHANGE (parameter
 //! changes).
 
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use sqcq_backstore::{BackstoreError, BackstoreQueue};
 use sqcq_scsi::{ConfigError, NexusId};
 use thiserror::Error;
 use tracing::{error, info, warn};
-use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::LunSpec;
+use crate::runtime::queue::DeviceInfo;
 use crate::runtime::queue::{QueueError, Vring};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use crate::scsi::device::{EventReport, ScsiDevice};
 use crate::scsi::queue::{LunQueue, ScsiQueue};
 use crate::scsi::target::{LunEntry, Target, TargetError, build_lun, wwn_seed};
-use crate::transport::device::{DeviceShared, EventReport};
+use crate::spec::LunSpec;
 use sqcq_wire::scsi::{
     EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET, Lun,
 };
@@ -175,33 +174,13 @@ impl LunTable {
     }
 }
 
-/// Sends event reports to a device's control thread.
-#[derive(Debug)]
-pub struct EventSender {
-    tx: Sender<EventReport>,
-    notify: EventFd,
-}
-
-impl EventSender {
-    pub(crate) fn new(tx: Sender<EventReport>, notify: EventFd) -> Self {
-        EventSender { tx, notify }
-    }
-
-    /// Reports `event` to the connected driver, if any.
-    pub fn send(&self, event: EventReport) {
-        if self.tx.send(event).is_ok() {
-            let _ = self.notify.write(1);
-        }
-    }
-}
-
-/// What a LUN change needs: the device, its event channel, the workers.
+/// What a LUN change needs: the device, the workers.
 #[derive(Debug)]
 pub struct DeviceControl {
-    /// The device.
-    pub shared: Arc<DeviceShared>,
-    /// Its event channel.
-    pub events: EventSender,
+    /// The device as the runtime knows it (number, name, figures).
+    pub info: Arc<DeviceInfo>,
+    /// The SCSI device (its LUN table and event reports).
+    pub scsi: Arc<ScsiDevice>,
     /// The worker pool serving it.
     pub pool: Arc<WorkerPool>,
 }
@@ -213,11 +192,11 @@ impl DeviceControl {
             .lun
             .filter(|l| *l <= Lun::MAX_LUN)
             .ok_or(HotplugError::BadLun)?;
-        let dev = &self.shared;
+        let dev = &self.scsi;
         if dev.target.current().find(lun).is_some() {
             return Err(HotplugError::Exists(lun));
         }
-        let entry = build_lun(lun, spec, wwn_seed(&dev.info.name)).map_err(HotplugError::Build)?;
+        let entry = build_lun(lun, spec, wwn_seed(&self.info.name)).map_err(HotplugError::Build)?;
         let geometry = entry.backstore.geometry();
         let target = dev.target.install_added(entry)?;
         if let Err(e) = self.hand_over(&target) {
@@ -228,29 +207,29 @@ impl DeviceControl {
             }
             return Err(HotplugError::Queue(e));
         }
-        info!(device = dev.info.id, lun, ?geometry, "LUN added");
+        info!(device = self.info.id, lun, ?geometry, "LUN added");
         self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_RESCAN);
         Ok(lun)
     }
 
     /// Removes `lun` once the requests in flight to it have completed.
     pub fn remove_lun(&self, lun: u16) -> Result<(), HotplugError> {
-        let dev = &self.shared;
+        let dev = &self.scsi;
         let target = dev.target.install_removed(lun)?;
         if let Err(e) = self.hand_over(&target) {
-            warn!(device = dev.info.id, lun, "removing: {e}");
+            warn!(device = self.info.id, lun, "removing: {e}");
         }
         self.drain();
         // Same snapshot again: prunes the drained backstore queues.
         let _ = self.hand_over(&target);
-        info!(device = dev.info.id, lun, "LUN removed");
+        info!(device = self.info.id, lun, "LUN removed");
         self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_REMOVED);
         Ok(())
     }
 
     /// Changes the capacity of `lun` to `bytes`.
     pub fn resize_lun(&self, lun: u16, bytes: u64) -> Result<u64, HotplugError> {
-        let dev = &self.shared;
+        let dev = &self.scsi;
         let target = dev.target.current();
         let entry = target
             .find(lun)
@@ -279,7 +258,7 @@ impl DeviceControl {
                 return Err(HotplugError::Backstore(e));
             }
         }
-        info!(device = dev.info.id, lun, blocks = new, "LUN resized");
+        info!(device = self.info.id, lun, blocks = new, "LUN resized");
         self.event(lun, EVT_PARAM_CHANGE, REASON_CAPACITY_CHANGED);
         Ok(new)
     }
@@ -288,7 +267,7 @@ impl DeviceControl {
     /// its next request, as for a nonsense doorbell (fault injection, see
     /// [`crate::admin`]); returns the vring indices armed.
     pub fn break_queues(&self, vq: Option<u16>) -> Vec<u16> {
-        let device = self.shared.info.id;
+        let device = self.info.id;
         let mut broken = Vec::new();
         for w in 0..self.pool.len() {
             let call = |reply| WorkerCommand::Break { device, vq, reply };
@@ -306,7 +285,7 @@ impl DeviceControl {
 
     /// Gives `target` to every worker; the first failure, if any.
     fn hand_over(&self, target: &Arc<Target>) -> Result<(), QueueError> {
-        let device = self.shared.info.id;
+        let device = self.info.id;
         let mut result = Ok(());
         for w in 0..self.pool.len() {
             let call = |reply| WorkerCommand::Update {
@@ -328,7 +307,7 @@ impl DeviceControl {
 
     /// Waits until every request of the device in flight now completed.
     fn drain(&self) {
-        let device = self.shared.info.id;
+        let device = self.info.id;
         let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
         for w in 0..self.pool.len() {
             let call = |reply| WorkerCommand::Drain { device, reply };
@@ -339,7 +318,7 @@ impl DeviceControl {
     }
 
     fn event(&self, lun: u16, event: u32, reason: u32) {
-        self.events.send(EventReport { lun, event, reason });
+        self.scsi.report_event(EventReport { lun, event, reason });
     }
 }
 

@@ -5,6 +5,7 @@
 //! emulation itself is `sqcq_scsi`, the wire format `sqcq_wire::scsi`.
 
 pub mod control;
+pub mod device;
 pub mod hotplug;
 pub mod inflight;
 pub mod queue;

@@ -20,9 +20,9 @@ use crate::runtime::chain::ChainBuffers;
 use crate::runtime::queue::{
     MakeHandler, QueueError, RequestHandler, RingConfig, Vring, drain_fd, wait_readable,
 };
+use crate::scsi::device::ScsiDevice;
 use crate::scsi::inflight::Inflight;
 use crate::scsi::target::Target;
-use crate::transport::device::DeviceShared;
 
 /// One LUN's backstore queue on this worker.
 pub(crate) struct LunQueue {
@@ -57,7 +57,7 @@ pub struct ScsiQueue {
 /// the LUN snapshot current when the worker starts the queue (a change
 /// handed to the workers after that reaches it as an update).
 pub fn make_handler(
-    dev: Arc<DeviceShared>,
+    dev: Arc<ScsiDevice>,
     nexus: NexusId,
     cdb_size: u32,
     sense_size: u32,

@@ -10,6 +10,7 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
+use crate::scsi::device::ScsiDevice;
 use crate::scsi::queue::make_handler;
 use crate::transport::device::DeviceShared;
 
@@ -27,7 +28,7 @@ struct Fixture {
     next_buf: u64,
 }
 
-fn device() -> Arc<DeviceShared> {
+fn device() -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
     crate::fuzzing::device(SIZE)
 }
 
@@ -43,7 +44,7 @@ impl Fixture {
             next_avail: 0,
             event_idx: false,
         };
-        let dev = device();
+        let (dev, scsi) = device();
         let queue = ServedQueue::start(QueueStart {
             key: QueueKey { device: 0, vq: 2 },
             device: Arc::clone(&dev.info),
@@ -55,7 +56,7 @@ impl Fixture {
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
             // A nexus the unit does not know has no unit attention.
-            handler: make_handler(dev, NexusId(1), 32, 96),
+            handler: make_handler(scsi, NexusId(1), 32, 96),
         })
         .unwrap();
         Fixture {

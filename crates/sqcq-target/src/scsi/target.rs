@@ -9,7 +9,7 @@ use sqcq_backstore::{
 use sqcq_scsi::{ConfigError, LogicalUnit, LuConfig, Provisioning};
 use thiserror::Error;
 
-use crate::config::{BackstoreKind, LunSpec};
+use crate::spec::{BackstoreKind, LunSpec};
 
 /// One logical unit of the target.
 pub struct LunEntry {

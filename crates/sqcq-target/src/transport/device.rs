@@ -2,16 +2,17 @@
 //!
 //! The control thread owns the listening socket and, while a frontend is
 //! connected, the [`Session`]: it waits in one epoll set for vhost-user
-//! messages, for the kicks of the control and event queues, for event
-//! reports from the embedding program and for the stop signal. When the
-//! frontend disconnects it stops every queue, forgets the connection (a
-//! new one is a new I_T nexus) and accepts the next frontend on the same
-//! socket.
+//! messages, for the kicks of the queues the device serves on this thread
+//! (virtio-scsi's control and event queues), for the device's notifier
+//! (event reports from other threads) and for the stop signal. When the
+//! frontend disconnects it stops every queue, forgets the connection (for
+//! SCSI, a new one is a new I_T nexus) and accepts the next frontend on
+//! the same socket.
 
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -20,17 +21,16 @@ use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::config::{DeviceConfig, QueueMap};
 use crate::guest_warn;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::DeviceInfo;
 use crate::runtime::ratelimit::{DEFAULT_BURST, RateLimiter};
 use crate::runtime::worker::WorkerPool;
-use crate::scsi::hotplug::{EventSender, LunTable};
-use crate::scsi::target::Target;
+pub use crate::transport::device_type::DeviceParams;
+use crate::transport::device_type::VirtioDevice;
 use crate::transport::listen::ListeningSocket;
 use crate::transport::memory::GuardedRegion;
-use crate::transport::session::{CONTROL_VQ, EVENT_VQ, Session};
+use crate::transport::session::Session;
 use crate::transport::vhost_socket::{self, MAX_UNREAD_REPLIES, MESSAGE_TIMEOUT, Wait};
 
 const LISTEN_TOKEN: u64 = 1;
@@ -47,17 +47,6 @@ const LINGER_POLL_MS: i32 = 1000;
 /// dropped (a frontend that only sends garbage).
 const MAX_CONSECUTIVE_ERRORS: u32 = 16;
 
-/// Queue parameters of a device.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceParams {
-    /// Request queues announced.
-    pub num_queues: u16,
-    /// Largest queue size accepted.
-    pub queue_size: u16,
-    /// Request queue to worker map.
-    pub queue_map: QueueMap,
-}
-
 /// What the control thread and the workers of a device share.
 #[derive(Debug)]
 pub struct DeviceShared {
@@ -66,23 +55,12 @@ pub struct DeviceShared {
     pub info: Arc<DeviceInfo>,
     /// Queue parameters.
     pub params: DeviceParams,
-    /// The logical units (the current snapshot; workers hold their own).
-    pub target: LunTable,
+    /// The device type.
+    pub device: Arc<dyn VirtioDevice>,
     /// Written by the SIGBUS guard when a page of this device's guest
     /// memory was lost ([`crate::transport::sigbus`]); the control thread then drops
     /// the connection.
     pub memory_fault: EventFd,
-}
-
-/// An event to report to the driver (virtio-scsi event queue).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EventReport {
-    /// The LUN concerned.
-    pub lun: u16,
-    /// `VIRTIO_SCSI_T_TRANSPORT_RESET` or `VIRTIO_SCSI_T_PARAM_CHANGE`.
-    pub event: u32,
-    /// Reason code.
-    pub reason: u32,
 }
 
 /// A running device.
@@ -90,8 +68,6 @@ pub struct EventReport {
 pub struct DeviceHandle {
     shared: Arc<DeviceShared>,
     stop: EventFd,
-    notify: EventFd,
-    events: Sender<EventReport>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -100,79 +76,50 @@ impl DeviceHandle {
     /// thread.
     pub fn spawn(
         id: u32,
-        config: &DeviceConfig,
-        target: Target,
+        socket_path: &Path,
+        params: DeviceParams,
+        device: Arc<dyn VirtioDevice>,
         pool: Arc<WorkerPool>,
     ) -> io::Result<Self> {
-        let path = config.socket_path.clone();
-        let socket = ListeningSocket::bind(&path).map_err(io::Error::other)?;
+        let socket = ListeningSocket::bind(socket_path).map_err(io::Error::other)?;
+        let vrings = device.local_queues() + usize::from(device.max_request_queues());
         let info = Arc::new(DeviceInfo {
             id,
-            name: path.display().to_string(),
-            metrics: Arc::new(DeviceMetrics::new(
-                id,
-                2 + usize::from(crate::transport::session::MAX_REQUEST_QUEUES),
-            )),
+            name: socket_path.display().to_string(),
+            metrics: Arc::new(DeviceMetrics::new(id, vrings)),
             limiter: RateLimiter::new(DEFAULT_BURST),
         });
         let shared = Arc::new(DeviceShared {
             info,
-            params: DeviceParams {
-                num_queues: config.num_queues,
-                queue_size: config.queue_size,
-                queue_map: config.queue_map.clone(),
-            },
-            target: LunTable::new(target),
+            params,
+            device,
             memory_fault: EventFd::new(EFD_NONBLOCK)?,
         });
         pool.stats().register(&shared.info.metrics);
-        for e in shared.target.current().luns() {
-            info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
-        }
         let stop = EventFd::new(EFD_NONBLOCK)?;
-        let notify = EventFd::new(EFD_NONBLOCK)?;
-        let (events, rx) = mpsc::channel();
         let control = ControlThread {
             shared: Arc::clone(&shared),
             pool,
             socket,
             stop: stop.try_clone()?,
-            notify: notify.try_clone()?,
-            events: rx,
             epoll: Epoll::new()?,
             lingering: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("sqcq-dev{id}"))
             .spawn(move || control.run())?;
-        info!(device = id, "listening on {}", path.display());
+        info!(device = id, "listening on {}", socket_path.display());
         Ok(DeviceHandle {
             shared,
             stop,
-            notify,
-            events,
             thread: Some(thread),
         })
     }
 
-    /// What the device shares with its workers (counters, LUNs).
+    /// What the device shares with its workers (number, name, figures,
+    /// the device type).
     pub fn shared(&self) -> &Arc<DeviceShared> {
         &self.shared
-    }
-
-    /// Reports an event to the connected driver, if any.
-    pub fn report_event(&self, event: EventReport) {
-        if self.events.send(event).is_ok() {
-            let _ = self.notify.write(1);
-        }
-    }
-
-    /// A sender of event reports for another thread (the admin socket).
-    pub fn event_sender(&self) -> io::Result<EventSender> {
-        Ok(EventSender::new(
-            self.events.clone(),
-            self.notify.try_clone()?,
-        ))
     }
 
     /// Stops accepting, stops every queue after its in-flight requests,
@@ -203,8 +150,6 @@ struct ControlThread {
     pool: Arc<WorkerPool>,
     socket: ListeningSocket,
     stop: EventFd,
-    notify: EventFd,
-    events: Receiver<EventReport>,
     epoll: Epoll,
     /// Guest memory of ended connections still used by abandoned requests:
     /// unmapped once they are gone.
@@ -257,7 +202,7 @@ impl ControlThread {
         if let Err(e) = self
             .watch(listener, LISTEN_TOKEN)
             .and_then(|()| self.watch(self.stop.as_raw_fd(), STOP_TOKEN))
-            .and_then(|()| self.watch(self.notify.as_raw_fd(), NOTIFY_TOKEN))
+            .and_then(|()| self.watch(self.shared.device.notifier(), NOTIFY_TOKEN))
             .and_then(|()| self.watch(self.shared.memory_fault.as_raw_fd(), MEMORY_FAULT_TOKEN))
         {
             error!(device = self.shared.info.id, "epoll: {e}");
@@ -277,11 +222,7 @@ impl ControlThread {
             for ev in &events[..n] {
                 match ev.data() {
                     STOP_TOKEN => return,
-                    NOTIFY_TOKEN => {
-                        // No driver connected: events are dropped.
-                        let _ = self.notify.read();
-                        while self.events.try_recv().is_ok() {}
-                    }
+                    NOTIFY_TOKEN => self.shared.device.discard_notifications(),
                     MEMORY_FAULT_TOKEN => {
                         // A fault of an ended connection's lingering memory.
                         let _ = self.shared.memory_fault.read();
@@ -320,15 +261,12 @@ impl ControlThread {
         };
         // Only this thread locks the session (BackendReqHandler needs the
         // Mutex); a poisoned lock would mean a panic on this thread.
-        let (nexus, control_fd) = {
-            let s = session.lock().unwrap_or_else(PoisonError::into_inner);
-            (s.nexus, s.control.epoll_fd())
-        };
-        info!(
-            device = self.shared.info.id,
-            nexus = nexus.0,
-            "frontend connected"
-        );
+        let control_fd = session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .device
+            .epoll_fd();
+        info!(device = self.shared.info.id, "frontend connected");
         let mut handler = BackendReqHandler::from_stream(stream, Arc::clone(&session));
         let socket_fd = handler.as_raw_fd();
         if let Err(e) = self
@@ -443,7 +381,7 @@ impl ControlThread {
                 session
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .service_control(CONTROL_VQ);
+                    .with_device(|d, ctx| d.service(ctx));
             }
             for ev in &events[..n] {
                 match ev.data() {
@@ -465,31 +403,22 @@ impl ControlThread {
                              punched its memory file)"
                         ));
                     }
-                    CONTROL_TOKEN => {
-                        let mut s = session.lock().unwrap_or_else(PoisonError::into_inner);
-                        let fired = s.control.fired();
-                        if fired[CONTROL_VQ] {
-                            s.service_control(CONTROL_VQ);
-                        }
-                        if fired[EVENT_VQ] {
-                            s.service_control(EVENT_VQ);
-                        }
-                    }
-                    NOTIFY_TOKEN => {
-                        let _ = self.notify.read();
-                        let mut s = session.lock().unwrap_or_else(PoisonError::into_inner);
-                        while let Ok(e) = self.events.try_recv() {
-                            s.report_event(e.lun, e.event, e.reason);
-                        }
-                    }
+                    CONTROL_TOKEN => session
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .with_device(|d, ctx| d.service(ctx)),
+                    NOTIFY_TOKEN => session
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .with_device(|d, ctx| d.notified(ctx)),
                     _ => {}
                 }
             }
             control_pending = session
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .control
-                .more;
+                .device
+                .pending();
         }
     }
 }

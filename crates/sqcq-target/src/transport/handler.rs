@@ -25,18 +25,13 @@ use virtio_bindings::bindings::virtio_ring::{
 
 use crate::runtime::eventfd::{FdRole, PeerEventFd};
 use crate::transport::session::Session;
-use sqcq_wire::scsi::{
-    CONFIG_CDB_SIZE_OFFSET, CONFIG_SENSE_SIZE_OFFSET, MAX_CDB_SIZE, MAX_SENSE_SIZE, ScsiConfig,
-    VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG,
-};
 
-/// Virtio features the device always offers (VIRTIO_F_SQCQ_POLL comes on
-/// top unless withheld: [`Session::offered_features`]).
+/// Virtio features every device offers (the device type's own bits, and
+/// VIRTIO_F_SQCQ_POLL unless withheld, come on top:
+/// [`Session::offered_features`]).
 pub const OFFERED_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
-    | (1 << VIRTIO_SCSI_F_HOTPLUG)
-    | (1 << VIRTIO_SCSI_F_CHANGE)
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
 /// vhost-user protocol features the device offers.
@@ -75,24 +70,6 @@ impl Session {
             .find(|m| va >= m.user_addr && va - m.user_addr < m.size)
             .map(|m| va - m.user_addr + m.gpa)
             .ok_or(Error::InvalidParam)
-    }
-
-    /// The configuration space as the driver sees it now.
-    pub fn config_space(&self) -> ScsiConfig {
-        let p = &self.dev.params;
-        ScsiConfig {
-            num_queues: u32::from(p.num_queues),
-            seg_max: u32::from(p.queue_size) - 2,
-            max_sectors: 0xffff,
-            cmd_per_lun: u32::from(p.queue_size),
-            event_info_size: sqcq_wire::scsi::EVENT_INFO_SIZE,
-            sense_size: self.sense_size,
-            cdb_size: self.cdb_size,
-            max_channel: 0,
-            max_target: 0,
-            // Hot-added LUNs up to the single-level limit stay reachable.
-            max_lun: u32::from(sqcq_wire::scsi::Lun::MAX_LUN),
-        }
     }
 }
 
@@ -261,7 +238,7 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn get_queue_num(&mut self) -> Result<u64> {
-        Ok(2 + u64::from(self.dev.params.num_queues))
+        Ok(u64::try_from(self.queue_num()).unwrap_or(u64::MAX))
     }
 
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
@@ -277,7 +254,7 @@ impl VhostUserBackendReqHandlerMut for Session {
         size: u32,
         _flags: VhostUserConfigFlags,
     ) -> Result<Vec<u8>> {
-        let space = self.config_space().encode();
+        let space = self.device.config_space();
         let start = usize::try_from(offset).map_err(|_| Error::InvalidParam)?;
         let len = usize::try_from(size).map_err(|_| Error::InvalidParam)?;
         let end = start.checked_add(len).ok_or(Error::InvalidParam)?;
@@ -288,16 +265,11 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn set_config(&mut self, offset: u32, buf: &[u8], _flags: VhostUserConfigFlags) -> Result<()> {
-        // Only sense_size and cdb_size are driver-writable (virtio 5.6.4).
-        let value = <[u8; 4]>::try_from(buf)
-            .map(u32::from_le_bytes)
-            .map_err(|_| Error::InvalidParam)?;
-        match usize::try_from(offset).map_err(|_| Error::InvalidParam)? {
-            CONFIG_SENSE_SIZE_OFFSET if value <= MAX_SENSE_SIZE => self.sense_size = value,
-            CONFIG_CDB_SIZE_OFFSET if (6..=MAX_CDB_SIZE).contains(&value) => self.cdb_size = value,
-            _ => return Err(Error::InvalidParam),
+        if self.device.write_config(offset, buf) {
+            Ok(())
+        } else {
+            Err(Error::InvalidParam)
         }
-        Ok(())
     }
 
     fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> Result<()> {

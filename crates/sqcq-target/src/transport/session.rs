@@ -1,50 +1,30 @@
-//! One vhost-user connection (one I_T nexus): the device state the control
-//! thread owns, and the vring lifecycle.
+//! One vhost-user connection: the state the control thread owns, and the
+//! vring lifecycle.
 //!
 //! A vring runs when it has a size, addresses, memory and a kick eventfd
 //! (SET_VRING_KICK starts it) and is enabled (SET_VRING_ENABLE 1, or all
 //! rings at SET_FEATURES when VHOST_USER_F_PROTOCOL_FEATURES was not
 //! negotiated). GET_VRING_BASE stops it: its worker finishes what is in
 //! flight and reports where the driver should resume. Request queues run on
-//! their worker; the control and event queues run on this thread (see
-//! [`crate::scsi::control`]).
+//! their worker; the device's other queues (virtio-scsi's control and
+//! event queues) run on this thread, served by the device's
+//! [`DeviceSession`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use sqcq_scsi::NexusId;
 use tracing::{error, info, warn};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::runtime::eventfd::PeerEventFd;
 use crate::runtime::options::RingMode;
-use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, SubmissionSource};
+use crate::runtime::queue::{DeviceInfo, QueueKey, QueueStart, RingConfig, SubmissionSource};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
-use crate::scsi::control::{ControlPlane, ControlQueueFds};
-use crate::scsi::queue::make_handler;
 use crate::transport::device::DeviceShared;
+use crate::transport::device_type::{DeviceSession, LocalQueueFds, SessionCtx};
 use crate::transport::memory::{GuardedRegion, Mapping};
-
-/// Most request queues a device serves (QEMU creates 2 + its own
-/// `num_queues` vrings whatever GET_QUEUE_NUM says, so more than
-/// `--num-queues` are accepted, up to this).
-pub const MAX_REQUEST_QUEUES: u16 = 254;
-
-/// Index of the control queue.
-pub const CONTROL_VQ: usize = 0;
-/// Index of the event queue.
-pub const EVENT_VQ: usize = 1;
-
-static NEXT_NEXUS: AtomicU64 = AtomicU64::new(1);
 
 /// How long after its deadline a worker's answer to a stop may take.
 const REPLY_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// A fresh I_T nexus identifier (one per connection, daemon-wide).
-pub fn new_nexus() -> NexusId {
-    // Relaxed: only uniqueness matters.
-    NexusId(NEXT_NEXUS.fetch_add(1, Ordering::Relaxed))
-}
 
 /// Where a vring is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +77,12 @@ impl Vring {
 pub struct Session {
     pub(crate) dev: Arc<DeviceShared>,
     pub(crate) pool: Arc<WorkerPool>,
-    pub(crate) nexus: NexusId,
+    /// The device's state for this connection.
+    pub(crate) device: Box<dyn DeviceSession>,
+    /// Vrings the device serves on this thread (the first ones).
+    local: usize,
+    /// Vrings a frontend may set up.
+    max_vrings: usize,
     pub(crate) owned: bool,
     pub(crate) acked_features: u64,
     pub(crate) acked_protocol: u64,
@@ -108,31 +93,29 @@ pub struct Session {
     /// Regions of replaced tables, unmapped once nothing uses them.
     pub(crate) retired: Vec<GuardedRegion>,
     pub(crate) vrings: Vec<Vring>,
-    pub(crate) cdb_size: u32,
-    pub(crate) sense_size: u32,
-    pub(crate) control: ControlPlane,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
             .field("device", &self.dev.info.name)
-            .field("nexus", &self.nexus)
             .finish_non_exhaustive()
     }
 }
 
 impl Session {
-    /// A new connection of `dev`, with a fresh I_T nexus.
+    /// A new connection of `dev`.
     pub fn new(dev: Arc<DeviceShared>, pool: Arc<WorkerPool>) -> std::io::Result<Self> {
-        let control = ControlPlane::new()?;
-        let nexus = new_nexus();
-        dev.target.connect(nexus);
-        let vrings = (0..2 + usize::from(dev.params.num_queues))
+        let device = Arc::clone(&dev.device).connect(Arc::clone(&dev.info), &dev.params)?;
+        let local = dev.device.local_queues();
+        let max_vrings = local + usize::from(dev.device.max_request_queues());
+        let vrings = (0..local + usize::from(dev.params.num_queues))
             .map(|_| Vring::new())
             .collect();
         Ok(Session {
-            nexus,
+            device,
+            local,
+            max_vrings,
             owned: false,
             acked_features: 0,
             acked_protocol: 0,
@@ -141,9 +124,6 @@ impl Session {
             regions: Vec::new(),
             retired: Vec::new(),
             vrings,
-            cdb_size: sqcq_wire::scsi::DEFAULT_CDB_SIZE,
-            sense_size: sqcq_wire::scsi::DEFAULT_SENSE_SIZE,
-            control,
             dev,
             pool,
         })
@@ -162,7 +142,36 @@ impl Session {
         } else {
             0
         };
-        crate::transport::handler::OFFERED_FEATURES | sqcq
+        crate::transport::handler::OFFERED_FEATURES | self.dev.device.features() | sqcq
+    }
+
+    /// Vrings announced to the frontend (GET_QUEUE_NUM).
+    pub(crate) fn queue_num(&self) -> usize {
+        self.local + usize::from(self.dev.params.num_queues)
+    }
+
+    /// Runs `f` on the device's session with what of this session it may
+    /// use.
+    pub(crate) fn with_device<R>(
+        &mut self,
+        f: impl FnOnce(&mut dyn DeviceSession, &SessionCtx<'_>) -> R,
+    ) -> R {
+        let Session {
+            device,
+            mem,
+            acked_features,
+            pool,
+            vrings,
+            dev,
+            ..
+        } = self;
+        let drain = || drain_requests(pool, vrings, &dev.info);
+        let ctx = SessionCtx {
+            mem,
+            features: *acked_features,
+            drain_requests: &drain,
+        };
+        f(device.as_mut(), &ctx)
     }
 
     /// How request queues of this connection learn of new requests: the
@@ -181,7 +190,7 @@ impl Session {
 
     /// The vring `index`, created on demand up to the limit.
     pub(crate) fn vring(&mut self, index: usize) -> Option<&mut Vring> {
-        if index >= 2 + usize::from(MAX_REQUEST_QUEUES) {
+        if index >= self.max_vrings {
             return None;
         }
         while self.vrings.len() <= index {
@@ -236,23 +245,15 @@ impl Session {
         let Some(kick) = clone(&v.kick) else { return };
         let (call, err) = (clone(&v.call), clone(&v.err));
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
-        if index < 2 {
-            match self.control.start(
-                index,
-                &ring,
-                &self.mem.memory().into_inner(),
-                ControlQueueFds { kick, call },
-                self.has_feature(sqcq_protocol::VIRTIO_F_SQCQ_POLL),
-            ) {
-                Ok(()) => {
-                    self.vrings[index].running = Running::Control;
-                    self.service_control(index);
-                }
+        if index < self.local {
+            let fds = LocalQueueFds { kick, call };
+            match self.with_device(|d, ctx| d.start_local(ctx, index, &ring, fds)) {
+                Ok(()) => self.vrings[index].running = Running::Control,
                 Err(e) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
             }
             return;
         }
-        let rq = vq - 2;
+        let rq = u16::try_from(index - self.local).unwrap_or(u16::MAX);
         let worker = self.dev.params.queue_map.worker_for(rq, self.pool.len());
         let start = QueueStart {
             key: QueueKey {
@@ -267,12 +268,7 @@ impl Session {
             err,
             source: self.submission_source(),
             spin: self.pool.options().spin_policy(),
-            handler: make_handler(
-                Arc::clone(&self.dev),
-                self.nexus,
-                self.cdb_size,
-                self.sense_size,
-            ),
+            handler: self.device.request_handler(),
         };
         let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
         let result = self.pool.call(
@@ -298,7 +294,7 @@ impl Session {
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
         let base = match self.vrings[index].running {
             Running::No => return,
-            Running::Control => self.control.stop(index),
+            Running::Control => self.device.stop_local(index),
             Running::Worker(w) => {
                 let key = QueueKey {
                     device: self.dev.info.id,
@@ -337,7 +333,7 @@ impl Session {
             .and_then(|f| f.try_clone().ok());
         match self.vrings[index].running {
             Running::No => {}
-            Running::Control => self.control.set_call(index, call),
+            Running::Control => self.device.set_local_call(index, call),
             Running::Worker(w) => {
                 let key = QueueKey {
                     device: self.dev.info.id,
@@ -366,35 +362,8 @@ impl Session {
                 ..Vring::new()
             };
         }
-        self.control.reset();
+        self.device.reset();
         self.acked_features = 0;
-    }
-
-    /// Waits until every request of this device in flight now completed,
-    /// on every worker serving one of its queues, or
-    /// [`QUEUE_STOP_TIMEOUT`] passed; returns whether they all did.
-    pub(crate) fn drain_requests(&self) -> bool {
-        let mut workers: Vec<usize> = self
-            .vrings
-            .iter()
-            .filter_map(|v| match v.running {
-                Running::Worker(w) => Some(w),
-                _ => None,
-            })
-            .collect();
-        workers.sort_unstable();
-        workers.dedup();
-        let device = self.dev.info.id;
-        let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
-        let mut drained = true;
-        for w in workers {
-            let call = |reply| WorkerCommand::Drain { device, reply };
-            if let Err(e) = self.pool.call(w, call, deadline) {
-                error!(device = %self.dev.info.name, "drain: {e}");
-                drained = false;
-            }
-        }
-        drained
     }
 
     /// Unmaps the regions of replaced memory tables that nothing uses
@@ -403,22 +372,48 @@ impl Session {
         self.retired.retain(GuardedRegion::in_use);
     }
 
-    /// Ends the connection: stops every queue, tells the logical units
-    /// that the I_T nexus is gone, and unmaps guest memory. Returns the
+    /// Ends the connection: stops every queue, tells the device (for SCSI:
+    /// the I_T nexus is gone), and unmaps guest memory. Returns the
     /// regions something still uses (requests abandoned by a queue that
     /// could not stop in time), for the caller to unmap later.
     pub fn teardown(&mut self) -> Vec<GuardedRegion> {
         self.reset_rings();
         // Every queue stopped and posted its final figures.
         self.pool.stats().write();
-        self.dev.target.disconnect(self.nexus);
+        self.device.disconnect();
         if let Ok(mem) = self.mem.lock() {
             mem.replace(GuestMemoryMmap::default());
         }
         self.mappings.clear();
         self.retired.append(&mut self.regions);
         self.release_retired();
-        info!(device = %self.dev.info.name, nexus = self.nexus.0, "connection closed");
+        info!(device = %self.dev.info.name, "connection closed");
         std::mem::take(&mut self.retired)
     }
+}
+
+/// Waits until every request of the device in flight now completed, on
+/// every worker serving one of its queues, or [`QUEUE_STOP_TIMEOUT`]
+/// passed; returns whether they all did.
+fn drain_requests(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+    let mut workers: Vec<usize> = vrings
+        .iter()
+        .filter_map(|v| match v.running {
+            Running::Worker(w) => Some(w),
+            _ => None,
+        })
+        .collect();
+    workers.sort_unstable();
+    workers.dedup();
+    let device = info.id;
+    let deadline = pool.deadline(QUEUE_STOP_TIMEOUT);
+    let mut drained = true;
+    for w in workers {
+        let call = |reply| WorkerCommand::Drain { device, reply };
+        if let Err(e) = pool.call(w, call, deadline) {
+            error!(device = %info.name, "drain: {e}");
+            drained = false;
+        }
+    }
+    drained
 }

@@ -1,0 +1,180 @@
+//! What a disk is made of, from the command line or a configuration file:
+//! the backstore (kind, path, size, whether to create the file), the
+//! logical block size, read-only, and the identity a device reports
+//! (serial, WWN, and for SCSI the LUN number). Shared by the device types
+//! and the daemon's configuration; depends on nothing else in the crate.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Where a LUN stores its blocks.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackstoreKind {
+    /// Reads zeros, drops writes (measures the transport alone).
+    Null,
+    /// Keeps data in memory.
+    Ram,
+    /// A regular file or block device through io_uring.
+    File,
+}
+
+/// One logical unit.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct LunSpec {
+    /// Backstore kind.
+    pub kind: BackstoreKind,
+    /// LUN number (default: position in the list).
+    #[serde(default)]
+    pub lun: Option<u16>,
+    /// Size in bytes (`K`, `M`, `G`, `T` suffixes accepted); required for
+    /// null and ram; for file, the bytes of the file to expose (at most
+    /// its size: an existing file is never grown or shrunk) and the size
+    /// of a file `create` makes.
+    #[serde(default, deserialize_with = "de_size")]
+    pub size: Option<u64>,
+    /// Backing file or block device.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// File LUNs: create the file (of `size` bytes) if it is missing.
+    #[serde(default)]
+    pub create: bool,
+    /// Logical block size: 512 or 4096.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// Read-only LUN.
+    #[serde(default, alias = "ro")]
+    pub read_only: bool,
+    /// Unit serial number (VPD page 0x80).
+    #[serde(default)]
+    pub serial: Option<String>,
+    /// NAA WWN (VPD page 0x83), `0x5...`.
+    #[serde(default, deserialize_with = "de_wwn")]
+    pub wwn: Option<u64>,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+
+/// A `--lun` value that cannot be parsed.
+#[derive(Debug, Error)]
+#[error("invalid LUN spec {spec:?}: {why}")]
+pub struct LunSpecError {
+    /// The spec.
+    pub spec: String,
+    /// What is wrong.
+    pub why: String,
+}
+
+impl FromStr for LunSpec {
+    type Err = LunSpecError;
+
+    /// Parses `kind=null|ram|file,size=..,path=..,create,block-size=512|4096,
+    /// ro,serial=..,wwn=0x..,lun=N`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why: String| LunSpecError {
+            spec: s.to_owned(),
+            why,
+        };
+        let mut kind = None;
+        let mut spec = LunSpec {
+            kind: BackstoreKind::Null,
+            lun: None,
+            size: None,
+            path: None,
+            create: false,
+            block_size: 512,
+            read_only: false,
+            serial: None,
+            wwn: None,
+        };
+        for part in s.split(',').filter(|p| !p.is_empty()) {
+            let (key, value) = part.split_once('=').unwrap_or((part, ""));
+            match key {
+                "kind" => {
+                    kind = Some(match value {
+                        "null" => BackstoreKind::Null,
+                        "ram" => BackstoreKind::Ram,
+                        "file" => BackstoreKind::File,
+                        _ => return Err(err(format!("unknown kind {value:?}"))),
+                    })
+                }
+                "size" => spec.size = Some(parse_size(value).map_err(err)?),
+                "path" => spec.path = Some(PathBuf::from(value)),
+                "block-size" | "block_size" => {
+                    spec.block_size = value
+                        .parse()
+                        .map_err(|_| err(format!("bad block size {value:?}")))?
+                }
+                "ro" | "read-only" => spec.read_only = value.is_empty() || value == "on",
+                "create" => spec.create = value.is_empty() || value == "on",
+                "serial" => spec.serial = Some(value.to_owned()),
+                "wwn" => spec.wwn = Some(parse_wwn(value).map_err(err)?),
+                "lun" => {
+                    spec.lun = Some(
+                        value
+                            .parse()
+                            .map_err(|_| err(format!("bad LUN {value:?}")))?,
+                    )
+                }
+                _ => return Err(err(format!("unknown key {key:?}"))),
+            }
+        }
+        spec.kind = kind.ok_or_else(|| err("kind= is required".to_owned()))?;
+        if spec.block_size != 512 && spec.block_size != 4096 {
+            return Err(err("block-size must be 512 or 4096".to_owned()));
+        }
+        Ok(spec)
+    }
+}
+
+/// Parses a byte size with an optional binary suffix (K, M, G, T).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 30),
+        Some((i, 't' | 'T')) => (&s[..i], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("bad size {s:?}"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+fn parse_wwn(s: &str) -> Result<u64, String> {
+    let hex = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u64::from_str_radix(hex, 16).map_err(|_| format!("bad WWN {s:?}"))
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IntOrString {
+    Int(u64),
+    Str(String),
+}
+
+fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<IntOrString>::deserialize(d)? {
+        None => Ok(None),
+        Some(IntOrString::Int(n)) => Ok(Some(n)),
+        Some(IntOrString::Str(s)) => parse_size(&s).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+fn de_wwn<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<IntOrString>::deserialize(d)? {
+        None => Ok(None),
+        Some(IntOrString::Int(n)) => Ok(Some(n)),
+        Some(IntOrString::Str(s)) => parse_wwn(&s).map(Some).map_err(serde::de::Error::custom),
+    }
+}
