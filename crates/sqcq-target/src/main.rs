@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     let config = match Cli::parse().into_config() {
         Ok(c) => c,
         Err(e) => {
-            error!("{}", report(&e));
+            error!("{}", sqcq_target::runtime::error_chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -47,14 +47,14 @@ fn main() -> ExitCode {
     let daemon = match Daemon::start(&config) {
         Ok(d) => d,
         Err(e) => {
-            error!("{}", report(&e));
+            error!("{}", sqcq_target::runtime::error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
     // Every socket listens and every thread runs: from here on the daemon
     // only serves.
     if let Err(e) = sqcq_target::sandbox::apply(config.seccomp) {
-        error!("{}", report(&e));
+        error!("{}", sqcq_target::runtime::error_chain(&e));
         daemon.shutdown();
         return ExitCode::FAILURE;
     }
@@ -128,18 +128,6 @@ fn admin() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// An error with its chain of causes.
-fn report(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
 }
 
 fn block_signals() -> std::io::Result<libc::sigset_t> {

@@ -116,14 +116,7 @@ impl ScsiQueue {
             });
             guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                 "bad descriptor chain at head {head}: {e}");
-            self.respond_now(
-                ring,
-                mem,
-                head,
-                CmdResp::transport(Response::Failure, 0),
-                &[],
-                0,
-            );
+            self.respond_transport(ring, mem, head, Response::Failure, 0);
             return;
         }
         let mut header = std::mem::take(&mut self.header);
@@ -136,14 +129,7 @@ impl ScsiQueue {
             DeviceMetrics::bump(&counters.short_headers);
             guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                 "request header shorter than {hdr_len} bytes at head {head}");
-            self.respond_now(
-                ring,
-                mem,
-                head,
-                CmdResp::transport(Response::Failure, 0),
-                &[],
-                0,
-            );
+            self.respond_transport(ring, mem, head, Response::Failure, 0);
         }
         self.header = header;
     }
@@ -160,14 +146,7 @@ impl ScsiQueue {
                 DeviceMetrics::bump(&d.metrics.bad_target);
                 guest_warn!(d.limiter, device = %d.name,
                     "request for {:?}: no such target", req.lun);
-                self.respond_now(
-                    ring,
-                    mem,
-                    head,
-                    CmdResp::transport(Response::BadTarget, 0),
-                    &[],
-                    0,
-                );
+                self.respond_transport(ring, mem, head, Response::BadTarget, 0);
                 return;
             }
         };
@@ -240,6 +219,19 @@ impl ScsiQueue {
         self.data_in = data_in;
     }
 
+    /// Answers a request with only a virtio-scsi `response` (the request
+    /// never reached a logical unit).
+    fn respond_transport(
+        &mut self,
+        ring: &mut Vring,
+        mem: &GuestMemoryMmap,
+        head: u16,
+        response: Response,
+        resid: u32,
+    ) {
+        self.respond_now(ring, mem, head, CmdResp::transport(response, resid), &[], 0);
+    }
+
     /// Writes a response for a request that completes without the
     /// backstore and puts it on the used ring.
     pub(crate) fn respond_now(
@@ -297,14 +289,7 @@ impl ScsiQueue {
             DeviceMetrics::bump(&d.metrics.overruns);
             guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                 "data buffer of {have} bytes for a {needed}-byte transfer: overrun");
-            self.respond_now(
-                ring,
-                mem,
-                head,
-                CmdResp::transport(Response::Overrun, saturating_u32(have)),
-                &[],
-                0,
-            );
+            self.respond_transport(ring, mem, head, Response::Overrun, saturating_u32(have));
             return;
         }
         let Some(slot) = self.inflight.claim(head) else {
