@@ -10,14 +10,16 @@
 //! trusts a length or a value that came from the other side.
 //!
 //! Why our own code: `virtio-bindings` has the C structures but no
-//! encoding, and no crate on crates.io encodes the virtio-scsi requests,
-//! responses, events and configuration space for both a device and a
-//! driver.
+//! encoding, and no crate on crates.io encodes the virtio-scsi and
+//! virtio-blk requests, responses, events and configuration spaces for
+//! both a device and a driver.
 //!
-//! - [`scsi`]: virtio-scsi (virtio 1.2, section 5.6).
+//! - [`scsi`]: virtio-scsi (virtio 1.2, section 5.6);
+//! - [`blk`]: virtio-blk (virtio 1.2, section 5.2).
 
 #![deny(missing_docs)]
 
+pub mod blk;
 pub mod scsi;
 
 /// Reads `N` bytes at `at` of a buffer the caller has sized (a fixed-size
