@@ -220,7 +220,8 @@ fn stats(devices: &[DeviceControl]) -> String {
     let mut s = String::from("ok");
     for dev in devices {
         let _ = write!(s, " device={}", dev.info.id);
-        for e in dev.scsi.target.current().luns() {
+        let luns = dev.scsi.as_ref().map(|d| d.target.current());
+        for e in luns.iter().flat_map(|t| t.luns()) {
             let _ = write!(
                 s,
                 " lun{}={}x{}",

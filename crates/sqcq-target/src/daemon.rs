@@ -10,9 +10,14 @@ use tracing::info;
 use crate::admin::AdminServer;
 use crate::config::DaemonConfig;
 use crate::runtime::worker::WorkerPool;
+use sqcq_backstore::Backstore;
+
+use crate::blk::device::BlkDevice;
+use crate::config::DeviceType;
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::hotplug::DeviceControl;
 use crate::scsi::target::{Target, TargetError, wwn_seed};
+use crate::spec::OpenError;
 use crate::transport::device::{DeviceHandle, DeviceParams};
 use crate::transport::device_type::VirtioDevice;
 
@@ -31,6 +36,15 @@ pub enum DaemonError {
         #[source]
         source: TargetError,
     },
+    /// The disk of a blk device could not be opened.
+    #[error("device {device}: disk")]
+    Disk {
+        /// The socket path of the device.
+        device: String,
+        /// What failed.
+        #[source]
+        source: OpenError,
+    },
     /// Threads, sockets or eventfds could not be created.
     #[error("cannot start {what}")]
     Io {
@@ -42,13 +56,50 @@ pub enum DaemonError {
     },
 }
 
+/// A device type, and the SCSI device itself when it is one (for the admin
+/// socket and the embedding program).
+type Built = (Arc<dyn VirtioDevice>, Option<Arc<ScsiDevice>>);
+
+/// A configured device, built before any thread starts.
+enum Kind {
+    Scsi(Target),
+    Blk(Arc<dyn Backstore>, Option<String>, bool),
+}
+
+impl Kind {
+    /// The device type (and the SCSI device, for the admin socket).
+    fn device(self, id: u32, socket_path: &std::path::Path) -> io::Result<Built> {
+        match self {
+            Kind::Scsi(target) => {
+                for e in target.luns() {
+                    info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
+                }
+                let scsi = Arc::new(ScsiDevice::new(target)?);
+                Ok((Arc::clone(&scsi) as Arc<dyn VirtioDevice>, Some(scsi)))
+            }
+            Kind::Blk(backstore, serial, read_only) => {
+                info!(device = id, geometry = ?backstore.geometry(), "disk ready");
+                // The default serial: the socket's name, as QEMU's
+                // vhost-user-blk users expect something stable.
+                let serial = serial.unwrap_or_else(|| {
+                    socket_path
+                        .file_name()
+                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+                });
+                let blk = BlkDevice::new(backstore, serial, read_only)?;
+                Ok((Arc::new(blk) as Arc<dyn VirtioDevice>, None))
+            }
+        }
+    }
+}
+
 /// A running daemon.
 #[derive(Debug)]
 pub struct Daemon {
     pool: Arc<WorkerPool>,
     devices: Vec<DeviceHandle>,
-    /// The SCSI device behind each of `devices`.
-    scsi: Vec<Arc<ScsiDevice>>,
+    /// The SCSI device behind each of `devices` that is one.
+    scsi: Vec<Option<Arc<ScsiDevice>>>,
     admin: Option<AdminServer>,
 }
 
@@ -56,14 +107,25 @@ impl Daemon {
     /// Builds every LUN, starts the workers and one control thread per
     /// device.
     pub fn start(config: &DaemonConfig) -> Result<Self, DaemonError> {
-        let mut targets = Vec::with_capacity(config.devices.len());
+        let mut kinds = Vec::with_capacity(config.devices.len());
         for d in &config.devices {
-            let seed = wwn_seed(&d.socket_path.to_string_lossy());
-            let target = Target::build(&d.luns, seed).map_err(|source| DaemonError::Target {
-                device: d.socket_path.display().to_string(),
-                source,
-            })?;
-            targets.push(target);
+            let device = d.socket_path.display().to_string();
+            kinds.push(match d.device_type {
+                DeviceType::Scsi => {
+                    let seed = wwn_seed(&d.socket_path.to_string_lossy());
+                    let target = Target::build(&d.luns, seed)
+                        .map_err(|source| DaemonError::Target { device, source })?;
+                    Kind::Scsi(target)
+                }
+                DeviceType::Blk => {
+                    // Validated: exactly one spec.
+                    let spec = &d.luns[0];
+                    let backstore = spec
+                        .open_backstore()
+                        .map_err(|source| DaemonError::Disk { device, source })?;
+                    Kind::Blk(backstore, spec.serial.clone(), spec.read_only)
+                }
+            });
         }
         let pool = Arc::new(
             WorkerPool::new(config.workers, config.poll.clone()).map_err(|source| {
@@ -76,25 +138,16 @@ impl Daemon {
         info!(workers = config.workers, "worker pool started");
         let mut devices = Vec::with_capacity(config.devices.len());
         let mut scsi = Vec::with_capacity(config.devices.len());
-        for (i, (d, target)) in config.devices.iter().zip(targets).enumerate() {
+        for (i, (d, kind)) in config.devices.iter().zip(kinds).enumerate() {
             let id = u32::try_from(i).unwrap_or(u32::MAX);
-            for e in target.luns() {
-                info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
-            }
             let params = DeviceParams {
                 num_queues: d.num_queues,
                 queue_size: d.queue_size,
                 queue_map: d.queue_map.clone(),
             };
-            let spawned = ScsiDevice::new(target).map(Arc::new).and_then(|device| {
-                let h = DeviceHandle::spawn(
-                    id,
-                    &d.socket_path,
-                    params,
-                    Arc::clone(&device) as Arc<dyn VirtioDevice>,
-                    Arc::clone(&pool),
-                )?;
-                Ok((h, device))
+            let spawned = kind.device(id, &d.socket_path).and_then(|(device, scsi)| {
+                let h = DeviceHandle::spawn(id, &d.socket_path, params, device, Arc::clone(&pool))?;
+                Ok((h, scsi))
             });
             match spawned {
                 Ok((h, device)) => {
@@ -143,7 +196,7 @@ impl Daemon {
             .zip(&self.scsi)
             .map(|(d, scsi)| DeviceControl {
                 info: Arc::clone(&d.shared().info),
-                scsi: Arc::clone(scsi),
+                scsi: scsi.clone(),
                 pool: Arc::clone(&self.pool),
             })
             .collect())
@@ -157,7 +210,7 @@ impl Daemon {
     /// The SCSI device of device `i` (configuration order): its LUNs,
     /// its event reports.
     pub fn scsi_device(&self, i: usize) -> Option<&Arc<ScsiDevice>> {
-        self.scsi.get(i)
+        self.scsi.get(i)?.as_ref()
     }
 
     /// The devices, in configuration order.

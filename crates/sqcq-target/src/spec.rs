@@ -6,8 +6,12 @@
 
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::Deserialize;
+use sqcq_backstore::{
+    Backstore, BackstoreError, FileBackstore, FileOptions, NullBackstore, RamBackstore,
+};
 use thiserror::Error;
 
 /// Where a LUN stores its blocks.
@@ -55,6 +59,51 @@ pub struct LunSpec {
     /// NAA WWN (VPD page 0x83), `0x5...`.
     #[serde(default, deserialize_with = "de_wwn")]
     pub wwn: Option<u64>,
+}
+
+/// Why a spec's backstore could not be opened.
+#[derive(Debug, Error)]
+pub enum OpenError {
+    /// The spec lacks a field its kind needs.
+    #[error("{0}")]
+    Spec(&'static str),
+    /// The backstore refused.
+    #[error("backstore")]
+    Backstore(#[source] BackstoreError),
+}
+
+impl LunSpec {
+    /// Creates or opens the backstore the spec describes (a file only
+    /// created when `create` says so, never resized).
+    pub fn open_backstore(&self) -> Result<Arc<dyn Backstore>, OpenError> {
+        let block_size = self.block_size;
+        Ok(match self.kind {
+            BackstoreKind::Null | BackstoreKind::Ram => {
+                let size = self
+                    .size
+                    .ok_or(OpenError::Spec("null and ram LUNs need size="))?;
+                if self.kind == BackstoreKind::Null {
+                    Arc::new(NullBackstore::new(size, block_size).map_err(OpenError::Backstore)?)
+                } else {
+                    Arc::new(RamBackstore::new(size, block_size).map_err(OpenError::Backstore)?)
+                }
+            }
+            BackstoreKind::File => {
+                let path = self
+                    .path
+                    .clone()
+                    .ok_or(OpenError::Spec("file LUNs need path="))?;
+                let options = FileOptions {
+                    size: self.size,
+                    create: self.create,
+                    block_size,
+                    read_only: self.read_only,
+                    ..FileOptions::new(path)
+                };
+                Arc::new(FileBackstore::open(&options).map_err(OpenError::Backstore)?)
+            }
+        })
+    }
 }
 
 fn default_block_size() -> u32 {

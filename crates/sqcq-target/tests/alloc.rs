@@ -133,6 +133,7 @@ fn steady_state_io_allocates_nothing_on_the_worker() {
     let config = DaemonConfig {
         workers: 1,
         devices: vec![DeviceConfig {
+            device_type: sqcq_target::config::DeviceType::Scsi,
             socket_path: socket.clone(),
             luns: vec![lun(BackstoreKind::Ram, 8 << 20)],
             num_queues: 1,

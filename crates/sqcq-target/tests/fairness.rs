@@ -20,6 +20,7 @@ fn start_big(dir: &TempDir) -> (Daemon, std::path::PathBuf) {
     let config = DaemonConfig {
         workers: 1,
         devices: vec![DeviceConfig {
+            device_type: sqcq_target::config::DeviceType::Scsi,
             socket_path: socket.clone(),
             luns: vec![lun(BackstoreKind::Ram, BIG)],
             num_queues: 2,

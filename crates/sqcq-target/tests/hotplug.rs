@@ -25,6 +25,7 @@ fn start_admin(dir: &TempDir, luns: Vec<LunSpec>) -> (Daemon, PathBuf, PathBuf) 
     let config = DaemonConfig {
         workers: 2,
         devices: vec![DeviceConfig {
+            device_type: sqcq_target::config::DeviceType::Scsi,
             socket_path: socket.clone(),
             luns,
             num_queues: 2,

@@ -77,9 +77,11 @@ impl FromStr for QueueMap {
 /// One vhost-user SCSI device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceConfig {
+    /// What the device is.
+    pub device_type: DeviceType,
     /// The vhost-user socket the device listens on.
     pub socket_path: PathBuf,
-    /// Its logical units.
+    /// Its logical units (SCSI), or its one disk (blk).
     pub luns: Vec<LunSpec>,
     /// Request queues announced in the config space.
     pub num_queues: u16,
@@ -87,6 +89,18 @@ pub struct DeviceConfig {
     pub queue_size: u16,
     /// Request queue to worker map.
     pub queue_map: QueueMap,
+}
+
+/// The device types `sqcqd` serves.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceType {
+    /// vhost-user-scsi: a SCSI target with any number of LUNs.
+    #[default]
+    Scsi,
+    /// vhost-user-blk: one disk, the device's one `--lun` (its `lun=` and
+    /// `wwn=` are ignored; `serial=` is the GET_ID answer).
+    Blk,
 }
 
 /// The whole daemon.
@@ -117,6 +131,10 @@ pub struct Cli {
     /// vhost-user Unix socket to listen on (one device).
     #[arg(long)]
     pub socket_path: Option<PathBuf>,
+    /// What the device of --socket-path is: scsi (any number of --lun) or
+    /// blk (exactly one --lun, the disk).
+    #[arg(long, value_enum, default_value_t = DeviceType::Scsi)]
+    pub device_type: DeviceType,
     /// A logical unit: kind=null|ram|file,size=..,path=..,create,block-size=512|4096,ro,serial=..,wwn=0x..,lun=N (repeat for more LUNs; `create` makes a missing file of `size`).
     #[arg(long = "lun", value_name = "SPEC")]
     pub luns: Vec<LunSpec>,
@@ -165,6 +183,8 @@ struct FileConfig {
 #[derive(Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 struct FileDevice {
+    #[serde(default, rename = "type")]
+    device_type: DeviceType,
     socket_path: PathBuf,
     #[serde(default)]
     lun: Vec<LunSpec>,
@@ -196,6 +216,7 @@ impl Cli {
         config.poll = self.poll.apply(config.poll);
         if let Some(socket_path) = self.socket_path {
             config.devices.push(DeviceConfig {
+                device_type: self.device_type,
                 socket_path,
                 luns: self.luns,
                 num_queues: self.num_queues,
@@ -241,6 +262,7 @@ pub fn parse_toml(
         .into_iter()
         .map(|d| {
             Ok(DeviceConfig {
+                device_type: d.device_type,
                 socket_path: d.socket_path,
                 luns: d.lun,
                 num_queues: d.num_queues.unwrap_or(num_queues),
@@ -273,10 +295,17 @@ impl DaemonConfig {
         }
         for d in &self.devices {
             let name = d.socket_path.display();
-            if d.num_queues == 0 || d.num_queues > crate::scsi::device::MAX_REQUEST_QUEUES {
+            let max_queues = match d.device_type {
+                DeviceType::Scsi => crate::scsi::device::MAX_REQUEST_QUEUES,
+                DeviceType::Blk => crate::blk::device::MAX_REQUEST_QUEUES,
+            };
+            if d.num_queues == 0 || d.num_queues > max_queues {
+                return bad(format!("{name}: num-queues must be 1..={max_queues}"));
+            }
+            if d.device_type == DeviceType::Blk && d.luns.len() != 1 {
                 return bad(format!(
-                    "{name}: num-queues must be 1..={}",
-                    crate::scsi::device::MAX_REQUEST_QUEUES
+                    "{name}: a blk device needs exactly one --lun (its disk), not {}",
+                    d.luns.len()
                 ));
             }
             if !d.queue_size.is_power_of_two() || d.queue_size < 4 {

@@ -268,6 +268,9 @@ pub struct DeviceMetrics {
     pub bad_lun: AtomicU64,
     /// Data buffers too small for the transfer (OVERRUN).
     pub overruns: AtomicU64,
+    /// Requests refused before reaching the backstore (virtio-blk: out of
+    /// range, misaligned, read-only, unsupported).
+    pub bad_requests: AtomicU64,
     /// Heads made available again while still in flight.
     pub duplicate_heads: AtomicU64,
     /// Malformed control queue requests.
@@ -310,6 +313,7 @@ impl DeviceMetrics {
             bad_target: zero(),
             bad_lun: zero(),
             overruns: zero(),
+            bad_requests: zero(),
             duplicate_heads: zero(),
             bad_control: zero(),
             broken_rings: zero(),
@@ -344,7 +348,7 @@ impl DeviceMetrics {
     }
 
     /// The error counters as (name, value) pairs.
-    pub fn errors(&self) -> [(&'static str, u64); 18] {
+    pub fn errors(&self) -> [(&'static str, u64); 19] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("malformed_chains", get(&self.malformed_chains)),
@@ -355,6 +359,7 @@ impl DeviceMetrics {
             ("bad_target", get(&self.bad_target)),
             ("bad_lun", get(&self.bad_lun)),
             ("overruns", get(&self.overruns)),
+            ("bad_requests", get(&self.bad_requests)),
             ("duplicate_heads", get(&self.duplicate_heads)),
             ("bad_control", get(&self.bad_control)),
             ("broken_rings", get(&self.broken_rings)),

@@ -88,6 +88,9 @@ pub enum HotplugError {
     /// The logical unit refused the new capacity.
     #[error("the logical unit refused the new capacity")]
     Capacity(#[source] ConfigError),
+    /// LUN changes on a device that is not a SCSI target.
+    #[error("device {0} has no LUNs (it is not a SCSI device)")]
+    NotScsi(u32),
     /// `fault break` found no running request queue to arm.
     #[error("no running request queue matches (or it is armed or broken already)")]
     NoQueue,
@@ -179,20 +182,26 @@ impl LunTable {
 pub struct DeviceControl {
     /// The device as the runtime knows it (number, name, figures).
     pub info: Arc<DeviceInfo>,
-    /// The SCSI device (its LUN table and event reports).
-    pub scsi: Arc<ScsiDevice>,
+    /// The SCSI device (its LUN table and event reports), if it is one.
+    pub scsi: Option<Arc<ScsiDevice>>,
     /// The worker pool serving it.
     pub pool: Arc<WorkerPool>,
 }
 
 impl DeviceControl {
+    fn scsi(&self) -> Result<&Arc<ScsiDevice>, HotplugError> {
+        self.scsi
+            .as_ref()
+            .ok_or(HotplugError::NotScsi(self.info.id))
+    }
+
     /// Adds the LUN `spec` describes (`spec.lun` is required).
     pub fn add_lun(&self, spec: &LunSpec) -> Result<u16, HotplugError> {
         let lun = spec
             .lun
             .filter(|l| *l <= Lun::MAX_LUN)
             .ok_or(HotplugError::BadLun)?;
-        let dev = &self.scsi;
+        let dev = self.scsi()?;
         if dev.target.current().find(lun).is_some() {
             return Err(HotplugError::Exists(lun));
         }
@@ -214,7 +223,7 @@ impl DeviceControl {
 
     /// Removes `lun` once the requests in flight to it have completed.
     pub fn remove_lun(&self, lun: u16) -> Result<(), HotplugError> {
-        let dev = &self.scsi;
+        let dev = self.scsi()?;
         let target = dev.target.install_removed(lun)?;
         if let Err(e) = self.hand_over(&target) {
             warn!(device = self.info.id, lun, "removing: {e}");
@@ -229,7 +238,7 @@ impl DeviceControl {
 
     /// Changes the capacity of `lun` to `bytes`.
     pub fn resize_lun(&self, lun: u16, bytes: u64) -> Result<u64, HotplugError> {
-        let dev = &self.scsi;
+        let dev = self.scsi()?;
         let target = dev.target.current();
         let entry = target
             .find(lun)
@@ -318,7 +327,9 @@ impl DeviceControl {
     }
 
     fn event(&self, lun: u16, event: u32, reason: u32) {
-        self.scsi.report_event(EventReport { lun, event, reason });
+        if let Some(scsi) = &self.scsi {
+            scsi.report_event(EventReport { lun, event, reason });
+        }
     }
 }
 

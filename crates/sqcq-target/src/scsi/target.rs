@@ -3,13 +3,11 @@
 
 use std::sync::Arc;
 
-use sqcq_backstore::{
-    Backstore, BackstoreError, FileBackstore, FileOptions, NullBackstore, RamBackstore,
-};
+use sqcq_backstore::{Backstore, BackstoreError};
 use sqcq_scsi::{ConfigError, LogicalUnit, LuConfig, Provisioning};
 use thiserror::Error;
 
-use crate::spec::{BackstoreKind, LunSpec};
+use crate::spec::{LunSpec, OpenError};
 
 /// One logical unit of the target.
 pub struct LunEntry {
@@ -146,35 +144,10 @@ impl Target {
 
 /// Builds one logical unit and its backstore.
 pub(crate) fn build_lun(lun: u16, spec: &LunSpec, wwn_seed: u64) -> Result<LunEntry, TargetError> {
-    let bs_err = |source| TargetError::Backstore { lun, source };
-    let block_size = spec.block_size;
-    let backstore: Arc<dyn Backstore> = match spec.kind {
-        BackstoreKind::Null | BackstoreKind::Ram => {
-            let size = spec.size.ok_or(TargetError::Spec {
-                lun,
-                what: "null and ram LUNs need size=",
-            })?;
-            if spec.kind == BackstoreKind::Null {
-                Arc::new(NullBackstore::new(size, block_size).map_err(bs_err)?)
-            } else {
-                Arc::new(RamBackstore::new(size, block_size).map_err(bs_err)?)
-            }
-        }
-        BackstoreKind::File => {
-            let path = spec.path.clone().ok_or(TargetError::Spec {
-                lun,
-                what: "file LUNs need path=",
-            })?;
-            let options = FileOptions {
-                size: spec.size,
-                create: spec.create,
-                block_size,
-                read_only: spec.read_only,
-                ..FileOptions::new(path)
-            };
-            Arc::new(FileBackstore::open(&options).map_err(bs_err)?)
-        }
-    };
+    let backstore = spec.open_backstore().map_err(|e| match e {
+        OpenError::Spec(what) => TargetError::Spec { lun, what },
+        OpenError::Backstore(source) => TargetError::Backstore { lun, source },
+    })?;
     let geometry = backstore.geometry();
     let wwn = spec.wwn.unwrap_or_else(|| default_wwn(wwn_seed, lun));
     let mut config = LuConfig::new(geometry.block_size, geometry.blocks, wwn);

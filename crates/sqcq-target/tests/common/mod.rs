@@ -328,6 +328,20 @@ pub fn connect_with(
     event_idx: bool,
     extra: u64,
 ) -> Frontend {
+    // virtio-scsi's HOTPLUG and CHANGE.
+    connect_device(path, g, vqs, event_idx, (1 << 1) | (1 << 2) | extra)
+}
+
+/// Connects as `connect_with` does, asking for the generic features
+/// (VERSION_1, INDIRECT_DESC, EVENT_IDX if asked, PROTOCOL_FEATURES) and
+/// the device's `device` bits.
+pub fn connect_device(
+    path: &Path,
+    g: &Guest,
+    vqs: &mut [Vq],
+    event_idx: bool,
+    device: u64,
+) -> Frontend {
     let deadline = Instant::now() + WAIT;
     let mut fe = loop {
         match Frontend::connect(path, vqs.len() as u64) {
@@ -340,16 +354,12 @@ pub fn connect_with(
     };
     fe.set_owner().unwrap();
     let offered = fe.get_features().unwrap();
-    // VERSION_1, INDIRECT_DESC, HOTPLUG, CHANGE, PROTOCOL_FEATURES.
-    let mut wanted = (1u64 << 32)
-        | (1 << 28)
-        | (1 << 1)
-        | (1 << 2)
-        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    // VERSION_1, INDIRECT_DESC, PROTOCOL_FEATURES.
+    let mut wanted = (1u64 << 32) | (1 << 28) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
     if event_idx {
         wanted |= 1 << 29;
     }
-    wanted |= extra;
+    wanted |= device;
     assert_eq!(offered & wanted, wanted, "device must offer {wanted:#x}");
     let proto = fe.get_protocol_features().unwrap();
     let want_proto = VhostUserProtocolFeatures::MQ
@@ -553,6 +563,7 @@ pub fn start_with(
         admin_socket: None,
         seccomp: Default::default(),
         devices: vec![DeviceConfig {
+            device_type: sqcq_target::config::DeviceType::Scsi,
             socket_path: socket.clone(),
             luns: vec![
                 lun(BackstoreKind::Ram, 8 << 20),

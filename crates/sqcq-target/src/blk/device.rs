@@ -1,0 +1,220 @@
+//! The virtio-blk device type on the vhost-user transport: one disk (a
+//! backstore), its feature bits and configuration space. It has request
+//! queues only, so its session has nothing to serve on the control
+//! thread.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+use sqcq_backstore::Backstore;
+use sqcq_wire::blk::{
+    BlkConfig, SECTOR_SHIFT, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
+    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY,
+    VIRTIO_BLK_F_WRITE_ZEROES,
+};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::blk::queue::BlkQueue;
+use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::queue::{DeviceInfo, MakeHandler, QueueError, RequestHandler, RingConfig};
+use crate::transport::device_type::{
+    DeviceParams, DeviceSession, LocalQueueFds, SessionCtx, VirtioDevice,
+};
+
+/// Most request queues a blk device serves.
+pub const MAX_REQUEST_QUEUES: u16 = 256;
+
+/// Largest discard or write-zeroes request, in 512-byte sectors: one
+/// backstore operation of at most 1 MiB, so that one request never holds
+/// a worker its queues share with others for long (as the SCSI device's
+/// slices).
+pub const MAX_RANGE_SECTORS: u32 = 2048;
+
+/// A virtio-blk device: its disk and identity.
+pub struct BlkDevice {
+    backstore: Arc<dyn Backstore>,
+    serial: String,
+    read_only: bool,
+    notify: EventFd,
+}
+
+impl std::fmt::Debug for BlkDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlkDevice")
+            .field("geometry", &self.backstore.geometry())
+            .field("serial", &self.serial)
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a request queue needs to know of its device.
+#[derive(Clone)]
+pub(crate) struct Disk {
+    pub(crate) backstore: Arc<dyn Backstore>,
+    /// Capacity in 512-byte sectors.
+    pub(crate) sectors: u64,
+    pub(crate) read_only: bool,
+    /// Discard and write zeroes with unmap are offered.
+    pub(crate) discard: bool,
+    pub(crate) id: [u8; sqcq_wire::blk::ID_BYTES],
+}
+
+impl BlkDevice {
+    /// A device serving `backstore` as a disk with serial `serial`
+    /// (GET_ID), read-only if asked or if the backstore is.
+    pub fn new(backstore: Arc<dyn Backstore>, serial: String, read_only: bool) -> io::Result<Self> {
+        let read_only = read_only || backstore.geometry().read_only;
+        Ok(BlkDevice {
+            backstore,
+            serial,
+            read_only,
+            notify: EventFd::new(EFD_NONBLOCK)?,
+        })
+    }
+
+    fn disk(&self) -> Disk {
+        let g = self.backstore.geometry();
+        Disk {
+            backstore: Arc::clone(&self.backstore),
+            sectors: g.bytes() >> SECTOR_SHIFT,
+            read_only: self.read_only,
+            discard: g.supports_unmap,
+            id: sqcq_wire::blk::encode_id(&self.serial),
+        }
+    }
+}
+
+impl VirtioDevice for BlkDevice {
+    fn features(&self) -> u64 {
+        let mut f = (1 << VIRTIO_BLK_F_SEG_MAX)
+            | (1 << VIRTIO_BLK_F_BLK_SIZE)
+            | (1 << VIRTIO_BLK_F_TOPOLOGY)
+            | (1 << VIRTIO_BLK_F_FLUSH)
+            | (1 << VIRTIO_BLK_F_MQ)
+            | (1 << VIRTIO_BLK_F_WRITE_ZEROES);
+        if self.read_only {
+            f |= 1 << VIRTIO_BLK_F_RO;
+        }
+        if self.backstore.geometry().supports_unmap {
+            f |= 1 << VIRTIO_BLK_F_DISCARD;
+        }
+        f
+    }
+
+    fn local_queues(&self) -> usize {
+        0
+    }
+
+    fn max_request_queues(&self) -> u16 {
+        MAX_REQUEST_QUEUES
+    }
+
+    fn notifier(&self) -> RawFd {
+        self.notify.as_raw_fd()
+    }
+
+    fn discard_notifications(&self) {
+        let _ = self.notify.read();
+    }
+
+    fn connect(
+        self: Arc<Self>,
+        _info: Arc<DeviceInfo>,
+        params: &DeviceParams,
+    ) -> io::Result<Box<dyn DeviceSession>> {
+        Ok(Box::new(BlkSession {
+            idle: EventFd::new(EFD_NONBLOCK)?,
+            params: params.clone(),
+            dev: self,
+        }))
+    }
+}
+
+/// A virtio-blk device's state for one connection: nothing but what the
+/// configuration space shows.
+#[derive(Debug)]
+struct BlkSession {
+    dev: Arc<BlkDevice>,
+    params: DeviceParams,
+    /// The descriptor the control thread watches for local queues; a blk
+    /// device has none, so it never fires.
+    idle: EventFd,
+}
+
+impl BlkSession {
+    fn config(&self) -> BlkConfig {
+        let g = self.dev.backstore.geometry();
+        let per_block = g.block_size >> SECTOR_SHIFT;
+        let discard = g.supports_unmap;
+        BlkConfig {
+            capacity: g.bytes() >> SECTOR_SHIFT,
+            seg_max: u32::from(self.params.queue_size).saturating_sub(2),
+            blk_size: g.block_size,
+            min_io_size: 1,
+            num_queues: self.params.num_queues,
+            max_discard_sectors: if discard { MAX_RANGE_SECTORS } else { 0 },
+            max_discard_seg: u32::from(discard),
+            discard_sector_alignment: per_block,
+            max_write_zeroes_sectors: MAX_RANGE_SECTORS,
+            max_write_zeroes_seg: 1,
+            write_zeroes_may_unmap: u8::from(discard && g.unmapped_reads_zero),
+            ..BlkConfig::default()
+        }
+    }
+}
+
+impl DeviceSession for BlkSession {
+    fn config_space(&self) -> Vec<u8> {
+        self.config().encode().to_vec()
+    }
+
+    fn write_config(&mut self, _offset: u32, _buf: &[u8]) -> bool {
+        // No field is driver-writable (VIRTIO_BLK_F_CONFIG_WCE is not
+        // offered).
+        false
+    }
+
+    fn request_handler(&self) -> MakeHandler {
+        let disk = self.dev.disk();
+        Box::new(move |ring: &RingConfig| {
+            Ok(Box::new(BlkQueue::new(disk, ring)?) as Box<dyn RequestHandler>)
+        })
+    }
+
+    fn start_local(
+        &mut self,
+        _ctx: &SessionCtx<'_>,
+        _index: usize,
+        _ring: &RingConfig,
+        _fds: LocalQueueFds,
+    ) -> Result<(), QueueError> {
+        // Unreachable: `local_queues` is 0.
+        Err(QueueError::Ring(virtio_queue::Error::InvalidSize))
+    }
+
+    fn stop_local(&mut self, _index: usize) -> Option<u16> {
+        None
+    }
+
+    fn set_local_call(&mut self, _index: usize, _call: Option<PeerEventFd>) {}
+
+    fn reset(&mut self) {}
+
+    fn epoll_fd(&self) -> RawFd {
+        self.idle.as_raw_fd()
+    }
+
+    fn service(&mut self, _ctx: &SessionCtx<'_>) {}
+
+    fn pending(&self) -> bool {
+        false
+    }
+
+    fn notified(&mut self, _ctx: &SessionCtx<'_>) {
+        let _ = self.dev.notify.read();
+    }
+
+    fn disconnect(&mut self) {}
+}

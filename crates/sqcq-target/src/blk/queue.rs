@@ -1,0 +1,450 @@
+//! A virtio-blk request queue: its [`RequestHandler`].
+//!
+//! Each request is checked before anything reaches the backstore: a chain
+//! that cannot be followed, a header or status buffer missing, a transfer
+//! that is not a whole number of sectors or runs past the end of the
+//! disk, a write to a read-only disk, a discard or write-zeroes request
+//! with more than one segment, reserved flags, more than
+//! [`MAX_RANGE_SECTORS`] or a range not aligned to the logical block:
+//! each gets its status (IOERR, or UNSUPP for what the device does not
+//! do), is counted and logged through the rate limiter. Reads and writes
+//! go zero-copy to the backstore with iovecs into guest memory; one slot
+//! per head, allocated once, keeps what a request in flight needs.
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sqcq_backstore::{BackstoreQueue, IoOp};
+use sqcq_wire::blk::{
+    HEADER_SIZE, RequestHeader, RequestType, SECTOR_SIZE, SEGMENT_SIZE, STATUS_SIZE, Segment,
+    Status, WRITE_ZEROES_FLAG_UNMAP,
+};
+use tracing::{debug, error, warn};
+use virtio_queue::DescriptorChain;
+use vm_memory::GuestMemoryMmap;
+
+use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
+use crate::guest_warn;
+use crate::runtime::chain::{self, ChainBuffers, ChainError, Segment as Buf};
+use crate::runtime::guest;
+use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::queue::{
+    QueueError, RequestHandler, RingConfig, Vring, drain_fd, wait_readable,
+};
+
+/// What a request in flight keeps until it completes.
+#[derive(Default)]
+struct Slot {
+    busy: bool,
+    /// The memory map its iovecs point into, alive until completion.
+    mem: Option<Arc<GuestMemoryMmap>>,
+    iov: Vec<libc::iovec>,
+    /// Its device-writable buffers: data-in, then the status byte.
+    writable: Vec<Buf>,
+    /// Bytes of data-in on success (IN).
+    data_in: u32,
+}
+
+/// The virtio-blk request handler of one request queue.
+pub(crate) struct BlkQueue {
+    disk: Disk,
+    io: Box<dyn BackstoreQueue>,
+    uncommitted: bool,
+    slots: Vec<Slot>,
+    in_flight: u32,
+    chain: ChainBuffers,
+    max_segments: usize,
+}
+
+impl std::fmt::Debug for BlkQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlkQueue")
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a request is answered without the backstore.
+enum Refusal {
+    /// IOERR: malformed or out of range.
+    Bad(&'static str),
+    /// UNSUPP: a request type or flag the device does not implement.
+    Unsupported(&'static str),
+}
+
+impl BlkQueue {
+    /// A handler for `disk` with a backstore queue as deep as the ring.
+    pub(crate) fn new(disk: Disk, ring: &RingConfig) -> Result<Self, QueueError> {
+        let io = disk
+            .backstore
+            .open_queue(u32::from(ring.size))
+            .map_err(|source| QueueError::Backstore { lun: 0, source })?;
+        let max_segments = usize::from(ring.size);
+        Ok(BlkQueue {
+            disk,
+            io,
+            uncommitted: false,
+            slots: (0..ring.size).map(|_| Slot::default()).collect(),
+            in_flight: 0,
+            chain: ChainBuffers::with_capacity(max_segments.min(64)),
+            max_segments,
+        })
+    }
+
+    /// Writes `status` as the last writable byte of the chain just parsed
+    /// and completes the request with `data_in` bytes before it.
+    fn respond(
+        &mut self,
+        ring: &mut Vring,
+        mem: &GuestMemoryMmap,
+        head: u16,
+        status: Status,
+        data_in: u32,
+    ) {
+        let len = finish(
+            mem,
+            &self.chain.writable,
+            self.chain.writable_len,
+            status,
+            data_in,
+        );
+        ring.complete(mem, head, len);
+    }
+
+    fn refuse(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, head: u16, why: Refusal) {
+        let d = ring.device();
+        DeviceMetrics::bump(&d.metrics.bad_requests);
+        let status = match why {
+            Refusal::Bad(what) => {
+                guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
+                    "request at head {head}: {what}");
+                Status::IoErr
+            }
+            Refusal::Unsupported(what) => {
+                guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
+                    "request at head {head}: {what}: unsupported");
+                Status::Unsupp
+            }
+        };
+        self.respond(ring, mem, head, status, 0);
+    }
+
+    /// Checks a transfer of `bytes` at `sector`; the byte offset.
+    fn range(&self, sector: u64, bytes: u64) -> Result<u64, Refusal> {
+        if !bytes.is_multiple_of(SECTOR_SIZE) {
+            return Err(Refusal::Bad("transfer not a whole number of sectors"));
+        }
+        let end = sector
+            .checked_add(bytes / SECTOR_SIZE)
+            .ok_or(Refusal::Bad("sector out of range"))?;
+        if end > self.disk.sectors {
+            return Err(Refusal::Bad("beyond the end of the disk"));
+        }
+        Ok(sector * SECTOR_SIZE)
+    }
+
+    /// What the request asks of the backstore, once checked.
+    fn plan(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        hdr: &RequestHeader,
+    ) -> Result<Option<(IoOp, u32)>, Refusal> {
+        let c = &self.chain;
+        let data_out = c.readable_len - HEADER_SIZE as u64;
+        let data_in = c.writable_len - STATUS_SIZE as u64;
+        match hdr.kind {
+            RequestType::In => {
+                let offset = self.range(hdr.sector, data_in)?;
+                let n = u32::try_from(data_in).map_err(|_| Refusal::Bad("transfer too long"))?;
+                Ok(Some((IoOp::Read { offset }, n)))
+            }
+            RequestType::Out => {
+                if self.disk.read_only {
+                    return Err(Refusal::Bad("write to a read-only disk"));
+                }
+                let offset = self.range(hdr.sector, data_out)?;
+                Ok(Some((IoOp::Write { offset, fua: false }, 0)))
+            }
+            RequestType::Flush => Ok(Some((IoOp::Flush, 0))),
+            RequestType::GetId => Ok(None),
+            RequestType::Discard if !self.disk.discard => Err(Refusal::Unsupported("discard")),
+            RequestType::Discard | RequestType::WriteZeroes => {
+                if self.disk.read_only {
+                    return Err(Refusal::Bad("write to a read-only disk"));
+                }
+                if data_out != SEGMENT_SIZE as u64 {
+                    return Err(Refusal::Bad("not exactly one range"));
+                }
+                let mut b = [0u8; SEGMENT_SIZE];
+                guest::read_at(mem, &c.readable, HEADER_SIZE as u64, &mut b)
+                    .map_err(|_| Refusal::Bad("range unreadable"))?;
+                let seg = Segment::decode(&b);
+                let discard = hdr.kind == RequestType::Discard;
+                let allowed = if discard { 0 } else { WRITE_ZEROES_FLAG_UNMAP };
+                if seg.flags & !allowed != 0 {
+                    return Err(Refusal::Unsupported("reserved range flags"));
+                }
+                if seg.num_sectors > MAX_RANGE_SECTORS {
+                    return Err(Refusal::Bad("range longer than the device accepts"));
+                }
+                let per_block = u64::from(self.disk.backstore.geometry().block_size) / SECTOR_SIZE;
+                if !seg.sector.is_multiple_of(per_block)
+                    || !u64::from(seg.num_sectors).is_multiple_of(per_block)
+                {
+                    return Err(Refusal::Bad("range not aligned to the logical block"));
+                }
+                let len = u64::from(seg.num_sectors) * SECTOR_SIZE;
+                let offset = self.range(seg.sector, len)?;
+                let unmap = discard
+                    || (seg.flags & WRITE_ZEROES_FLAG_UNMAP != 0
+                        && self.disk.discard
+                        && self.disk.backstore.geometry().unmapped_reads_zero);
+                let op = if unmap {
+                    IoOp::Discard { offset, len }
+                } else {
+                    IoOp::WriteZeroes { offset, len }
+                };
+                Ok(Some((op, 0)))
+            }
+            RequestType::SecureErase => Err(Refusal::Unsupported("secure erase")),
+            RequestType::Other(_) => Err(Refusal::Unsupported("request type")),
+        }
+    }
+
+    /// Sends a checked request to the backstore; false if it refused.
+    fn submit(&mut self, mem: &Arc<GuestMemoryMmap>, head: u16, op: IoOp, data_in: u32) -> bool {
+        let slot = &mut self.slots[usize::from(head)];
+        slot.iov.clear();
+        let c = &self.chain;
+        let mapped = match op {
+            IoOp::Read { .. } => {
+                guest::iovecs(mem, &c.writable, 0, u64::from(data_in), &mut slot.iov)
+            }
+            IoOp::Write { .. } => guest::iovecs(
+                mem,
+                &c.readable,
+                HEADER_SIZE as u64,
+                c.readable_len - HEADER_SIZE as u64,
+                &mut slot.iov,
+            ),
+            _ => Ok(()),
+        };
+        if mapped.is_err() {
+            return false;
+        }
+        // SAFETY: the iovecs point into guest memory kept mapped by
+        // `slot.mem` (set below, before anything can complete) until the
+        // request is reaped; `slot.iov` is not touched while it is in
+        // flight (the slot is busy, a duplicate head is refused).
+        if unsafe { self.io.submit(u64::from(head), op, &slot.iov) }.is_err() {
+            return false;
+        }
+        slot.busy = true;
+        slot.mem = Some(Arc::clone(mem));
+        slot.writable.clone_from(&c.writable);
+        slot.data_in = data_in;
+        self.in_flight += 1;
+        self.uncommitted = true;
+        true
+    }
+
+    /// Completes what the backstore finished.
+    fn reap_completions(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+        if self.io.in_flight() == 0 {
+            return;
+        }
+        let slots = &mut self.slots;
+        let in_flight = &mut self.in_flight;
+        self.io.reap(&mut |tag, result| {
+            let Some(slot) = usize::try_from(tag).ok().and_then(|i| slots.get_mut(i)) else {
+                return;
+            };
+            if !slot.busy {
+                return;
+            }
+            let (status, data_in) = match result {
+                Ok(_) => (Status::Ok, slot.data_in),
+                Err(e) => {
+                    let d = ring.device();
+                    DeviceMetrics::bump(&d.metrics.io_errors);
+                    debug!(device = %d.name, "backstore: {e}");
+                    (Status::IoErr, 0)
+                }
+            };
+            let writable_len = slot.writable.iter().map(|s| u64::from(s.len)).sum();
+            let len = finish(mem, &slot.writable, writable_len, status, data_in);
+            // `tag` came from a head index: it fits.
+            ring.complete(mem, u16::try_from(tag).unwrap_or(u16::MAX), len);
+            slot.busy = false;
+            slot.mem = None;
+            *in_flight -= 1;
+        });
+    }
+}
+
+/// Writes `status` as the last byte of `writable`; the used length
+/// (`data_in` plus the status byte), 0 if the status could not be written.
+fn finish(
+    mem: &GuestMemoryMmap,
+    writable: &[Buf],
+    writable_len: u64,
+    status: Status,
+    data_in: u32,
+) -> u32 {
+    let Some(at) = writable_len.checked_sub(STATUS_SIZE as u64) else {
+        return 0;
+    };
+    if guest::write_at(mem, writable, at, &[status as u8]).is_err() {
+        return 0;
+    }
+    data_in.saturating_add(1)
+}
+
+impl RequestHandler for BlkQueue {
+    fn handle(
+        &mut self,
+        ring: &mut Vring,
+        mem: &Arc<GuestMemoryMmap>,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+    ) {
+        let head = chain.head_index();
+        let parsed = chain::parse(chain, mem, self.max_segments, &mut self.chain);
+        let d = ring.device();
+        if self.slots[usize::from(head)].busy {
+            DeviceMetrics::bump(&d.metrics.duplicate_heads);
+            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
+                "head {head} made available while in flight: ignored");
+            return;
+        }
+        if let Err(e) = parsed {
+            DeviceMetrics::bump(match e {
+                ChainError::Malformed | ChainError::TooManySegments { .. } => {
+                    &d.metrics.malformed_chains
+                }
+                ChainError::WrongOrder => &d.metrics.wrong_order,
+                ChainError::OutOfMemory { .. } => &d.metrics.out_of_memory,
+            });
+            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
+                "bad descriptor chain at head {head}: {e}");
+            // Whatever writable buffers were found: the status goes last.
+            self.respond(ring, mem, head, Status::IoErr, 0);
+            return;
+        }
+        let mut b = [0u8; HEADER_SIZE];
+        let header_ok = self.chain.readable_len >= HEADER_SIZE as u64
+            && self.chain.writable_len >= STATUS_SIZE as u64
+            && guest::read_at(mem, &self.chain.readable, 0, &mut b).is_ok();
+        if !header_ok {
+            DeviceMetrics::bump(&d.metrics.short_headers);
+            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
+                "request at head {head} without a header or a status byte");
+            self.respond(ring, mem, head, Status::IoErr, 0);
+            return;
+        }
+        let hdr = RequestHeader::decode(&b);
+        match self.plan(mem, &hdr) {
+            Ok(Some((op, data_in))) => {
+                if !self.submit(mem, head, op, data_in) {
+                    DeviceMetrics::bump(&ring.device().metrics.io_errors);
+                    self.respond(ring, mem, head, Status::IoErr, 0);
+                }
+            }
+            Ok(None) => {
+                // GET_ID: the serial, as much of it as the buffer takes.
+                let room = self.chain.writable_len - STATUS_SIZE as u64;
+                let n = usize::try_from(room)
+                    .unwrap_or(usize::MAX)
+                    .min(self.disk.id.len());
+                let ok = guest::write_at(mem, &self.chain.writable, 0, &self.disk.id[..n]).is_ok();
+                let (status, n) = if ok {
+                    (Status::Ok, n)
+                } else {
+                    (Status::IoErr, 0)
+                };
+                self.respond(ring, mem, head, status, u32::try_from(n).unwrap_or(0));
+            }
+            Err(why) => self.refuse(ring, mem, head, why),
+        }
+    }
+
+    fn commit(&mut self, ring: &Vring) {
+        if std::mem::take(&mut self.uncommitted)
+            && let Err(e) = self.io.commit()
+        {
+            // The requests stay queued and are reaped as failures or on a
+            // later commit.
+            error!(device = %ring.device().name, vq = ring.key().vq,
+                "backstore commit failed: {e}");
+        }
+    }
+
+    fn reap(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+        self.reap_completions(ring, mem);
+    }
+
+    fn completed(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, _source: usize) {
+        if let Some(fd) = self.io.completion_fd() {
+            drain_fd(fd);
+        }
+        self.reap_completions(ring, mem);
+    }
+
+    fn completion_fds(&self) -> Vec<(usize, RawFd)> {
+        self.io
+            .completion_fd()
+            .map(|fd| (0, fd))
+            .into_iter()
+            .collect()
+    }
+
+    fn busy(&self) -> bool {
+        self.in_flight > 0
+    }
+
+    fn has_deferred(&self) -> bool {
+        false
+    }
+
+    fn run_deferred(&mut self, _ring: &mut Vring, _mem: &GuestMemoryMmap) {}
+
+    fn begin_drain(&mut self) -> bool {
+        // virtio-blk has no task management: a drain (a device change)
+        // waits for everything in flight.
+        self.in_flight == 0
+    }
+
+    fn drained(&self) -> bool {
+        self.in_flight == 0
+    }
+
+    fn steer_completions(&mut self, ring: &Vring, cpus: &[usize]) {
+        match self.io.steer_completions(cpus) {
+            Ok(true) => debug!(device = %ring.device().name, vq = ring.key().vq,
+                "backstore completion work on CPUs {cpus:?}"),
+            Ok(false) => {}
+            Err(e) => warn!(device = %ring.device().name, vq = ring.key().vq,
+                "cannot steer backstore completions: {e}"),
+        }
+    }
+
+    fn finish(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, deadline: Instant) -> usize {
+        RequestHandler::commit(self, ring);
+        while self.in_flight > 0 && Instant::now() < deadline {
+            if let Some(fd) = self.io.completion_fd() {
+                wait_readable(fd, 10);
+                drain_fd(fd);
+            }
+            self.reap_completions(ring, mem);
+        }
+        usize::try_from(self.in_flight).unwrap_or(usize::MAX)
+    }
+
+    fn update(
+        &mut self,
+        _ring: &Vring,
+        _update: &(dyn std::any::Any + Send + Sync),
+    ) -> Result<(), QueueError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,311 @@
+//! The vhost-user-blk device over a real socket, with rust-vmm's vhost
+//! frontend and split rings laid out by hand: negotiation and the
+//! configuration space, reads and writes with their data, flush, GET_ID,
+//! write zeroes and discard, and every malformed request answered with its
+//! status.
+
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
+mod common;
+
+use common::*;
+use sqcq_target::Daemon;
+use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, QueueMap};
+use sqcq_wire::blk::{
+    self, BlkConfig, RequestHeader, RequestType, SECTOR_SIZE, Segment, Status,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO,
+    VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES, WRITE_ZEROES_FLAG_UNMAP,
+};
+use vhost::VhostBackend;
+use vhost::vhost_user::VhostUserFrontend;
+use vhost::vhost_user::message::VhostUserConfigFlags;
+
+const DISK: u64 = 8 << 20;
+const SECTORS: u64 = DISK / SECTOR_SIZE;
+
+fn start_blk(dir: &TempDir, read_only: bool) -> (Daemon, std::path::PathBuf) {
+    let socket = dir.path("blk.sock");
+    let mut disk = lun(BackstoreKind::Ram, DISK);
+    disk.serial = Some("blk-test".into());
+    disk.read_only = read_only;
+    let config = DaemonConfig {
+        poll: sqcq_target::config::PollOptions::default(),
+        workers: 1,
+        admin_socket: None,
+        seccomp: Default::default(),
+        devices: vec![DeviceConfig {
+            device_type: DeviceType::Blk,
+            socket_path: socket.clone(),
+            luns: vec![disk],
+            num_queues: 2,
+            queue_size: QUEUE_SIZE,
+            queue_map: QueueMap::default(),
+        }],
+    };
+    config.validate().unwrap();
+    (Daemon::start(&config).unwrap(), socket)
+}
+
+/// The features every test asks for.
+const BLK_FEATURES: u64 = (1 << VIRTIO_BLK_F_SEG_MAX)
+    | (1 << VIRTIO_BLK_F_BLK_SIZE)
+    | (1 << VIRTIO_BLK_F_FLUSH)
+    | (1 << VIRTIO_BLK_F_MQ)
+    | (1 << VIRTIO_BLK_F_WRITE_ZEROES);
+
+/// A request's outcome: the used length and the status byte.
+#[derive(Debug, PartialEq, Eq)]
+struct Done {
+    len: u32,
+    status: u8,
+}
+
+/// Submits one request (header, data-out, data-in of `data_in` bytes,
+/// status byte), waits for it; returns what came back and the data-in.
+fn request(
+    vq: &mut Vq,
+    g: &mut Guest,
+    header: &[u8],
+    data_out: &[u8],
+    data_in: u32,
+) -> (Done, Vec<u8>) {
+    let h = g.alloc(header.len() as u32);
+    g.write(h, header);
+    let mut bufs = vec![(h, header.len() as u32, false)];
+    if !data_out.is_empty() {
+        let d = g.alloc(data_out.len() as u32);
+        g.write(d, data_out);
+        bufs.push((d, data_out.len() as u32, false));
+    }
+    let din = if data_in > 0 {
+        let d = g.alloc(data_in);
+        bufs.push((d, data_in, true));
+        d
+    } else {
+        0
+    };
+    let status = g.alloc(1);
+    g.write(status, &[0xee]);
+    bufs.push((status, 1, true));
+    let head = vq.add(g, &bufs);
+    vq.kick(g);
+    let (done, len) = vq.wait_used(g);
+    assert_eq!(done, head);
+    let data = if data_in > 0 {
+        g.read(din, data_in as usize)
+    } else {
+        Vec::new()
+    };
+    (
+        Done {
+            len,
+            status: g.read(status, 1)[0],
+        },
+        data,
+    )
+}
+
+fn header(kind: RequestType, sector: u64) -> [u8; blk::HEADER_SIZE] {
+    RequestHeader {
+        kind,
+        ioprio: 0,
+        sector,
+    }
+    .encode()
+}
+
+fn ok(len: u32) -> Done {
+    Done {
+        len,
+        status: Status::Ok as u8,
+    }
+}
+
+fn status(s: Status) -> Done {
+    Done {
+        len: 1,
+        status: s as u8,
+    }
+}
+
+fn blk_vqs() -> Vec<Vq> {
+    (0..2).map(Vq::new).collect()
+}
+
+#[test]
+fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
+    let dir = TempDir::new("blk-config");
+    let (daemon, socket) = start_blk(&dir, false);
+    let g = Guest::new();
+    let mut qs = blk_vqs();
+    let mut fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    assert_eq!(fe.get_queue_num().unwrap(), 2, "request queues only");
+    let offered = fe.get_features().unwrap();
+    assert_eq!(offered & (1 << VIRTIO_BLK_F_RO), 0);
+    assert_eq!(offered & (1 << 1), 0, "SIZE_MAX is not offered");
+    let size = blk::CONFIG_SIZE as u32;
+    let (_, raw) = fe
+        .get_config(
+            0,
+            size,
+            VhostUserConfigFlags::WRITABLE,
+            &vec![0; size as usize],
+        )
+        .unwrap();
+    let c = BlkConfig::decode(&raw).unwrap();
+    assert_eq!(c.capacity, SECTORS);
+    assert_eq!((c.blk_size, c.num_queues), (512, 2));
+    assert_eq!(c.seg_max, u32::from(QUEUE_SIZE) - 2);
+    assert_eq!(
+        (c.max_write_zeroes_seg, c.max_write_zeroes_sectors),
+        (1, 2048)
+    );
+    // Nothing is driver-writable.
+    assert!(
+        fe.set_config(32, VhostUserConfigFlags::WRITABLE, &[1])
+            .is_err()
+    );
+    daemon.shutdown();
+}
+
+#[test]
+fn reads_writes_flush_get_id_and_write_zeroes_do_what_they_say() {
+    let dir = TempDir::new("blk-io");
+    let (daemon, socket) = start_blk(&dir, false);
+    let mut g = Guest::new();
+    let mut qs = blk_vqs();
+    let _fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    for (vq, q) in qs.iter_mut().enumerate() {
+        let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + vq as u32) as u8).collect();
+        let sector = 8 + 64 * vq as u64;
+        let (d, _) = request(q, &mut g, &header(RequestType::Out, sector), &pattern, 0);
+        assert_eq!(d, ok(1), "OUT");
+        let (d, data) = request(q, &mut g, &header(RequestType::In, sector), &[], 4096);
+        assert_eq!(d, ok(4097), "IN: data and the status byte");
+        assert_eq!(data, pattern);
+        let (d, _) = request(q, &mut g, &header(RequestType::Flush, 0), &[], 0);
+        assert_eq!(d, ok(1), "FLUSH");
+        let (d, id) = request(q, &mut g, &header(RequestType::GetId, 0), &[], 20);
+        assert_eq!(d, ok(21), "GET_ID");
+        assert_eq!(&id[..9], b"blk-test\0");
+        // Write zeroes (with the unmap flag) over the pattern.
+        let seg = Segment {
+            sector,
+            num_sectors: 8,
+            flags: WRITE_ZEROES_FLAG_UNMAP,
+        };
+        let (d, _) = request(
+            q,
+            &mut g,
+            &header(RequestType::WriteZeroes, 0),
+            &seg.encode(),
+            0,
+        );
+        assert_eq!(d, ok(1), "WRITE_ZEROES");
+        let (_, data) = request(q, &mut g, &header(RequestType::In, sector), &[], 4096);
+        assert!(data.iter().all(|b| *b == 0), "zeroes read back");
+    }
+    // The last sector is readable, the one after it is not.
+    let q = &mut qs[0];
+    let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS - 1), &[], 512);
+    assert_eq!(d, ok(513));
+    daemon.shutdown();
+}
+
+#[test]
+fn malformed_and_unsupported_requests_get_their_status() {
+    let dir = TempDir::new("blk-hostile");
+    let (daemon, socket) = start_blk(&dir, false);
+    let mut g = Guest::new();
+    let mut qs = blk_vqs();
+    let _fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    let q = &mut qs[0];
+    let io_err = status(Status::IoErr);
+    // Past the end, not a whole sector, an overflowing sector number.
+    let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
+    assert_eq!(d, io_err, "past the end");
+    let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS - 1), &[], 1024);
+    assert_eq!(d, io_err, "runs past the end");
+    let (d, _) = request(q, &mut g, &header(RequestType::Out, 0), &[0; 100], 0);
+    assert_eq!(d, io_err, "not a whole sector");
+    let (d, _) = request(q, &mut g, &header(RequestType::In, u64::MAX), &[], 512);
+    assert_eq!(d, io_err, "sector overflow");
+    // Unknown type, secure erase: unsupported.
+    let (d, _) = request(q, &mut g, &header(RequestType::Other(99), 0), &[], 0);
+    assert_eq!(d, status(Status::Unsupp));
+    let (d, _) = request(q, &mut g, &header(RequestType::SecureErase, 0), &[0; 16], 0);
+    assert_eq!(d, status(Status::Unsupp));
+    // Write zeroes: reserved flags, two ranges, too long, misaligned
+    // (the disk has 512-byte blocks: only the length limit applies).
+    let wz = |g: &mut Guest, q: &mut Vq, segs: &[Segment]| {
+        let bytes: Vec<u8> = segs.iter().flat_map(|s| s.encode()).collect();
+        request(q, g, &header(RequestType::WriteZeroes, 0), &bytes, 0).0
+    };
+    let seg = |sector, num_sectors, flags| Segment {
+        sector,
+        num_sectors,
+        flags,
+    };
+    assert_eq!(wz(&mut g, q, &[seg(0, 8, 2)]), status(Status::Unsupp));
+    assert_eq!(wz(&mut g, q, &[seg(0, 8, 0), seg(8, 8, 0)]), io_err);
+    assert_eq!(wz(&mut g, q, &[seg(0, 4096, 0)]), io_err, "too long");
+    assert_eq!(
+        wz(&mut g, q, &[seg(SECTORS - 4, 8, 0)]),
+        io_err,
+        "past the end"
+    );
+    // A header cut short, and a chain without a status byte.
+    let (d, _) = request(q, &mut g, &[0; 8], &[], 0);
+    assert_eq!(d, io_err, "short header");
+    let h = g.alloc(16);
+    g.write(h, &header(RequestType::Flush, 0));
+    let head = q.add(&g, &[(h, 16, false)]);
+    q.kick(&g);
+    assert_eq!(q.wait_used(&g), (head, 0), "no status byte: length 0");
+    // Every refusal was counted, and the queue still works.
+    let bad = daemon.devices()[0]
+        .shared()
+        .info
+        .metrics
+        .bad_requests
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(bad, 10);
+    let (d, _) = request(q, &mut g, &header(RequestType::Flush, 0), &[], 0);
+    assert_eq!(d, ok(1));
+    daemon.shutdown();
+}
+
+#[test]
+fn a_read_only_disk_says_so_and_refuses_writes() {
+    let dir = TempDir::new("blk-ro");
+    let (daemon, socket) = start_blk(&dir, true);
+    let mut g = Guest::new();
+    let mut qs = blk_vqs();
+    // Asserts the device offers RO.
+    let _fe = connect_device(
+        &socket,
+        &g,
+        &mut qs,
+        true,
+        BLK_FEATURES | (1 << VIRTIO_BLK_F_RO),
+    );
+    let q = &mut qs[0];
+    let (d, _) = request(q, &mut g, &header(RequestType::Out, 0), &[1; 512], 0);
+    assert_eq!(d, status(Status::IoErr));
+    let seg = Segment {
+        sector: 0,
+        num_sectors: 1,
+        flags: 0,
+    };
+    let (d, _) = request(
+        q,
+        &mut g,
+        &header(RequestType::WriteZeroes, 0),
+        &seg.encode(),
+        0,
+    );
+    assert_eq!(d, status(Status::IoErr));
+    let (d, _) = request(q, &mut g, &header(RequestType::In, 0), &[], 512);
+    assert_eq!(d, ok(513), "reads still work");
+    daemon.shutdown();
+}
