@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::sqcq::SQCQ;
 use common::*;
 use sqcq_target::Daemon;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, QueueMap};
@@ -69,6 +70,19 @@ fn request(
     data_out: &[u8],
     data_in: u32,
 ) -> (Done, Vec<u8>) {
+    submit_blk(vq, g, header, data_out, data_in, false)
+}
+
+/// The same, published through the SQ doorbell when `doorbell` (bit 42
+/// negotiated), else by a kick.
+fn submit_blk(
+    vq: &mut Vq,
+    g: &mut Guest,
+    header: &[u8],
+    data_out: &[u8],
+    data_in: u32,
+    doorbell: bool,
+) -> (Done, Vec<u8>) {
     let h = g.alloc(header.len() as u32);
     g.write(h, header);
     let mut bufs = vec![(h, header.len() as u32, false)];
@@ -88,7 +102,11 @@ fn request(
     g.write(status, &[0xee]);
     bufs.push((status, 1, true));
     let head = vq.add(g, &bufs);
-    vq.kick(g);
+    if doorbell {
+        vq.publish_sq(g);
+    } else {
+        vq.kick(g);
+    }
     let (done, len) = vq.wait_used(g);
     assert_eq!(done, head);
     let data = if data_in > 0 {
@@ -307,5 +325,40 @@ fn a_read_only_disk_says_so_and_refuses_writes() {
     assert_eq!(d, status(Status::IoErr));
     let (d, _) = request(q, &mut g, &header(RequestType::In, 0), &[], 512);
     assert_eq!(d, ok(513), "reads still work");
+    daemon.shutdown();
+}
+
+#[test]
+fn with_bit_42_blk_requests_go_through_the_doorbells() {
+    let dir = TempDir::new("blk-sqcq");
+    let (daemon, socket) = start_blk(&dir, false);
+    let mut g = Guest::new();
+    let mut qs = blk_vqs();
+    let fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES | SQCQ);
+    let q = &mut qs[1];
+    let pattern: Vec<u8> = (0..1024u32).map(|i| (i % 251) as u8).collect();
+    let (d, _) = submit_blk(q, &mut g, &header(RequestType::Out, 16), &pattern, 0, true);
+    assert_eq!(d, ok(1));
+    let (d, data) = submit_blk(q, &mut g, &header(RequestType::In, 16), &[], 1024, true);
+    assert_eq!(d, ok(1025));
+    assert_eq!(data, pattern);
+    let (d, _) = submit_blk(q, &mut g, &header(RequestType::Flush, 0), &[], 0, true);
+    assert_eq!(d, ok(1));
+    assert_eq!(q.cq_idx(&g), q.used_idx(&g), "cq.idx follows used->idx");
+    drop(fe);
+    let mut mode = None;
+    wait_until("the stopped queue's figures", || {
+        mode = daemon
+            .stats()
+            .into_iter()
+            .find(|s| s.vq == 1 && !s.running)
+            .map(|s| (s.mode, s.completions));
+        mode.is_some()
+    });
+    assert_eq!(
+        mode,
+        Some((sqcq_target::runtime::metrics::QueueMode::Sqcq, 3)),
+        "served by polling the SQ doorbell"
+    );
     daemon.shutdown();
 }

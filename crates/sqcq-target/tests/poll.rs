@@ -19,14 +19,6 @@ use vhost::VhostBackend;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// One command submitted through `sq.idx` (kicking only on NEED_WAKEUP).
 fn sq_command(vq: &mut Vq, g: &mut Guest, lun: u16, cdb: &[u8], data_in: u32) -> Resp {
     let p = submit(vq, g, lun_field(0, lun), cdb, &[], data_in);

@@ -397,6 +397,15 @@ impl Resp {
     }
 }
 
+/// Polls `done` until it holds; fails the test after [`WAIT`].
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Error counter `name` of the daemon's first device.
 pub fn counter(d: &Daemon, name: &str) -> u64 {
     d.devices()[0]
