@@ -6,7 +6,7 @@
 //!
 //! | module | what | knows of |
 //! |---|---|---|
-//! | [`runtime`] | the virtqueue runtime: the worker pool, a served queue (ring, eventfds, used-ring batching, kick / ring-poll / SQ-doorbell polling), descriptor chains, guest memory access, metrics and statistics; a device plugs in a [`RequestHandler`](crate::runtime::queue::RequestHandler) per request queue | nothing else in the crate |
+//! | [`runtime`] | the virtqueue runtime: the worker pool, a served queue (ring, eventfds, used-ring batching, kick / ring-poll / SQ-doorbell polling), descriptor chains, guest memory access, metrics and statistics; a device plugs in a `RequestHandler` per request queue | nothing else in the crate |
 //! | [`spec`] | what a disk is made of (backstore, size, block size, identity), from the command line or a file | nothing else in the crate |
 //! | [`transport`] | vhost-user for any device type ([`VirtioDevice`](crate::transport::device_type::VirtioDevice), [`DeviceSession`](crate::transport::device_type::DeviceSession)): one control thread per device socket, the session (negotiation, memory table, vrings), message handling, hostile-frontend guards | [`runtime`] |
 //! | [`scsi`] | the virtio-scsi device: its device type and sessions, command requests, the control and event queues, LUN tables and hot plug | [`runtime`], [`spec`], [`transport`] |
@@ -16,19 +16,19 @@
 //! # Threads and what each owns
 //!
 //! - **One control thread per device** ([`device`](crate::transport::device)): owns the listening
-//!   Unix socket and, while a frontend is connected, the [`session::Session`](crate::transport::session::Session)
+//!   Unix socket and, while a frontend is connected, the `session::Session`
 //!   (negotiated features, guest memory map, vring configuration, which
 //!   worker runs which queue) and the device's state for the connection
 //!   (for SCSI, [`ScsiSession`](crate::scsi::device::ScsiSession)). It
-//!   handles vhost-user messages ([`handler`](crate::transport::handler))
+//!   handles vhost-user messages (`handler`)
 //!   with `vhost`'s `BackendReqHandler`, and lets the device serve its
 //!   own queues: virtio-scsi's control queue (task management,
 //!   asynchronous notification) and event queue
-//!   ([`control`](crate::scsi::control)), whose traffic is rare and whose
+//!   (`control`), whose traffic is rare and whose
 //!   work needs the state this thread owns. A frontend that disconnects
 //!   leaves the device listening for the next one (a new I_T nexus).
-//! - **A pool of worker threads shared by every device** ([`worker`](crate::runtime::worker)):
-//!   each owns the request queues assigned to it ([`queue::ServedQueue`](crate::runtime::queue::ServedQueue):
+//! - **A pool of worker threads shared by every device** (`worker`):
+//!   each owns the request queues assigned to it (`queue::ServedQueue`:
 //!   the ring and its eventfds, and the device's handler: for SCSI one
 //!   backstore queue per LUN and the requests in flight) and waits in one
 //!   epoll set for their kicks and backstore completions. The virtqueue-to-worker map is explicit (`--queue-map`)
@@ -43,37 +43,37 @@
 //!
 //! # A request
 //!
-//! [`chain`](crate::runtime::chain) turns a descriptor chain into checked buffer lists (loops,
+//! `chain` turns a descriptor chain into checked buffer lists (loops,
 //! over-long chains, buffers outside memory, wrong direction), the request
 //! module parses the virtio-scsi header (`sqcq_wire::scsi`) and calls
 //! `sqcq_scsi::LogicalUnit::execute`; medium commands go zero-copy to the
-//! backstore (`sqcq_backstore`) with iovecs into guest memory ([`guest`](crate::runtime::guest)),
+//! backstore (`sqcq_backstore`) with iovecs into guest memory (`guest`),
 //! everything else is answered from a scratch buffer. Completions are
 //! written to the used ring and published once per pass, with at most one
-//! call ([`used`](crate::runtime::used)). Bad input is answered, counted ([`metrics`](crate::runtime::metrics)) and
-//! logged through a rate limiter ([`ratelimit`](crate::runtime::ratelimit)).
+//! call (`used`). Bad input is answered, counted ([`metrics`](crate::runtime::metrics)) and
+//! logged through a rate limiter (`ratelimit`).
 //!
 //! # A hostile frontend
 //!
 //! Whatever a frontend sends costs at most its own connection:
-//! [`eventfd`](crate::runtime::eventfd) accepts only eventfds and never blocks on them, with
-//! [`stall`](crate::runtime::stall) interrupting a write that blocks anyway; [`memory`](crate::transport::memory) checks
-//! every region against its file and [`sigbus`](crate::transport::sigbus) turns memory taken away
-//! later into a dropped connection; [`vhost_socket`](crate::transport::vhost_socket) bounds the waits for a
-//! whole message and for unread replies; [`listen`](crate::transport::listen) never replaces what is
+//! `eventfd` accepts only eventfds and never blocks on them, with
+//! `stall` interrupting a write that blocks anyway; `memory` checks
+//! every region against its file and `sigbus` turns memory taken away
+//! later into a dropped connection; `vhost_socket` bounds the waits for a
+//! whole message and for unread replies; `listen` never replaces what is
 //! not a stale socket; long commands go to the backstore in slices; and
 //! [`sandbox`] is the optional seccomp filter. `docs/target.md`, "Hostile
 //! frontends", lists every class and its test.
 //!
 //! # Poll mode (VIRTIO_F_SQCQ_POLL and ring polling)
 //!
-//! [`queue::SubmissionSource`](crate::runtime::queue::SubmissionSource) is where a queue decides how it learns of
+//! `queue::SubmissionSource` is where a queue decides how it learns of
 //! new requests: by kick, by polling the SQ doorbell of VIRTIO_F_SQCQ_POLL
 //! (when negotiated), or by polling the avail ring (`--poll ring`,
-//! [`ring_poll`](crate::runtime::ring_poll)). A worker spins over its polled queues and sleeps only
-//! when every one of them has asked for a notification ([`poll`](crate::runtime::poll)); it can
-//! be bound to a CPU ([`cpu`](crate::runtime::cpu)); every queue's figures are logged and kept
-//! in a JSON file ([`stats`](crate::runtime::stats)).
+//! `ring_poll`). A worker spins over its polled queues and sleeps only
+//! when every one of them has asked for a notification (`poll`); it can
+//! be bound to a CPU (`cpu`); every queue's figures are logged and kept
+//! in a JSON file (`stats`).
 
 #![deny(missing_docs)]
 

@@ -1,26 +1,26 @@
 //! The virtqueue runtime: what serves a request virtqueue whatever the
-//! device behind it. A pool of worker threads ([`worker`]) owns the served
-//! queues ([`queue`]): the split ring through `virtio-queue`, checked
-//! descriptor chains ([`chain`]) over guest memory ([`guest`]), used-ring
-//! batching ([`used`]), the kick, ring-poll and SQ-doorbell sources with
-//! the workers' spin loop ([`poll`], [`ring_poll`]), eventfds that never
-//! block ([`eventfd`], [`stall`]), CPU binding ([`cpu`]), and the figures
-//! ([`metrics`], [`stats`], [`ratelimit`]).
+//! device behind it. A pool of worker threads (`worker`) owns the served
+//! queues (`queue`): the split ring through `virtio-queue`, checked
+//! descriptor chains (`chain`) over guest memory (`guest`), used-ring
+//! batching (`used`), the kick, ring-poll and SQ-doorbell sources with
+//! the workers' spin loop (`poll`, `ring_poll`), eventfds that never
+//! block (`eventfd`, `stall`), CPU binding (`cpu`), and the figures
+//! ([`metrics`], `stats`, `ratelimit`).
 
-pub mod chain;
-pub mod cpu;
-pub mod eventfd;
-pub mod guest;
+pub(crate) mod chain;
+pub(crate) mod cpu;
+pub(crate) mod eventfd;
+pub(crate) mod guest;
 pub mod metrics;
-pub mod options;
-pub mod poll;
-pub mod queue;
-pub mod ratelimit;
-pub mod ring_poll;
-pub mod stall;
-pub mod stats;
-pub mod used;
-pub mod worker;
+pub(crate) mod options;
+pub(crate) mod poll;
+pub(crate) mod queue;
+pub(crate) mod ratelimit;
+pub(crate) mod ring_poll;
+pub(crate) mod stall;
+pub(crate) mod stats;
+pub(crate) mod used;
+pub(crate) mod worker;
 
 /// An error with its causes, on one line.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

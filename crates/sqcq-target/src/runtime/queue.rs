@@ -349,11 +349,6 @@ impl ServedQueue {
         }
     }
 
-    /// Whether the ring was found corrupt (the queue no longer runs).
-    pub fn is_broken(&self) -> bool {
-        self.ring.broken
-    }
-
     /// Fault injection (`fault break`): the queue will break when it next
     /// finds a request made available, leaving that request untaken, as
     /// for a doorbell value no correct driver writes. False if it is

@@ -52,7 +52,6 @@ pub struct UsedRing {
     event_idx: bool,
     next_used: Wrapping<u16>,
     published: Wrapping<u16>,
-    published_total: u64,
 }
 
 impl UsedRing {
@@ -72,7 +71,6 @@ impl UsedRing {
             event_idx,
             next_used: Wrapping(next_used),
             published: Wrapping(next_used),
-            published_total: 0,
         }
     }
 
@@ -105,11 +103,6 @@ impl UsedRing {
         Ok(())
     }
 
-    /// Elements published since the ring was opened.
-    pub fn published_total(&self) -> u64 {
-        self.published_total
-    }
-
     /// Publishes every pushed element (one `used->idx` store) without
     /// deciding about a notification; returns how many were published.
     /// With VIRTIO_F_SQCQ_POLL the CQ doorbell decides instead.
@@ -128,7 +121,6 @@ impl UsedRing {
         )
         .map_err(UsedError::Memory)?;
         self.published = self.next_used;
-        self.published_total += u64::from(count);
         Ok(count)
     }
 

@@ -1,16 +1,16 @@
 //! The virtio-scsi device: command requests from descriptor chain to
-//! response (the `request` module), the control and event queues ([`control`]),
-//! the LUN table and its changes at run time ([`target`], [`hotplug`]),
-//! and the requests in flight to the backstores ([`inflight`]). The SCSI
+//! response (the `request` module), the control and event queues (`control`),
+//! the LUN table and its changes at run time (`target`, `hotplug`),
+//! and the requests in flight to the backstores (`inflight`). The SCSI
 //! emulation itself is `sqcq_scsi`, the wire format `sqcq_wire::scsi`.
 
-pub mod control;
+pub(crate) mod control;
 pub mod device;
-pub mod hotplug;
-pub mod inflight;
-pub mod queue;
+pub(crate) mod hotplug;
+pub(crate) mod inflight;
+pub(crate) mod queue;
 mod request;
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation)]
 mod request_tests;
-pub mod target;
+pub(crate) mod target;

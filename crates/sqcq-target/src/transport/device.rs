@@ -1,7 +1,7 @@
 //! A device: one vhost-user socket, served by one control thread.
 //!
 //! The control thread owns the listening socket and, while a frontend is
-//! connected, the [`Session`]: it waits in one epoll set for vhost-user
+//! connected, the `Session`: it waits in one epoll set for vhost-user
 //! messages, for the kicks of the queues the device serves on this thread
 //! (virtio-scsi's control and event queues), for the device's notifier
 //! (event reports from other threads) and for the stop signal. When the
@@ -58,7 +58,7 @@ pub struct DeviceShared {
     /// The device type.
     pub device: Arc<dyn VirtioDevice>,
     /// Written by the SIGBUS guard when a page of this device's guest
-    /// memory was lost ([`crate::transport::sigbus`]); the control thread then drops
+    /// memory was lost (`crate::transport::sigbus`); the control thread then drops
     /// the connection.
     pub memory_fault: EventFd,
 }

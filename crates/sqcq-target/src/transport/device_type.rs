@@ -1,6 +1,6 @@
 //! What the vhost-user transport needs of a device type: the traits a
 //! device implements to be served by [`crate::transport::device`] and
-//! [`crate::transport::session`].
+//! `crate::transport::session`.
 //!
 //! The transport does everything a vhost-user back-end does whatever the
 //! device: the socket, negotiation of the generic features (VERSION_1,
@@ -9,7 +9,7 @@
 //! the worker pool. A device type ([`VirtioDevice`]) adds its feature bits
 //! and the number of its virtqueues; for each connection its
 //! [`DeviceSession`] owns the configuration space, builds the
-//! [`RequestHandler`](crate::runtime::queue::RequestHandler) of each
+//! `RequestHandler` of each
 //! request queue, and serves on the control thread the queues that are not
 //! request queues (the first [`VirtioDevice::local_queues`] vrings:
 //! virtio-scsi's control and event queues; none for virtio-blk).
@@ -20,8 +20,12 @@ use std::sync::Arc;
 
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::runtime::eventfd::PeerEventFd;
-use crate::runtime::queue::{DeviceInfo, MakeHandler, QueueError, RingConfig};
+// What a device implementation needs of the runtime, re-exported here so
+// that the device API is nameable in one place.
+pub use crate::runtime::eventfd::PeerEventFd;
+pub use crate::runtime::queue::{
+    DeviceInfo, MakeHandler, QueueError, QueueKey, RequestHandler, RingConfig, Vring,
+};
 
 /// A device type, one value per configured device, shared by its control
 /// thread and whoever changes the device at run time.

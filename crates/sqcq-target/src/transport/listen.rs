@@ -84,11 +84,6 @@ impl ListeningSocket {
     pub fn listener(&self) -> &UnixListener {
         &self.listener
     }
-
-    /// The path it is bound to.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl Drop for ListeningSocket {
