@@ -31,7 +31,8 @@ done
 
 # Modules the guest loads, in this order; modprobe adds dependencies and
 # pre soft dependencies (ext4 -> crypto-crc32c -> crc32c-intel/generic).
-modules=(virtio_pci virtio_scsi sd_mod sg ext4)
+# virtio_blk is loaded only by the blk runs (sqcq_dev=blk).
+modules=(virtio_pci virtio_scsi sd_mod sg ext4 virtio_blk)
 # Programs copied with their shared libraries (path in the guest = host path).
 programs=(
     /usr/bin/sg_inq /usr/bin/sg_vpd /usr/bin/sg_readcap /usr/bin/sg_luns
@@ -40,8 +41,9 @@ programs=(
     /usr/bin/sg_rtpg /usr/bin/sg_dd /usr/bin/sg_opcodes /usr/bin/sg_reset
     /usr/bin/fio
     /usr/sbin/mke2fs /usr/sbin/e2fsck
+    /usr/sbin/blkdiscard
 )
-pkgs=("linux-image-$kver" busybox-static sg3-utils fio e2fsprogs libc6)
+pkgs=("linux-image-$kver" busybox-static sg3-utils fio e2fsprogs libc6 util-linux)
 
 pkgver() { dpkg-query -W -f='${Package}=${Version}\n' "$@" 2>/dev/null | sort; }
 

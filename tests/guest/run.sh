@@ -51,6 +51,11 @@ usage: scripts/guest-test.sh [options]
   --spin-max-us N       longest spin window of both sides' pollers, µs
                         (default with --sqcq: 5000, TCG's time scale; see
                         docs/guest-tests.md)
+  --blk                 vhost-user-blk instead of vhost-user-scsi: sqcqd
+                        serves two blk devices from a configuration file
+                        (64 MiB RAM disks: vda read-write with 512-byte
+                        blocks, vdb read-only with 4096), QEMU attaches
+                        them with vhost-user-blk-pci (stock guest only)
   --keep                keep the scratch directory (logs, images)
 Env: SQCQ_GUEST_DAEMON (= --daemon), SQCQD (path of sqcqd),
      SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_STALL/_SHUTDOWN (seconds: 90/240/90/30;
@@ -64,7 +69,7 @@ daemon="${SQCQ_GUEST_DAEMON:-}"
 images=()
 daemon_cmd="${SQCQ_GUEST_DAEMON_CMD:-}"
 nq="" disks="" bss="" one_conn="" file_backed="" no_reset="" bios="" bios2="" only_run1=0 keep=0
-sqcq=0 daemon_extra="" measure=0 label="" spin_max_us=""
+sqcq=0 daemon_extra="" measure=0 label="" spin_max_us="" blk=0
 no_reset_why="the daemon does not survive a device reset within a connection (--no-reset)"
 dev_opts="${SQCQ_GUEST_DEVICE_OPTS-unset}"
 while [ $# -gt 0 ]; do
@@ -88,6 +93,7 @@ while [ $# -gt 0 ]; do
     --measure) measure=1 ;;
     --label) label="$2"; shift ;;
     --spin-max-us) spin_max_us="$2"; shift ;;
+    --blk) blk=1 ;;
     --keep) keep=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "guest-test: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -115,7 +121,11 @@ sqcqd)
             "cargo build --release -p sqcq-target), nothing to test"
         exit 0
     fi
-    : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=ram,size=64M --lun kind=ram,size=64M,block-size=4096 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+    if [ "$blk" = 1 ]; then
+        : "${daemon_cmd:="$bin --config {dir}/blk.toml --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+    else
+        : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=ram,size=64M --lun kind=ram,size=64M,block-size=4096 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+    fi
     spin_daemon=1
     : "${nq:=2}" "${disks:=2}" "${bss:=512,4096}" "${one_conn:=0}" "${file_backed:=0}" "${no_reset:=0}"
     ;;
@@ -181,6 +191,19 @@ exec 9> target/guest/qemu.lock
 if ! flock -w 900 9; then say "another guest test held target/guest/qemu.lock for 900 s"; exit 1; fi
 work="$(mktemp -d /tmp/sqcq-guest.XXXXXX)"
 sock="$work/vhost.sock"
+# check-set prefix: "" for virtio-scsi, "b" for virtio-blk
+P=""
+if [ "$blk" = 1 ]; then
+    [ "$sqcq" = 0 ] || { say "--blk runs the stock guest only (no --sqcq)"; exit 2; }
+    P=b
+    # the last socket the daemon creates: QEMU starts once it is there
+    sock="$work/blk1.sock"
+    disk_toml() { # name ro block-size
+        printf '[[device]]\ntype = "blk"\nsocket-path = "%s/blk%s.sock"\nnum-queues = %s\n' "$work" "$1" "$nq"
+        printf '[[device.lun]]\nkind = "ram"\nsize = "64M"\nblock-size = %s\nread-only = %s\nserial = "sqcq-vd%s"\n' "$3" "$2" "$(echo "$1" | tr 01 ab)"
+    }
+    { disk_toml 0 false 512; disk_toml 1 true 4096; } > "$work/blk.toml"
+fi
 qemu_pid="" daemon_pid=""
 kill_group() { # pid: TERM its process group, then KILL
     local p="$1"
@@ -244,7 +267,8 @@ expected() {
         index(sets, " " $1 " ") == 0 { next }
         $2 == "global" { print $3 }
         $2 == "disk"   { for (i = 0; i < n; i++) print "disk" i "/" $3 }
-        $2 == "disk0"  { print "disk0/" $3 }' "$here/checks.list"
+        $2 == "disk0"  { print "disk0/" $3 }
+        $2 == "disk1"  { print "disk1/" $3 }' "$here/checks.list"
 }
 
 # collect RUN LOG "BOOTSETS1" ["BOOTSETS2"]: guest checks of each boot
@@ -281,16 +305,24 @@ qemu_run() {
         *) append="$append quiet loglevel=3 ${SQCQ_GUEST_APPEND:-}" ;;
     esac
     append="$append sqcq_mode=$mode sqcq_disks=$disks sqcq_expect=$expect_sqcq ${guest_spin:-}"
+    [ "$blk" = 1 ] && append="$append sqcq_dev=blk"
     [ "$measure" = 1 ] && [ "$mode" = full ] && append="$append sqcq_measure=1"
     append="$append sqcq_mq=$(( nq < 2 ? nq : 2 )) sqcq_nonce=$nonce sqcq_timeout=60"
     [ -n "$bss" ] && append="$append sqcq_bs=$bss"
     [ -n "$prev" ] && append="$append sqcq_prev=$prev"
     local args=("$qemu" -accel tcg -cpu max -m 512M -smp 2
         -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem
-        -chardev "socket,id=vus,path=$sock"
-        -device "vhost-user-scsi-pci,chardev=vus,num_queues=$nq${dev_opts:+,$dev_opts}"
         -nodefaults -no-user-config -display none -nic none -monitor none
         -serial "file:$log" -kernel "$kernel" -initrd "$initrd" -append "$append")
+    if [ "$blk" = 1 ]; then
+        args+=(-chardev "socket,id=vub0,path=$work/blk0.sock"
+            -device "vhost-user-blk-pci,chardev=vub0,num-queues=$nq${dev_opts:+,$dev_opts}"
+            -chardev "socket,id=vub1,path=$work/blk1.sock"
+            -device "vhost-user-blk-pci,chardev=vub1,num-queues=$nq${dev_opts:+,$dev_opts}")
+    else
+        args+=(-chardev "socket,id=vus,path=$sock"
+            -device "vhost-user-scsi-pci,chardev=vus,num_queues=$nq${dev_opts:+,$dev_opts}")
+    fi
     [ "$fw" = qboot ] && args+=(-bios "$qboot")
     [ "$boots" = 1 ] && args+=(-no-reboot)
     : > "$log"
@@ -454,7 +486,7 @@ nonce1=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
 nonce2=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
 if start_daemon; then
     qemu_run run1 "$bios" full "$nonce1" "" 1
-    sets1="full"
+    sets1="${P}full"
     [ "$expect_sqcq" = on ] && sets1="$sets1 sqcq sqcqfull"
     [ "$measure" = 1 ] && sets1="$sets1 measure"
     collect run1 "$work/run1.console.log" "$sets1"
@@ -480,16 +512,16 @@ if start_daemon; then
             start_daemon || host_check lifecycle/daemon_restart FAIL "the daemon did not start again"
         fi
         if daemon_alive; then
-            q=quick; [ "$expect_sqcq" = on ] && q="quick sqcq"
+            q=${P}quick; [ "$expect_sqcq" = on ] && q="quick sqcq"
             if [ "$no_reset" = 1 ]; then
                 qemu_run run2 "$bios2" quick "$nonce2" "$prev" 1
-                b1="$q"; [ -n "$prev" ] && b1="$q prev"
+                b1="$q"; [ -n "$prev" ] && b1="$q ${P}prev"
                 collect run2 "$work/run2.console.log" "$b1"
                 host_check lifecycle/guest_reboot SKIP "$no_reset_why"
             else
                 qemu_run run2 "$bios2" reboot "$nonce2" "$prev" 2
-                b1="$q"; [ -n "$prev" ] && b1="$q prev"
-                collect run2 "$work/run2.console.log" "$b1" "$q boot2"
+                b1="$q"; [ -n "$prev" ] && b1="$q ${P}prev"
+                collect run2 "$work/run2.console.log" "$b1" "$q ${P}boot2"
                 if grep -q "^run2/qemu PASS" "$results" && ! grep -q "^run2.boot2/.* FAIL" "$results"; then
                     host_check lifecycle/guest_reboot PASS "guest rebooted ($bios2) on the same connection, checks pass again"
                 else

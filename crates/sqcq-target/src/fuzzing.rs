@@ -263,7 +263,7 @@ impl ChainHarness {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
-            handler: make_handler(scsi, NexusId(1), 32, 96),
+            handler: make_handler(scsi, NexusId(1), 32, 96, 0),
         })
         .expect("queue");
         ChainHarness {

@@ -24,6 +24,10 @@ use vhost::vhost_user::message::VhostUserConfigFlags;
 const DISK: u64 = 8 << 20;
 const SECTORS: u64 = DISK / SECTOR_SIZE;
 
+/// The device's largest virtqueue (`--queue-size`): seg_max is this - 2,
+/// more than the rings the tests set up (QUEUE_SIZE) hold.
+const DEVICE_QUEUE_SIZE: u16 = 256;
+
 fn start_blk(dir: &TempDir, read_only: bool) -> (Daemon, std::path::PathBuf) {
     let socket = dir.path("blk.sock");
     let mut disk = lun(BackstoreKind::Ram, DISK);
@@ -39,7 +43,7 @@ fn start_blk(dir: &TempDir, read_only: bool) -> (Daemon, std::path::PathBuf) {
             socket_path: socket.clone(),
             luns: vec![disk],
             num_queues: 2,
-            queue_size: QUEUE_SIZE,
+            queue_size: DEVICE_QUEUE_SIZE,
             queue_map: QueueMap::default(),
         }],
     };
@@ -173,7 +177,7 @@ fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
     let c = BlkConfig::decode(&raw).unwrap();
     assert_eq!(c.capacity, SECTORS);
     assert_eq!((c.blk_size, c.num_queues), (512, 2));
-    assert_eq!(c.seg_max, u32::from(QUEUE_SIZE) - 2);
+    assert_eq!(c.seg_max, u32::from(DEVICE_QUEUE_SIZE) - 2);
     assert_eq!(
         (c.max_write_zeroes_seg, c.max_write_zeroes_sectors),
         (1, 2048)
@@ -360,5 +364,84 @@ fn with_bit_42_blk_requests_go_through_the_doorbells() {
         Some((sqcq_target::runtime::metrics::QueueMode::Sqcq, 3)),
         "served by polling the SQ doorbell"
     );
+    daemon.shutdown();
+}
+
+/// A chain of `segments` 512-byte data buffers in one indirect table
+/// (header, data, status), as Linux builds a request of many segments;
+/// returns the used length, the status, and where the data went.
+fn indirect_request(
+    vq: &mut Vq,
+    g: &mut Guest,
+    kind: RequestType,
+    segments: u16,
+    data: &[u8],
+) -> (u32, u8, Vec<u64>) {
+    let writable = kind == RequestType::In;
+    let h = g.alloc(16);
+    g.write(h, &header(kind, 0));
+    let bufs: Vec<u64> = (0..segments)
+        .map(|i| {
+            let b = g.alloc(512);
+            if !writable {
+                g.write(b, &data[usize::from(i) * 512..][..512]);
+            }
+            b
+        })
+        .collect();
+    let status = g.alloc(1);
+    g.write(status, &[0xee]);
+    let n = u32::from(segments) + 2;
+    let table = g.alloc(16 * n);
+    let desc = |i: u32, addr: u64, len: u32, flags: u16| {
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        let next = if i + 1 < n { NEXT } else { 0 };
+        d[12..14].copy_from_slice(&(flags | next).to_le_bytes());
+        d[14..16].copy_from_slice(&((i + 1) as u16).to_le_bytes());
+        g.write(table + 16 * u64::from(i), &d);
+    };
+    desc(0, h, 16, 0);
+    for (i, b) in bufs.iter().enumerate() {
+        desc(i as u32 + 1, *b, 512, if writable { WRITE } else { 0 });
+    }
+    desc(n - 1, status, 1, WRITE);
+    let head = vq.reserve(1);
+    vq.write_desc(g, head, table, 16 * n, INDIRECT, 0);
+    vq.push_head(g, head);
+    vq.kick(g);
+    let (done, len) = vq.wait_used(g);
+    assert_eq!(done, head);
+    (len, g.read(status, 1)[0], bufs)
+}
+
+#[test]
+fn requests_of_more_segments_than_the_ring_holds_work_up_to_seg_max() {
+    let dir = TempDir::new("blk-segments");
+    let (daemon, socket) = start_blk(&dir, false);
+    let mut g = Guest::new();
+    let mut qs = blk_vqs();
+    let _fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    let q = &mut qs[0];
+    // 200 data segments: more than the 64-entry ring, within seg_max 254.
+    let segments = 200u16;
+    assert!(segments > QUEUE_SIZE && u32::from(segments) <= u32::from(DEVICE_QUEUE_SIZE) - 2);
+    let data: Vec<u8> = (0..usize::from(segments) * 512)
+        .map(|i| (i % 253) as u8)
+        .collect();
+    let (len, status, _) = indirect_request(q, &mut g, RequestType::Out, segments, &data);
+    assert_eq!(
+        (len, status),
+        (1, Status::Ok as u8),
+        "a write of {segments} segments"
+    );
+    let (len, status, bufs) = indirect_request(q, &mut g, RequestType::In, segments, &[]);
+    assert_eq!(
+        (len, status),
+        (u32::from(segments) * 512 + 1, Status::Ok as u8)
+    );
+    let back: Vec<u8> = bufs.iter().flat_map(|b| g.read(*b, 512)).collect();
+    assert_eq!(back, data, "read back across {segments} segments");
     daemon.shutdown();
 }

@@ -59,6 +59,8 @@ pub(crate) struct Disk {
     /// Discard and write zeroes with unmap are offered.
     pub(crate) discard: bool,
     pub(crate) id: [u8; sqcq_wire::blk::ID_BYTES],
+    /// The configuration space's `seg_max`.
+    pub(crate) seg_max: u32,
 }
 
 impl BlkDevice {
@@ -82,6 +84,7 @@ impl BlkDevice {
             read_only: self.read_only,
             discard: g.supports_unmap,
             id: sqcq_wire::blk::encode_id(&self.serial),
+            seg_max: 0,
         }
     }
 }
@@ -177,7 +180,10 @@ impl DeviceSession for BlkSession {
     }
 
     fn request_handler(&self) -> MakeHandler {
-        let disk = self.dev.disk();
+        let disk = Disk {
+            seg_max: self.config().seg_max,
+            ..self.dev.disk()
+        };
         Box::new(move |ring: &RingConfig| {
             Ok(Box::new(BlkQueue::new(disk, ring)?) as Box<dyn RequestHandler>)
         })

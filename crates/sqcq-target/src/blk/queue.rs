@@ -30,7 +30,7 @@ use crate::runtime::chain::{self, ChainBuffers, ChainError, Segment as Buf};
 use crate::runtime::guest;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{
-    QueueError, RequestHandler, RingConfig, Vring, drain_fd, wait_readable,
+    QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
 };
 
 /// What a request in flight keeps until it completes.
@@ -80,7 +80,8 @@ impl BlkQueue {
             .backstore
             .open_queue(u32::from(ring.size))
             .map_err(|source| QueueError::Backstore { lun: 0, source })?;
-        let max_segments = usize::from(ring.size);
+        // Header, data segments, status.
+        let max_segments = segment_limit(ring, disk.seg_max, 2);
         Ok(BlkQueue {
             disk,
             io,

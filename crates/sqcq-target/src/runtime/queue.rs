@@ -162,6 +162,17 @@ pub trait RequestHandler {
     fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError>;
 }
 
+/// The most segments a request of a queue may have: what the device's
+/// configuration space promises (`seg_max` data segments, plus `extra`
+/// for headers and status), and never fewer than the ring holds. A driver
+/// with indirect descriptors may build chains longer than the ring
+/// (Linux does, up to `seg_max`): refusing them would fail I/O the device
+/// said it takes.
+pub fn segment_limit(ring: &RingConfig, seg_max: u32, extra: u32) -> usize {
+    let promised = usize::try_from(seg_max.saturating_add(extra)).unwrap_or(usize::MAX);
+    promised.max(usize::from(ring.size))
+}
+
 /// Builds a queue's request handler on the worker that will serve it, so
 /// that it sees every device change handed to the workers before it.
 pub type MakeHandler =

@@ -200,6 +200,7 @@ impl DeviceSession for ScsiSession {
             self.nexus,
             self.cdb_size,
             self.sense_size,
+            self.config().seg_max,
         )
     }
 

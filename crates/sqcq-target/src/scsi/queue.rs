@@ -18,7 +18,8 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::runtime::chain::ChainBuffers;
 use crate::runtime::queue::{
-    MakeHandler, QueueError, RequestHandler, RingConfig, Vring, drain_fd, wait_readable,
+    MakeHandler, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit,
+    wait_readable,
 };
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::inflight::Inflight;
@@ -61,9 +62,11 @@ pub fn make_handler(
     nexus: NexusId,
     cdb_size: u32,
     sense_size: u32,
+    seg_max: u32,
 ) -> MakeHandler {
     Box::new(move |ring: &RingConfig| {
-        let queue = ScsiQueue::new(dev.target.current(), nexus, cdb_size, sense_size, ring)?;
+        let sizes = (cdb_size, sense_size, seg_max);
+        let queue = ScsiQueue::new(dev.target.current(), nexus, sizes, ring)?;
         Ok(Box::new(queue) as Box<dyn RequestHandler>)
     })
 }
@@ -81,12 +84,11 @@ impl std::fmt::Debug for ScsiQueue {
 impl ScsiQueue {
     /// A handler serving `target` (one backstore queue per LUN, as deep
     /// as the ring) for `nexus`, with the connection's CDB and sense
-    /// sizes.
+    /// sizes and the configuration space's `seg_max`.
     pub fn new(
         target: Arc<Target>,
         nexus: NexusId,
-        cdb_size: u32,
-        sense_size: u32,
+        (cdb_size, sense_size, seg_max): (u32, u32, u32),
         ring: &RingConfig,
     ) -> Result<Self, QueueError> {
         let mut luns = Vec::with_capacity(target.luns().len());
@@ -111,7 +113,8 @@ impl ScsiQueue {
             .map(|e| e.unit.max_data_out_len())
             .max()
             .unwrap_or(0);
-        let max_segments = usize::from(ring.size);
+        // Request header, response, data-out and data-in segments.
+        let max_segments = segment_limit(ring, seg_max, 2);
         let cdb_size = usize::try_from(cdb_size).unwrap_or(usize::MAX);
         Ok(ScsiQueue {
             nexus,

@@ -56,7 +56,7 @@ impl Fixture {
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
             // A nexus the unit does not know has no unit attention.
-            handler: make_handler(scsi, NexusId(1), 32, 96),
+            handler: make_handler(scsi, NexusId(1), 32, 96, 0),
         })
         .unwrap();
         Fixture {
