@@ -26,11 +26,11 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::guest_warn;
-use crate::runtime::chain::{self, ChainBuffers, ChainError, Segment as Buf};
+use crate::runtime::chain::{ChainBuffers, Segment as Buf};
 use crate::runtime::guest;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{
-    QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
+    Accepted, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
 };
 
 /// What a request in flight keeps until it completes.
@@ -309,29 +309,20 @@ impl RequestHandler for BlkQueue {
         mem: &Arc<GuestMemoryMmap>,
         chain: DescriptorChain<&GuestMemoryMmap>,
     ) {
-        let head = chain.head_index();
-        let parsed = chain::parse(chain, mem, self.max_segments, &mut self.chain);
+        let slots = &self.slots;
+        let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
+            slots[usize::from(h)].busy
+        }) {
+            Accepted::Request(head) => head,
+            Accepted::Duplicate => return,
+            Accepted::Bad(head) => {
+                // Whatever writable buffers were found: the status goes
+                // last.
+                self.respond(ring, mem, head, Status::IoErr, 0);
+                return;
+            }
+        };
         let d = ring.device();
-        if self.slots[usize::from(head)].busy {
-            DeviceMetrics::bump(&d.metrics.duplicate_heads);
-            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                "head {head} made available while in flight: ignored");
-            return;
-        }
-        if let Err(e) = parsed {
-            DeviceMetrics::bump(match e {
-                ChainError::Malformed | ChainError::TooManySegments { .. } => {
-                    &d.metrics.malformed_chains
-                }
-                ChainError::WrongOrder => &d.metrics.wrong_order,
-                ChainError::OutOfMemory { .. } => &d.metrics.out_of_memory,
-            });
-            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                "bad descriptor chain at head {head}: {e}");
-            // Whatever writable buffers were found: the status goes last.
-            self.respond(ring, mem, head, Status::IoErr, 0);
-            return;
-        }
         let mut b = [0u8; HEADER_SIZE];
         let header_ok = self.chain.readable_len >= HEADER_SIZE as u64
             && self.chain.writable_len >= STATUS_SIZE as u64

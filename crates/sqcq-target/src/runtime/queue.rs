@@ -26,6 +26,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::guest_warn;
+use crate::runtime::chain::{self, ChainBuffers, ChainError};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
 use crate::runtime::ratelimit::RateLimiter;
@@ -568,7 +569,60 @@ impl ServedQueue {
     }
 }
 
+/// A chain a request handler received, once [`Vring::accept`] looked at
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accepted {
+    /// Parsed: a request at this head.
+    Request(u16),
+    /// The head is still in flight (made available twice): ignored, the
+    /// request in flight completes it.
+    Duplicate,
+    /// Unusable (see [`ChainError`]): the handler answers it with its
+    /// error response, as far as the buffers found allow.
+    Bad(u16),
+}
+
 impl Vring {
+    /// Parses a chain for a request handler into `out` (at most
+    /// `max_segments` buffers), counting and logging (rate-limited) what
+    /// a guest can get wrong: a head made available while `in_flight`
+    /// says it still is, a chain that cannot be followed, buffers in the
+    /// wrong order or outside memory.
+    pub fn accept(
+        &self,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
+        max_segments: usize,
+        out: &mut ChainBuffers,
+        in_flight: impl FnOnce(u16) -> bool,
+    ) -> Accepted {
+        let head = chain.head_index();
+        let parsed = chain::parse(chain, mem, max_segments, out);
+        let d = &self.device;
+        if in_flight(head) {
+            DeviceMetrics::bump(&d.metrics.duplicate_heads);
+            guest_warn!(d.limiter, device = %d.name, vq = self.key.vq,
+                "head {head} made available while in flight: ignored");
+            return Accepted::Duplicate;
+        }
+        match parsed {
+            Ok(()) => Accepted::Request(head),
+            Err(e) => {
+                DeviceMetrics::bump(match e {
+                    ChainError::Malformed | ChainError::TooManySegments { .. } => {
+                        &d.metrics.malformed_chains
+                    }
+                    ChainError::WrongOrder => &d.metrics.wrong_order,
+                    ChainError::OutOfMemory { .. } => &d.metrics.out_of_memory,
+                });
+                guest_warn!(d.limiter, device = %d.name, vq = self.key.vq,
+                    "bad descriptor chain at head {head}: {e}");
+                Accepted::Bad(head)
+            }
+        }
+    }
+
     /// Which queue this is.
     pub fn key(&self) -> QueueKey {
         self.key

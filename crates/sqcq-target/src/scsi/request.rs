@@ -22,10 +22,10 @@ use virtio_queue::DescriptorChain;
 use vm_memory::GuestMemoryMmap;
 
 use crate::guest_warn;
-use crate::runtime::chain::{self, ChainError, Segment};
+use crate::runtime::chain::Segment;
 use crate::runtime::guest;
 use crate::runtime::metrics::DeviceMetrics;
-use crate::runtime::queue::Vring;
+use crate::runtime::queue::{Accepted, Vring};
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
 use crate::scsi::queue::{LunQueue, ScsiQueue};
 use sqcq_wire::scsi::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
@@ -96,29 +96,19 @@ impl ScsiQueue {
         mem: &Arc<GuestMemoryMmap>,
         chain: DescriptorChain<&GuestMemoryMmap>,
     ) {
-        let head = chain.head_index();
-        let parsed = chain::parse(chain, mem, self.max_segments, &mut self.chain);
+        let inflight = &self.inflight;
+        let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
+            inflight.is_busy(h)
+        }) {
+            Accepted::Request(head) => head,
+            Accepted::Duplicate => return,
+            Accepted::Bad(head) => {
+                self.respond_transport(ring, mem, head, Response::Failure, 0);
+                return;
+            }
+        };
         let d = ring.device();
         let counters = &d.metrics;
-        if self.inflight.is_busy(head) {
-            DeviceMetrics::bump(&counters.duplicate_heads);
-            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                "head {head} made available while in flight: ignored");
-            return;
-        }
-        if let Err(e) = parsed {
-            DeviceMetrics::bump(match e {
-                ChainError::Malformed | ChainError::TooManySegments { .. } => {
-                    &counters.malformed_chains
-                }
-                ChainError::WrongOrder => &counters.wrong_order,
-                ChainError::OutOfMemory { .. } => &counters.out_of_memory,
-            });
-            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                "bad descriptor chain at head {head}: {e}");
-            self.respond_transport(ring, mem, head, Response::Failure, 0);
-            return;
-        }
         let mut header = std::mem::take(&mut self.header);
         let hdr_len = header.len() as u64;
         let header_ok = self.chain.readable_len >= hdr_len
