@@ -8,6 +8,8 @@
 mod common;
 
 use common::*;
+use vhost::VhostBackend;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 fn header(g: &mut Guest, lun: [u8; 8], cdb: &[u8]) -> u64 {
     let req = g.alloc(REQ_LEN);
@@ -195,5 +197,34 @@ fn corrupt_ring_stops_the_queue_and_signals_the_error_fd() {
     let vq = &mut qs[3];
     clear_unit_attention(vq, &mut g, 0);
     still_serving(vq, &mut g);
+    daemon.shutdown();
+}
+
+#[test]
+fn an_error_eventfd_set_while_the_queue_runs_is_the_one_signalled() {
+    let dir = TempDir::new("err-fd");
+    let (daemon, socket) = start(&dir, 1);
+    let mut g = Guest::new();
+    let mut qs = vqs();
+    let fe = connect(&socket, &g, &mut qs, true);
+    clear_unit_attention(&mut qs[2], &mut g, 0);
+    // A new error eventfd for a running queue (QEMU may send
+    // SET_VRING_ERR at any time): a later break goes to it.
+    let new_err = EventFd::new(EFD_NONBLOCK).unwrap();
+    fe.set_vring_err(2, &new_err).unwrap();
+    let vq = &mut qs[2];
+    vq.next_avail = vq.next_avail.wrapping_add(QUEUE_SIZE + 1);
+    vq.kick(&g);
+    wait_signalled(&new_err, "the new error eventfd");
+    assert!(vq.err.read().is_err(), "the replaced one stays quiet");
+    // A queue that broke already reports it to an error eventfd given
+    // afterwards.
+    let vq = &mut qs[3];
+    vq.next_avail = vq.next_avail.wrapping_add(QUEUE_SIZE + 1);
+    vq.kick(&g);
+    wait_signalled(&vq.err, "the first error eventfd");
+    let late_err = EventFd::new(EFD_NONBLOCK).unwrap();
+    fe.set_vring_err(3, &late_err).unwrap();
+    wait_signalled(&late_err, "an error eventfd given after the break");
     daemon.shutdown();
 }

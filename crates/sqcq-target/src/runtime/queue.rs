@@ -382,6 +382,17 @@ impl ServedQueue {
         }
     }
 
+    /// Replaces the error eventfd (SET_VRING_ERR while running); a queue
+    /// that broke before it had one reports it now.
+    pub fn set_err(&mut self, err: Option<PeerEventFd>) {
+        self.ring.err = err;
+        if self.ring.broken
+            && let Some(err) = &self.ring.err
+        {
+            let _ = err.signal();
+        }
+    }
+
     /// The kick eventfd fired.
     pub fn on_kick(&mut self) {
         // Never blocks (see `PeerEventFd::drain`). The value only counts

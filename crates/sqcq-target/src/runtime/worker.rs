@@ -65,6 +65,13 @@ pub enum WorkerCommand {
         /// The new eventfd.
         call: Option<PeerEventFd>,
     },
+    /// Replace a running queue's error eventfd.
+    SetErr {
+        /// The queue.
+        key: QueueKey,
+        /// The new eventfd.
+        err: Option<PeerEventFd>,
+    },
     /// Answer once every request of `device` in flight now has completed.
     Drain {
         /// The device.
@@ -442,6 +449,11 @@ impl Worker {
                 WorkerCommand::SetCall { key, call } => {
                     if let Some(q) = self.find(key).and_then(|s| self.queues[s].as_mut()) {
                         q.set_call(call);
+                    }
+                }
+                WorkerCommand::SetErr { key, err } => {
+                    if let Some(q) = self.find(key).and_then(|s| self.queues[s].as_mut()) {
+                        q.set_err(err);
                     }
                 }
                 WorkerCommand::Drain { device, reply } => {

@@ -222,6 +222,7 @@ impl VhostUserBackendReqHandlerMut for Session {
     fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         let i = self.index(u32::from(index))?;
         self.vrings[i].err = eventfd(self, fd, FdRole::Err)?;
+        self.update_err(i);
         Ok(())
     }
 

@@ -296,10 +296,7 @@ impl Session {
             Running::No => return,
             Running::Control => self.device.stop_local(index),
             Running::Worker(w) => {
-                let key = QueueKey {
-                    device: self.dev.info.id,
-                    vq,
-                };
+                let key = self.key(index);
                 // The worker waits for requests in flight until the
                 // deadline; its answer follows at once.
                 let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
@@ -335,14 +332,35 @@ impl Session {
             Running::No => {}
             Running::Control => self.device.set_local_call(index, call),
             Running::Worker(w) => {
-                let key = QueueKey {
-                    device: self.dev.info.id,
-                    vq: u16::try_from(index).unwrap_or(u16::MAX),
-                };
-                if let Err(e) = self.pool.send(w, WorkerCommand::SetCall { key, call }) {
-                    warn!(device = %self.dev.info.name, "cannot update call fd: {e}");
-                }
+                let key = self.key(index);
+                self.send(w, WorkerCommand::SetCall { key, call }, "call");
             }
+        }
+    }
+
+    /// Passes a new error eventfd to the worker running the vring (the
+    /// device's own queues have no error state to report).
+    pub(crate) fn update_err(&mut self, index: usize) {
+        if let Running::Worker(w) = self.vrings[index].running {
+            let err = self.vrings[index]
+                .err
+                .as_ref()
+                .and_then(|f| f.try_clone().ok());
+            let key = self.key(index);
+            self.send(w, WorkerCommand::SetErr { key, err }, "error");
+        }
+    }
+
+    fn key(&self, index: usize) -> QueueKey {
+        QueueKey {
+            device: self.dev.info.id,
+            vq: u16::try_from(index).unwrap_or(u16::MAX),
+        }
+    }
+
+    fn send(&self, worker: usize, cmd: WorkerCommand, what: &str) {
+        if let Err(e) = self.pool.send(worker, cmd) {
+            warn!(device = %self.dev.info.name, "cannot update the {what} fd: {e}");
         }
     }
 
