@@ -56,9 +56,16 @@ pub enum DaemonError {
     },
 }
 
-/// A device type, and the SCSI device itself when it is one (for the admin
-/// socket and the embedding program).
-type Built = (Arc<dyn VirtioDevice>, Option<Arc<ScsiDevice>>);
+/// A device type, and the SCSI or blk device itself (for the admin socket
+/// and the embedding program).
+type Built = (Arc<dyn VirtioDevice>, Typed);
+
+/// The concrete device behind a `dyn VirtioDevice`.
+#[derive(Clone, Debug)]
+enum Typed {
+    Scsi(Arc<ScsiDevice>),
+    Blk(Arc<BlkDevice>),
+}
 
 /// A configured device, built before any thread starts.
 enum Kind {
@@ -75,7 +82,10 @@ impl Kind {
                     info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
                 }
                 let scsi = Arc::new(ScsiDevice::new(target)?);
-                Ok((Arc::clone(&scsi) as Arc<dyn VirtioDevice>, Some(scsi)))
+                Ok((
+                    Arc::clone(&scsi) as Arc<dyn VirtioDevice>,
+                    Typed::Scsi(scsi),
+                ))
             }
             Kind::Blk(backstore, serial, read_only) => {
                 info!(device = id, geometry = ?backstore.geometry(), "disk ready");
@@ -86,8 +96,8 @@ impl Kind {
                         .file_name()
                         .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
                 });
-                let blk = BlkDevice::new(backstore, serial, read_only)?;
-                Ok((Arc::new(blk) as Arc<dyn VirtioDevice>, None))
+                let blk = Arc::new(BlkDevice::new(backstore, serial, read_only)?);
+                Ok((Arc::clone(&blk) as Arc<dyn VirtioDevice>, Typed::Blk(blk)))
             }
         }
     }
@@ -98,8 +108,8 @@ impl Kind {
 pub struct Daemon {
     pool: Arc<WorkerPool>,
     devices: Vec<DeviceHandle>,
-    /// The SCSI device behind each of `devices` that is one.
-    scsi: Vec<Option<Arc<ScsiDevice>>>,
+    /// The device behind each of `devices`.
+    typed: Vec<Typed>,
     admin: Option<AdminServer>,
 }
 
@@ -137,7 +147,7 @@ impl Daemon {
         );
         info!(workers = config.workers, "worker pool started");
         let mut devices = Vec::with_capacity(config.devices.len());
-        let mut scsi = Vec::with_capacity(config.devices.len());
+        let mut typed = Vec::with_capacity(config.devices.len());
         for (i, (d, kind)) in config.devices.iter().zip(kinds).enumerate() {
             let id = u32::try_from(i).unwrap_or(u32::MAX);
             let params = DeviceParams {
@@ -145,14 +155,14 @@ impl Daemon {
                 queue_size: d.queue_size,
                 queue_map: d.queue_map.clone(),
             };
-            let spawned = kind.device(id, &d.socket_path).and_then(|(device, scsi)| {
+            let spawned = kind.device(id, &d.socket_path).and_then(|(device, t)| {
                 let h = DeviceHandle::spawn(id, &d.socket_path, params, device, Arc::clone(&pool))?;
-                Ok((h, scsi))
+                Ok((h, t))
             });
             match spawned {
-                Ok((h, device)) => {
+                Ok((h, t)) => {
                     devices.push(h);
-                    scsi.push(device);
+                    typed.push(t);
                 }
                 Err(source) => {
                     drop(devices);
@@ -167,7 +177,7 @@ impl Daemon {
         let mut daemon = Daemon {
             pool,
             devices,
-            scsi,
+            typed,
             admin: None,
         };
         if let Some(path) = &config.admin_socket {
@@ -193,10 +203,17 @@ impl Daemon {
         Ok(self
             .devices
             .iter()
-            .zip(&self.scsi)
-            .map(|(d, scsi)| DeviceControl {
+            .zip(&self.typed)
+            .map(|(d, t)| DeviceControl {
                 info: Arc::clone(&d.shared().info),
-                scsi: scsi.clone(),
+                scsi: match t {
+                    Typed::Scsi(s) => Some(Arc::clone(s)),
+                    Typed::Blk(_) => None,
+                },
+                blk: match t {
+                    Typed::Blk(b) => Some(Arc::clone(b)),
+                    Typed::Scsi(_) => None,
+                },
                 pool: Arc::clone(&self.pool),
             })
             .collect())
@@ -210,7 +227,10 @@ impl Daemon {
     /// The SCSI device of device `i` (configuration order): its LUNs,
     /// its event reports.
     pub fn scsi_device(&self, i: usize) -> Option<&Arc<ScsiDevice>> {
-        self.scsi.get(i)?.as_ref()
+        match self.typed.get(i)? {
+            Typed::Scsi(s) => Some(s),
+            Typed::Blk(_) => None,
+        }
     }
 
     /// The devices, in configuration order.

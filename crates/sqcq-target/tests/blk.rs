@@ -36,7 +36,7 @@ fn start_blk(dir: &TempDir, read_only: bool) -> (Daemon, std::path::PathBuf) {
     let config = DaemonConfig {
         poll: sqcq_target::config::PollOptions::default(),
         workers: 1,
-        admin_socket: None,
+        admin_socket: Some(dir.path("admin.sock")),
         seccomp: Default::default(),
         devices: vec![DeviceConfig {
             device_type: DeviceType::Blk,
@@ -443,5 +443,54 @@ fn requests_of_more_segments_than_the_ring_holds_work_up_to_seg_max() {
     );
     let back: Vec<u8> = bufs.iter().flat_map(|b| g.read(*b, 512)).collect();
     assert_eq!(back, data, "read back across {segments} segments");
+    daemon.shutdown();
+}
+
+#[test]
+fn a_resize_reaches_the_config_space_and_the_request_checks() {
+    let dir = TempDir::new("blk-resize");
+    let (daemon, socket) = start_blk(&dir, false);
+    let mut g = Guest::new();
+    let mut qs = blk_vqs();
+    let mut fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    let capacity = |fe: &mut vhost::vhost_user::Frontend| {
+        let size = blk::CONFIG_SIZE as u32;
+        let (_, raw) = fe
+            .get_config(
+                0,
+                size,
+                VhostUserConfigFlags::WRITABLE,
+                &vec![0; size as usize],
+            )
+            .unwrap();
+        BlkConfig::decode(&raw).unwrap().capacity
+    };
+    let q = &mut qs[0];
+    // The sector after the end is refused until the disk grows.
+    let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
+    assert_eq!(d, status(Status::IoErr));
+    let admin = dir.path("admin.sock");
+    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=16M").unwrap();
+    assert_eq!(reply, "ok device=0 lun=0 blocks=32768");
+    assert_eq!(capacity(&mut fe), 2 * SECTORS);
+    let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
+    assert_eq!(d, ok(513), "the new sectors are there");
+    // Shrinking back: the sectors past the new end are refused again.
+    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=8M").unwrap();
+    assert_eq!(reply, "ok device=0 lun=0 blocks=16384");
+    assert_eq!(capacity(&mut fe), SECTORS);
+    let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
+    assert_eq!(d, status(Status::IoErr));
+    // A size that is not whole blocks, a LUN a blk device does not have.
+    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=1000").unwrap();
+    assert!(reply.starts_with("error"), "{reply}");
+    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=1 size=8M").unwrap();
+    assert!(reply.starts_with("error"), "{reply}");
+    let reply =
+        sqcq_target::admin::request(&admin, "lun add device=0 lun=1 kind=ram,size=8M").unwrap();
+    assert!(
+        reply.starts_with("error"),
+        "no LUN changes on a blk device: {reply}"
+    );
     daemon.shutdown();
 }

@@ -6,8 +6,9 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use sqcq_backstore::Backstore;
+use sqcq_backstore::{Backstore, BackstoreError};
 use sqcq_wire::blk::{
     BlkConfig, SECTOR_SHIFT, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
     VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY,
@@ -36,6 +37,9 @@ pub struct BlkDevice {
     backstore: Arc<dyn Backstore>,
     serial: String,
     read_only: bool,
+    /// Capacity in 512-byte sectors, read by every request queue (a
+    /// resize changes it).
+    sectors: Arc<AtomicU64>,
     notify: EventFd,
 }
 
@@ -53,8 +57,8 @@ impl std::fmt::Debug for BlkDevice {
 #[derive(Clone)]
 pub(crate) struct Disk {
     pub(crate) backstore: Arc<dyn Backstore>,
-    /// Capacity in 512-byte sectors.
-    pub(crate) sectors: u64,
+    /// Capacity in 512-byte sectors (shared with the device: resizes).
+    pub(crate) sectors: Arc<AtomicU64>,
     pub(crate) read_only: bool,
     /// Discard and write zeroes with unmap are offered.
     pub(crate) discard: bool,
@@ -68,19 +72,55 @@ impl BlkDevice {
     /// (GET_ID), read-only if asked or if the backstore is.
     pub fn new(backstore: Arc<dyn Backstore>, serial: String, read_only: bool) -> io::Result<Self> {
         let read_only = read_only || backstore.geometry().read_only;
+        let sectors = Arc::new(AtomicU64::new(backstore.geometry().bytes() >> SECTOR_SHIFT));
         Ok(BlkDevice {
             backstore,
             serial,
             read_only,
+            sectors,
             notify: EventFd::new(EFD_NONBLOCK)?,
         })
+    }
+
+    /// The disk's logical block size.
+    pub fn block_size(&self) -> u32 {
+        self.backstore.geometry().block_size
+    }
+
+    /// Changes the capacity to `bytes` (a whole number of blocks): the
+    /// configuration space shows it at once, requests are checked against
+    /// it. (Telling a connected frontend, VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
+    /// on the backend channel, is not done yet: vhost 0.18's `Backend`
+    /// does not send it; the guest sees the new size when it reads the
+    /// configuration again, at its next boot.)
+    /// Growing: the storage exists before a request can address it.
+    /// Shrinking: no new request reaches past the new end, `drain` waits
+    /// for those in flight, then the storage goes.
+    pub fn resize(&self, bytes: u64, drain: impl FnOnce()) -> Result<u64, BackstoreError> {
+        let new = bytes >> SECTOR_SHIFT;
+        let old = self.sectors.load(Ordering::Relaxed);
+        if new >= old {
+            self.backstore.resize(bytes)?;
+            self.sectors.store(new, Ordering::Relaxed);
+        } else {
+            // Relaxed: the drain's round trip through every worker's
+            // channel orders this store before any request a worker takes
+            // afterwards; the ones taken before are what it waits for.
+            self.sectors.store(new, Ordering::Relaxed);
+            drain();
+            if let Err(e) = self.backstore.resize(bytes) {
+                self.sectors.store(old, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        Ok(new)
     }
 
     fn disk(&self) -> Disk {
         let g = self.backstore.geometry();
         Disk {
             backstore: Arc::clone(&self.backstore),
-            sectors: g.bytes() >> SECTOR_SHIFT,
+            sectors: Arc::clone(&self.sectors),
             read_only: self.read_only,
             discard: g.supports_unmap,
             id: sqcq_wire::blk::encode_id(&self.serial),
@@ -152,7 +192,7 @@ impl BlkSession {
         let per_block = g.block_size >> SECTOR_SHIFT;
         let discard = g.supports_unmap;
         BlkConfig {
-            capacity: g.bytes() >> SECTOR_SHIFT,
+            capacity: self.dev.sectors.load(Ordering::Relaxed),
             seg_max: u32::from(self.params.queue_size).saturating_sub(2),
             blk_size: g.block_size,
             min_io_size: 1,

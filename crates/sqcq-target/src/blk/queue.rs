@@ -139,7 +139,7 @@ impl BlkQueue {
         let end = sector
             .checked_add(bytes / SECTOR_SIZE)
             .ok_or(Refusal::Bad("sector out of range"))?;
-        if end > self.disk.sectors {
+        if end > self.disk.sectors.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Refusal::Bad("beyond the end of the disk"));
         }
         Ok(sector * SECTOR_SIZE)

@@ -40,6 +40,7 @@ use sqcq_scsi::{ConfigError, NexusId};
 use thiserror::Error;
 use tracing::{error, info, warn};
 
+use crate::blk::device::BlkDevice;
 use crate::runtime::queue::DeviceInfo;
 use crate::runtime::queue::{QueueError, Vring};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
@@ -184,6 +185,8 @@ pub struct DeviceControl {
     pub info: Arc<DeviceInfo>,
     /// The SCSI device (its LUN table and event reports), if it is one.
     pub scsi: Option<Arc<ScsiDevice>>,
+    /// The blk device, if it is one (its one disk is LUN 0 here).
+    pub blk: Option<Arc<BlkDevice>>,
     /// The worker pool serving it.
     pub pool: Arc<WorkerPool>,
 }
@@ -238,6 +241,19 @@ impl DeviceControl {
 
     /// Changes the capacity of `lun` to `bytes`.
     pub fn resize_lun(&self, lun: u16, bytes: u64) -> Result<u64, HotplugError> {
+        if let Some(blk) = &self.blk {
+            if lun != 0 {
+                return Err(HotplugError::NoSuchLun(lun));
+            }
+            let block_size = blk.block_size();
+            if bytes == 0 || !bytes.is_multiple_of(u64::from(block_size)) {
+                return Err(HotplugError::BadSize { bytes, block_size });
+            }
+            blk.resize(bytes, || self.drain())
+                .map_err(HotplugError::Backstore)?;
+            info!(device = self.info.id, bytes, "disk resized");
+            return Ok(bytes / u64::from(block_size));
+        }
         let dev = self.scsi()?;
         let target = dev.target.current();
         let entry = target
