@@ -42,7 +42,8 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::scsi::hotplug::{DeviceControl, HotplugError};
+use crate::manage::DeviceControl;
+use crate::scsi::hotplug::HotplugError;
 use crate::spec::{LunSpec, LunSpecError, parse_size};
 use crate::transport::listen::ListeningSocket;
 
@@ -220,7 +221,7 @@ fn stats(devices: &[DeviceControl]) -> String {
     let mut s = String::from("ok");
     for dev in devices {
         let _ = write!(s, " device={}", dev.info.id);
-        let luns = dev.scsi.as_ref().map(|d| d.target.current());
+        let luns = dev.scsi().ok().map(|d| d.target.current());
         for e in luns.iter().flat_map(|t| t.luns()) {
             let _ = write!(
                 s,

@@ -14,8 +14,8 @@ use sqcq_backstore::Backstore;
 
 use crate::blk::device::BlkDevice;
 use crate::config::DeviceType;
+use crate::manage::{DeviceControl, DeviceKind};
 use crate::scsi::device::ScsiDevice;
-use crate::scsi::hotplug::DeviceControl;
 use crate::scsi::target::{Target, TargetError, wwn_seed};
 use crate::spec::OpenError;
 use crate::transport::device::{DeviceHandle, DeviceParams};
@@ -58,14 +58,7 @@ pub enum DaemonError {
 
 /// A device type, and the SCSI or blk device itself (for the admin socket
 /// and the embedding program).
-type Built = (Arc<dyn VirtioDevice>, Typed);
-
-/// The concrete device behind a `dyn VirtioDevice`.
-#[derive(Clone, Debug)]
-enum Typed {
-    Scsi(Arc<ScsiDevice>),
-    Blk(Arc<BlkDevice>),
-}
+type Built = (Arc<dyn VirtioDevice>, DeviceKind);
 
 /// A configured device, built before any thread starts.
 enum Kind {
@@ -84,7 +77,7 @@ impl Kind {
                 let scsi = Arc::new(ScsiDevice::new(target)?);
                 Ok((
                     Arc::clone(&scsi) as Arc<dyn VirtioDevice>,
-                    Typed::Scsi(scsi),
+                    DeviceKind::Scsi(scsi),
                 ))
             }
             Kind::Blk(backstore, serial, read_only) => {
@@ -97,7 +90,10 @@ impl Kind {
                         .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
                 });
                 let blk = Arc::new(BlkDevice::new(backstore, serial, read_only)?);
-                Ok((Arc::clone(&blk) as Arc<dyn VirtioDevice>, Typed::Blk(blk)))
+                Ok((
+                    Arc::clone(&blk) as Arc<dyn VirtioDevice>,
+                    DeviceKind::Blk(blk),
+                ))
             }
         }
     }
@@ -109,7 +105,7 @@ pub struct Daemon {
     pool: Arc<WorkerPool>,
     devices: Vec<DeviceHandle>,
     /// The device behind each of `devices`.
-    typed: Vec<Typed>,
+    kinds: Vec<DeviceKind>,
     admin: Option<AdminServer>,
 }
 
@@ -147,7 +143,7 @@ impl Daemon {
         );
         info!(workers = config.workers, "worker pool started");
         let mut devices = Vec::with_capacity(config.devices.len());
-        let mut typed = Vec::with_capacity(config.devices.len());
+        let mut built = Vec::with_capacity(config.devices.len());
         for (i, (d, kind)) in config.devices.iter().zip(kinds).enumerate() {
             let id = u32::try_from(i).unwrap_or(u32::MAX);
             let params = DeviceParams {
@@ -162,7 +158,7 @@ impl Daemon {
             match spawned {
                 Ok((h, t)) => {
                     devices.push(h);
-                    typed.push(t);
+                    built.push(t);
                 }
                 Err(source) => {
                     drop(devices);
@@ -177,7 +173,7 @@ impl Daemon {
         let mut daemon = Daemon {
             pool,
             devices,
-            typed,
+            kinds: built,
             admin: None,
         };
         if let Some(path) = &config.admin_socket {
@@ -203,17 +199,10 @@ impl Daemon {
         Ok(self
             .devices
             .iter()
-            .zip(&self.typed)
-            .map(|(d, t)| DeviceControl {
+            .zip(&self.kinds)
+            .map(|(d, kind)| DeviceControl {
                 info: Arc::clone(&d.shared().info),
-                scsi: match t {
-                    Typed::Scsi(s) => Some(Arc::clone(s)),
-                    Typed::Blk(_) => None,
-                },
-                blk: match t {
-                    Typed::Blk(b) => Some(Arc::clone(b)),
-                    Typed::Scsi(_) => None,
-                },
+                kind: kind.clone(),
                 pool: Arc::clone(&self.pool),
             })
             .collect())
@@ -227,9 +216,9 @@ impl Daemon {
     /// The SCSI device of device `i` (configuration order): its LUNs,
     /// its event reports.
     pub fn scsi_device(&self, i: usize) -> Option<&Arc<ScsiDevice>> {
-        match self.typed.get(i)? {
-            Typed::Scsi(s) => Some(s),
-            Typed::Blk(_) => None,
+        match self.kinds.get(i)? {
+            DeviceKind::Scsi(s) => Some(s),
+            DeviceKind::Blk(_) => None,
         }
     }
 

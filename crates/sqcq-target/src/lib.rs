@@ -11,7 +11,7 @@
 //! | [`transport`] | vhost-user for any device type ([`VirtioDevice`](crate::transport::device_type::VirtioDevice), [`DeviceSession`](crate::transport::device_type::DeviceSession)): one control thread per device socket, the session (negotiation, memory table, vrings), message handling, hostile-frontend guards | [`runtime`] |
 //! | [`scsi`] | the virtio-scsi device: its device type and sessions, command requests, the control and event queues, LUN tables and hot plug | [`runtime`], [`spec`], [`transport`] |
 //! | [`blk`] | the virtio-blk device: one disk, its configuration space, block requests | [`runtime`], [`spec`], [`transport`] |
-//! | [`config`], [`daemon`], [`admin`], [`sandbox`] | the daemon: command line and file, start and stop, the admin socket, seccomp | everything |
+//! | [`config`], [`daemon`], [`manage`], [`admin`], [`sandbox`] | the daemon: command line and file, start and stop, changes to running devices, the admin socket, seccomp | everything |
 //!
 //! # Threads and what each owns
 //!
@@ -83,6 +83,7 @@ pub mod config;
 pub mod daemon;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod manage;
 pub mod runtime;
 pub mod sandbox;
 pub mod scsi;

@@ -154,13 +154,39 @@ fn blk_vqs() -> Vec<Vq> {
     (0..2).map(Vq::new).collect()
 }
 
-#[test]
-fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
-    let dir = TempDir::new("blk-config");
-    let (daemon, socket) = start_blk(&dir, false);
+/// A blk daemon and a frontend connected with `features` negotiated.
+struct Rig {
+    dir: TempDir,
+    daemon: Daemon,
+    g: Guest,
+    qs: Vec<Vq>,
+    fe: vhost::vhost_user::Frontend,
+}
+
+fn rig(name: &str, read_only: bool, features: u64) -> Rig {
+    let dir = TempDir::new(name);
+    let (daemon, socket) = start_blk(&dir, read_only);
     let g = Guest::new();
     let mut qs = blk_vqs();
-    let mut fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    let fe = connect_device(&socket, &g, &mut qs, true, features);
+    Rig {
+        dir,
+        daemon,
+        g,
+        qs,
+        fe,
+    }
+}
+
+#[test]
+fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
+    let Rig {
+        dir: _dir,
+        daemon,
+        g: _g,
+        qs: _qs,
+        mut fe,
+    } = rig("blk-config", false, BLK_FEATURES);
     assert_eq!(fe.get_queue_num().unwrap(), 2, "request queues only");
     let offered = fe.get_features().unwrap();
     assert_eq!(offered & (1 << VIRTIO_BLK_F_RO), 0);
@@ -192,11 +218,13 @@ fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
 
 #[test]
 fn reads_writes_flush_get_id_and_write_zeroes_do_what_they_say() {
-    let dir = TempDir::new("blk-io");
-    let (daemon, socket) = start_blk(&dir, false);
-    let mut g = Guest::new();
-    let mut qs = blk_vqs();
-    let _fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    let Rig {
+        dir: _dir,
+        daemon,
+        mut g,
+        mut qs,
+        fe: _fe,
+    } = rig("blk-io", false, BLK_FEATURES);
     for (vq, q) in qs.iter_mut().enumerate() {
         let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + vq as u32) as u8).collect();
         let sector = 8 + 64 * vq as u64;
@@ -236,11 +264,13 @@ fn reads_writes_flush_get_id_and_write_zeroes_do_what_they_say() {
 
 #[test]
 fn malformed_and_unsupported_requests_get_their_status() {
-    let dir = TempDir::new("blk-hostile");
-    let (daemon, socket) = start_blk(&dir, false);
-    let mut g = Guest::new();
-    let mut qs = blk_vqs();
-    let _fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    let Rig {
+        dir: _dir,
+        daemon,
+        mut g,
+        mut qs,
+        fe: _fe,
+    } = rig("blk-hostile", false, BLK_FEATURES);
     let q = &mut qs[0];
     let io_err = status(Status::IoErr);
     // Past the end, not a whole sector, an overflowing sector number.
@@ -299,18 +329,14 @@ fn malformed_and_unsupported_requests_get_their_status() {
 
 #[test]
 fn a_read_only_disk_says_so_and_refuses_writes() {
-    let dir = TempDir::new("blk-ro");
-    let (daemon, socket) = start_blk(&dir, true);
-    let mut g = Guest::new();
-    let mut qs = blk_vqs();
-    // Asserts the device offers RO.
-    let _fe = connect_device(
-        &socket,
-        &g,
-        &mut qs,
-        true,
-        BLK_FEATURES | (1 << VIRTIO_BLK_F_RO),
-    );
+    // `rig` asserts the device offers what is asked (RO here).
+    let Rig {
+        dir: _dir,
+        daemon,
+        mut g,
+        mut qs,
+        fe: _fe,
+    } = rig("blk-ro", true, BLK_FEATURES | (1 << VIRTIO_BLK_F_RO));
     let q = &mut qs[0];
     let (d, _) = request(q, &mut g, &header(RequestType::Out, 0), &[1; 512], 0);
     assert_eq!(d, status(Status::IoErr));
@@ -334,11 +360,13 @@ fn a_read_only_disk_says_so_and_refuses_writes() {
 
 #[test]
 fn with_bit_42_blk_requests_go_through_the_doorbells() {
-    let dir = TempDir::new("blk-sqcq");
-    let (daemon, socket) = start_blk(&dir, false);
-    let mut g = Guest::new();
-    let mut qs = blk_vqs();
-    let fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES | SQCQ);
+    let Rig {
+        dir: _dir,
+        daemon,
+        mut g,
+        mut qs,
+        fe,
+    } = rig("blk-sqcq", false, BLK_FEATURES | SQCQ);
     let q = &mut qs[1];
     let pattern: Vec<u8> = (0..1024u32).map(|i| (i % 251) as u8).collect();
     let (d, _) = submit_blk(q, &mut g, &header(RequestType::Out, 16), &pattern, 0, true);
@@ -418,11 +446,13 @@ fn indirect_request(
 
 #[test]
 fn requests_of_more_segments_than_the_ring_holds_work_up_to_seg_max() {
-    let dir = TempDir::new("blk-segments");
-    let (daemon, socket) = start_blk(&dir, false);
-    let mut g = Guest::new();
-    let mut qs = blk_vqs();
-    let _fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    let Rig {
+        dir: _dir,
+        daemon,
+        mut g,
+        mut qs,
+        fe: _fe,
+    } = rig("blk-segments", false, BLK_FEATURES);
     let q = &mut qs[0];
     // 200 data segments: more than the 64-entry ring, within seg_max 254.
     let segments = 200u16;
@@ -448,11 +478,13 @@ fn requests_of_more_segments_than_the_ring_holds_work_up_to_seg_max() {
 
 #[test]
 fn a_resize_reaches_the_config_space_and_the_request_checks() {
-    let dir = TempDir::new("blk-resize");
-    let (daemon, socket) = start_blk(&dir, false);
-    let mut g = Guest::new();
-    let mut qs = blk_vqs();
-    let mut fe = connect_device(&socket, &g, &mut qs, true, BLK_FEATURES);
+    let Rig {
+        dir,
+        daemon,
+        mut g,
+        mut qs,
+        mut fe,
+    } = rig("blk-resize", false, BLK_FEATURES);
     let capacity = |fe: &mut vhost::vhost_user::Frontend| {
         let size = blk::CONFIG_SIZE as u32;
         let (_, raw) = fe

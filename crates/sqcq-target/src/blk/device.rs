@@ -101,6 +101,10 @@ impl BlkDevice {
         let old = self.sectors.load(Ordering::Relaxed);
         if new >= old {
             self.backstore.resize(bytes)?;
+            // Relaxed: it orders nothing. A request that sees the new end
+            // before its worker sees the backstore's own new capacity
+            // (which the backstore publishes and checks itself) fails
+            // there with an I/O error; none reaches unmapped storage.
             self.sectors.store(new, Ordering::Relaxed);
         } else {
             // Relaxed: the drain's round trip through every worker's

@@ -139,6 +139,7 @@ impl BlkQueue {
         let end = sector
             .checked_add(bytes / SECTOR_SIZE)
             .ok_or(Refusal::Bad("sector out of range"))?;
+        // Relaxed: see `BlkDevice::resize`, which orders what matters.
         if end > self.disk.sectors.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Refusal::Bad("beyond the end of the disk"));
         }

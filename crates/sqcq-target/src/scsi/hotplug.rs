@@ -9,7 +9,7 @@
 //! connections coming and going. The request path never touches it: every
 //! request queue's [`ScsiQueue`] holds its own snapshot, aligned with its
 //! own backstore queues, and a change reaches it as a
-//! [`WorkerCommand::Update`]
+//! `WorkerCommand::Update`
 //! through the worker channel, between two passes over the ring. A worker
 //! opens the backstore queues of new LUNs itself; the queues of a removed
 //! LUN stay (unreachable by new requests) until their I/O has completed and
@@ -38,19 +38,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use sqcq_backstore::{BackstoreError, BackstoreQueue};
 use sqcq_scsi::{ConfigError, NexusId};
 use thiserror::Error;
-use tracing::{error, info, warn};
 
-use crate::blk::device::BlkDevice;
-use crate::runtime::queue::DeviceInfo;
 use crate::runtime::queue::{QueueError, Vring};
-use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
-use crate::scsi::device::{EventReport, ScsiDevice};
 use crate::scsi::queue::{LunQueue, ScsiQueue};
-use crate::scsi::target::{LunEntry, Target, TargetError, build_lun, wwn_seed};
-use crate::spec::LunSpec;
-use sqcq_wire::scsi::{
-    EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET, Lun,
-};
+use crate::scsi::target::{LunEntry, Target, TargetError};
 
 /// PARAM_CHANGE reason for CAPACITY DATA HAS CHANGED: the ASC in bits 0-7,
 /// the ASCQ in bits 8-15 (virtio 5.6.6.3.3).
@@ -149,7 +140,7 @@ impl LunTable {
     }
 
     /// Publishes the snapshot with `entry` added.
-    fn install_added(&self, entry: LunEntry) -> Result<Arc<Target>, HotplugError> {
+    pub(crate) fn install_added(&self, entry: LunEntry) -> Result<Arc<Target>, HotplugError> {
         let mut s = self.lock();
         if s.current.find(entry.lun).is_some() {
             return Err(HotplugError::Exists(entry.lun));
@@ -165,7 +156,7 @@ impl LunTable {
     }
 
     /// Publishes the snapshot without `lun`.
-    fn install_removed(&self, lun: u16) -> Result<Arc<Target>, HotplugError> {
+    pub(crate) fn install_removed(&self, lun: u16) -> Result<Arc<Target>, HotplugError> {
         let mut s = self.lock();
         if s.current.find(lun).is_none() {
             return Err(HotplugError::NoSuchLun(lun));
@@ -175,177 +166,6 @@ impl LunTable {
             e.unit.luns_changed();
         }
         Ok(Arc::clone(&s.current))
-    }
-}
-
-/// What a LUN change needs: the device, the workers.
-#[derive(Debug)]
-pub struct DeviceControl {
-    /// The device as the runtime knows it (number, name, figures).
-    pub info: Arc<DeviceInfo>,
-    /// The SCSI device (its LUN table and event reports), if it is one.
-    pub scsi: Option<Arc<ScsiDevice>>,
-    /// The blk device, if it is one (its one disk is LUN 0 here).
-    pub blk: Option<Arc<BlkDevice>>,
-    /// The worker pool serving it.
-    pub pool: Arc<WorkerPool>,
-}
-
-impl DeviceControl {
-    fn scsi(&self) -> Result<&Arc<ScsiDevice>, HotplugError> {
-        self.scsi
-            .as_ref()
-            .ok_or(HotplugError::NotScsi(self.info.id))
-    }
-
-    /// Adds the LUN `spec` describes (`spec.lun` is required).
-    pub fn add_lun(&self, spec: &LunSpec) -> Result<u16, HotplugError> {
-        let lun = spec
-            .lun
-            .filter(|l| *l <= Lun::MAX_LUN)
-            .ok_or(HotplugError::BadLun)?;
-        let dev = self.scsi()?;
-        if dev.target.current().find(lun).is_some() {
-            return Err(HotplugError::Exists(lun));
-        }
-        let entry = build_lun(lun, spec, wwn_seed(&self.info.name)).map_err(HotplugError::Build)?;
-        let geometry = entry.backstore.geometry();
-        let target = dev.target.install_added(entry)?;
-        if let Err(e) = self.hand_over(&target) {
-            // Some worker could not open a backstore queue: take the LUN
-            // back out, everywhere.
-            if let Ok(t) = dev.target.install_removed(lun) {
-                let _ = self.hand_over(&t);
-            }
-            return Err(HotplugError::Queue(e));
-        }
-        info!(device = self.info.id, lun, ?geometry, "LUN added");
-        self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_RESCAN);
-        Ok(lun)
-    }
-
-    /// Removes `lun` once the requests in flight to it have completed.
-    pub fn remove_lun(&self, lun: u16) -> Result<(), HotplugError> {
-        let dev = self.scsi()?;
-        let target = dev.target.install_removed(lun)?;
-        if let Err(e) = self.hand_over(&target) {
-            warn!(device = self.info.id, lun, "removing: {e}");
-        }
-        self.drain();
-        // Same snapshot again: prunes the drained backstore queues.
-        let _ = self.hand_over(&target);
-        info!(device = self.info.id, lun, "LUN removed");
-        self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_REMOVED);
-        Ok(())
-    }
-
-    /// Changes the capacity of `lun` to `bytes`.
-    pub fn resize_lun(&self, lun: u16, bytes: u64) -> Result<u64, HotplugError> {
-        if let Some(blk) = &self.blk {
-            if lun != 0 {
-                return Err(HotplugError::NoSuchLun(lun));
-            }
-            let block_size = blk.block_size();
-            if bytes == 0 || !bytes.is_multiple_of(u64::from(block_size)) {
-                return Err(HotplugError::BadSize { bytes, block_size });
-            }
-            blk.resize(bytes, || self.drain())
-                .map_err(HotplugError::Backstore)?;
-            info!(device = self.info.id, bytes, "disk resized");
-            return Ok(bytes / u64::from(block_size));
-        }
-        let dev = self.scsi()?;
-        let target = dev.target.current();
-        let entry = target
-            .find(lun)
-            .map(|i| &target.luns()[i])
-            .ok_or(HotplugError::NoSuchLun(lun))?;
-        let block_size = entry.unit.block_size();
-        let bs = u64::from(block_size);
-        if bytes == 0 || !bytes.is_multiple_of(bs) {
-            return Err(HotplugError::BadSize { bytes, block_size });
-        }
-        let (old, new) = (entry.unit.blocks(), bytes / bs);
-        if new >= old {
-            // The storage exists before any command can address it.
-            entry
-                .backstore
-                .resize(bytes)
-                .map_err(HotplugError::Backstore)?;
-            entry.unit.resize(new).map_err(HotplugError::Capacity)?;
-        } else {
-            // No new command reaches past the new end, nothing in flight
-            // does either, then the storage goes.
-            entry.unit.resize(new).map_err(HotplugError::Capacity)?;
-            self.drain();
-            if let Err(e) = entry.backstore.resize(bytes) {
-                let _ = entry.unit.resize(old);
-                return Err(HotplugError::Backstore(e));
-            }
-        }
-        info!(device = self.info.id, lun, blocks = new, "LUN resized");
-        self.event(lun, EVT_PARAM_CHANGE, REASON_CAPACITY_CHANGED);
-        Ok(new)
-    }
-
-    /// Arms request queue `vq` (every running one if `None`) to break at
-    /// its next request, as for a nonsense doorbell (fault injection, see
-    /// [`crate::admin`]); returns the vring indices armed.
-    pub fn break_queues(&self, vq: Option<u16>) -> Vec<u16> {
-        let device = self.info.id;
-        let mut broken = Vec::new();
-        for w in 0..self.pool.len() {
-            let call = |reply| WorkerCommand::Break { device, vq, reply };
-            match self
-                .pool
-                .call(w, call, self.pool.deadline(QUEUE_STOP_TIMEOUT))
-            {
-                Ok(mut list) => broken.append(&mut list),
-                Err(e) => error!(device, "fault break: {e}"),
-            }
-        }
-        broken.sort_unstable();
-        broken
-    }
-
-    /// Gives `target` to every worker; the first failure, if any.
-    fn hand_over(&self, target: &Arc<Target>) -> Result<(), QueueError> {
-        let device = self.info.id;
-        let mut result = Ok(());
-        for w in 0..self.pool.len() {
-            let call = |reply| WorkerCommand::Update {
-                device,
-                update: Arc::new(Arc::clone(target)),
-                reply,
-            };
-            match self
-                .pool
-                .call(w, call, self.pool.deadline(QUEUE_STOP_TIMEOUT))
-            {
-                Ok(Err(e)) => result = Err(e),
-                Ok(Ok(())) => {}
-                Err(e) => error!(device, "LUN snapshot: {e}"),
-            }
-        }
-        result
-    }
-
-    /// Waits until every request of the device in flight now completed.
-    fn drain(&self) {
-        let device = self.info.id;
-        let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
-        for w in 0..self.pool.len() {
-            let call = |reply| WorkerCommand::Drain { device, reply };
-            if let Err(e) = self.pool.call(w, call, deadline) {
-                warn!(device, "drain: {e}");
-            }
-        }
-    }
-
-    fn event(&self, lun: u16, event: u32, reason: u32) {
-        if let Some(scsi) = &self.scsi {
-            scsi.report_event(EventReport { lun, event, reason });
-        }
     }
 }
 
