@@ -412,6 +412,9 @@ host_action() {
         # every running request queue stops at its next request, as for
         # a nonsense doorbell
         queue-break) cmd="fault break device=0" ;;
+        # the first blk disk, 64 MiB, grown and shrunk back
+        blk-grow) cmd="lun resize device=0 lun=0 size=96M" ;;
+        blk-shrink) cmd="lun resize device=0 lun=0 size=64M" ;;
         *) say "the guest asked for '$1'"; return ;;
     esac
     "$bin" admin --admin-socket "$work/admin.sock" $cmd >> "$work/host-actions.log" 2>&1 ||

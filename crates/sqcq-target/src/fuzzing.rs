@@ -17,13 +17,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use sqcq_backstore::RamBackstore;
 use sqcq_scsi::{LogicalUnit, LuConfig, NexusId};
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::config::PollOptions;
 use crate::config::QueueMap;
 use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{
     DeviceInfo, QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource,
@@ -226,7 +227,7 @@ const DATA: u64 = 0x4000;
 /// A request queue over guest memory filled from fuzz input.
 #[derive(Debug)]
 pub struct ChainHarness {
-    mem: GuestMemoryMmap,
+    mem: GuestMem,
     queue: ServedQueue,
     size: u16,
     /// The avail index published so far.
@@ -242,8 +243,7 @@ impl ChainHarness {
     /// asked.
     pub fn new(size_log2: u8, event_idx: bool) -> Self {
         let size = 1u16 << (size_log2 % 7);
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), CHAIN_MEM_BYTES)])
-            .expect("guest memory");
+        let mem = crate::runtime::guest::test_memory(&[(GuestAddress(0), CHAIN_MEM_BYTES)]);
         let (dev, scsi) = device(size.max(4));
         let ring = RingConfig {
             size,

@@ -14,12 +14,16 @@ use sqcq_target::Daemon;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, QueueMap};
 use sqcq_wire::blk::{
     self, BlkConfig, RequestHeader, RequestType, SECTOR_SIZE, Segment, Status,
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO,
-    VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES, WRITE_ZEROES_FLAG_UNMAP,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
+    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES, WRITE_ZEROES_FLAG_UNMAP,
 };
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use vhost::VhostBackend;
 use vhost::vhost_user::VhostUserFrontend;
-use vhost::vhost_user::message::VhostUserConfigFlags;
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+use vhost::vhost_user::{FrontendReqHandler, HandlerResult, VhostUserFrontendReqHandler};
 
 const DISK: u64 = 8 << 20;
 const SECTORS: u64 = DISK / SECTOR_SIZE;
@@ -163,6 +167,20 @@ struct Rig {
     fe: vhost::vhost_user::Frontend,
 }
 
+/// The configuration space, read as the driver reads it.
+fn config(fe: &mut vhost::vhost_user::Frontend) -> BlkConfig {
+    let size = blk::CONFIG_SIZE as u32;
+    let (_, raw) = fe
+        .get_config(
+            0,
+            size,
+            VhostUserConfigFlags::WRITABLE,
+            &vec![0; size as usize],
+        )
+        .unwrap();
+    BlkConfig::decode(&raw).unwrap()
+}
+
 fn rig(name: &str, read_only: bool, features: u64) -> Rig {
     let dir = TempDir::new(name);
     let (daemon, socket) = start_blk(&dir, read_only);
@@ -191,16 +209,8 @@ fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
     let offered = fe.get_features().unwrap();
     assert_eq!(offered & (1 << VIRTIO_BLK_F_RO), 0);
     assert_eq!(offered & (1 << 1), 0, "SIZE_MAX is not offered");
-    let size = blk::CONFIG_SIZE as u32;
-    let (_, raw) = fe
-        .get_config(
-            0,
-            size,
-            VhostUserConfigFlags::WRITABLE,
-            &vec![0; size as usize],
-        )
-        .unwrap();
-    let c = BlkConfig::decode(&raw).unwrap();
+    assert_ne!(offered & (1 << VIRTIO_BLK_F_CONFIG_WCE), 0);
+    let c = config(&mut fe);
     assert_eq!(c.capacity, SECTORS);
     assert_eq!((c.blk_size, c.num_queues), (512, 2));
     assert_eq!(c.seg_max, u32::from(DEVICE_QUEUE_SIZE) - 2);
@@ -208,11 +218,25 @@ fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
         (c.max_write_zeroes_seg, c.max_write_zeroes_sectors),
         (1, 2048)
     );
-    // Nothing is driver-writable.
-    assert!(
-        fe.set_config(32, VhostUserConfigFlags::WRITABLE, &[1])
-            .is_err()
-    );
+    // The cache mode is write-back until the driver says otherwise; it is
+    // the one field a driver may write, with 0 or 1 only, and a device
+    // reset restores it.
+    assert_eq!(c.writeback, 1);
+    let wce = blk::CONFIG_WCE_OFFSET as u32;
+    fe.set_config(wce, VhostUserConfigFlags::WRITABLE, &[0])
+        .unwrap();
+    assert_eq!(config(&mut fe).writeback, 0);
+    for (offset, value) in [(wce, 2), (0, 1), (wce + 1, 0)] {
+        assert!(
+            fe.set_config(offset, VhostUserConfigFlags::WRITABLE, &[value])
+                .is_err(),
+            "offset {offset} value {value}"
+        );
+    }
+    assert_eq!(config(&mut fe).writeback, 0);
+    assert_eq!(config(&mut fe).capacity, SECTORS);
+    fe.reset_device().unwrap();
+    assert_eq!(config(&mut fe).writeback, 1);
     daemon.shutdown();
 }
 
@@ -223,37 +247,52 @@ fn reads_writes_flush_get_id_and_write_zeroes_do_what_they_say() {
         daemon,
         mut g,
         mut qs,
-        fe: _fe,
-    } = rig("blk-io", false, BLK_FEATURES);
-    for (vq, q) in qs.iter_mut().enumerate() {
-        let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + vq as u32) as u8).collect();
-        let sector = 8 + 64 * vq as u64;
-        let (d, _) = request(q, &mut g, &header(RequestType::Out, sector), &pattern, 0);
-        assert_eq!(d, ok(1), "OUT");
-        let (d, data) = request(q, &mut g, &header(RequestType::In, sector), &[], 4096);
-        assert_eq!(d, ok(4097), "IN: data and the status byte");
-        assert_eq!(data, pattern);
-        let (d, _) = request(q, &mut g, &header(RequestType::Flush, 0), &[], 0);
-        assert_eq!(d, ok(1), "FLUSH");
-        let (d, id) = request(q, &mut g, &header(RequestType::GetId, 0), &[], 20);
-        assert_eq!(d, ok(21), "GET_ID");
-        assert_eq!(&id[..9], b"blk-test\0");
-        // Write zeroes (with the unmap flag) over the pattern.
-        let seg = Segment {
-            sector,
-            num_sectors: 8,
-            flags: WRITE_ZEROES_FLAG_UNMAP,
-        };
-        let (d, _) = request(
-            q,
-            &mut g,
-            &header(RequestType::WriteZeroes, 0),
-            &seg.encode(),
-            0,
-        );
-        assert_eq!(d, ok(1), "WRITE_ZEROES");
-        let (_, data) = request(q, &mut g, &header(RequestType::In, sector), &[], 4096);
-        assert!(data.iter().all(|b| *b == 0), "zeroes read back");
+        mut fe,
+    } = rig(
+        "blk-io",
+        false,
+        BLK_FEATURES | (1 << VIRTIO_BLK_F_CONFIG_WCE),
+    );
+    // Write-back, then write-through (every write a FUA write).
+    for writeback in [1u8, 0] {
+        fe.set_config(
+            blk::CONFIG_WCE_OFFSET as u32,
+            VhostUserConfigFlags::WRITABLE,
+            &[writeback],
+        )
+        .unwrap();
+        for (vq, q) in qs.iter_mut().enumerate() {
+            let pattern: Vec<u8> = (0..4096u32)
+                .map(|i| (i * 7 + vq as u32 + u32::from(writeback)) as u8)
+                .collect();
+            let sector = 8 + 64 * vq as u64;
+            let (d, _) = request(q, &mut g, &header(RequestType::Out, sector), &pattern, 0);
+            assert_eq!(d, ok(1), "OUT");
+            let (d, data) = request(q, &mut g, &header(RequestType::In, sector), &[], 4096);
+            assert_eq!(d, ok(4097), "IN: data and the status byte");
+            assert_eq!(data, pattern);
+            let (d, _) = request(q, &mut g, &header(RequestType::Flush, 0), &[], 0);
+            assert_eq!(d, ok(1), "FLUSH");
+            let (d, id) = request(q, &mut g, &header(RequestType::GetId, 0), &[], 20);
+            assert_eq!(d, ok(21), "GET_ID");
+            assert_eq!(&id[..9], b"blk-test\0");
+            // Write zeroes (with the unmap flag) over the pattern.
+            let seg = Segment {
+                sector,
+                num_sectors: 8,
+                flags: WRITE_ZEROES_FLAG_UNMAP,
+            };
+            let (d, _) = request(
+                q,
+                &mut g,
+                &header(RequestType::WriteZeroes, 0),
+                &seg.encode(),
+                0,
+            );
+            assert_eq!(d, ok(1), "WRITE_ZEROES");
+            let (_, data) = request(q, &mut g, &header(RequestType::In, sector), &[], 4096);
+            assert!(data.iter().all(|b| *b == 0), "zeroes read back");
+        }
     }
     // The last sector is readable, the one after it is not.
     let q = &mut qs[0];
@@ -476,8 +515,52 @@ fn requests_of_more_segments_than_the_ring_holds_work_up_to_seg_max() {
     daemon.shutdown();
 }
 
+/// The frontend's end of a backend channel, counting the
+/// configuration-change messages.
+#[derive(Default)]
+struct ConfigChanges(AtomicU32);
+
+impl VhostUserFrontendReqHandler for ConfigChanges {
+    fn handle_config_change(&self) -> HandlerResult<u64> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(0)
+    }
+}
+
+/// Hands the device a backend channel (VHOST_USER_PROTOCOL_F_BACKEND_REQ).
+fn backend_channel(
+    fe: &mut vhost::vhost_user::Frontend,
+) -> (FrontendReqHandler<ConfigChanges>, Arc<ConfigChanges>) {
+    let changes = Arc::new(ConfigChanges::default());
+    let channel = FrontendReqHandler::new(Arc::clone(&changes)).unwrap();
+    let proto = fe.get_protocol_features().unwrap();
+    assert!(proto.contains(VhostUserProtocolFeatures::BACKEND_REQ));
+    fe.set_protocol_features(
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::BACKEND_REQ,
+    )
+    .unwrap();
+    fe.set_backend_request_fd(&channel.get_tx_raw_fd()).unwrap();
+    (channel, changes)
+}
+
+/// Handles the next message on the backend channel (within [`WAIT`]).
+fn next_backend_message(channel: &mut FrontendReqHandler<ConfigChanges>) {
+    let mut pfd = libc::pollfd {
+        fd: channel.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&raw mut pfd, 1, WAIT.as_millis() as i32) };
+    assert_eq!(n, 1, "no message on the backend channel");
+    channel.handle_request().unwrap();
+}
+
 #[test]
-fn a_resize_reaches_the_config_space_and_the_request_checks() {
+fn a_resize_reaches_the_config_space_the_request_checks_and_the_frontend() {
     let Rig {
         dir,
         daemon,
@@ -485,18 +568,8 @@ fn a_resize_reaches_the_config_space_and_the_request_checks() {
         mut qs,
         mut fe,
     } = rig("blk-resize", false, BLK_FEATURES);
-    let capacity = |fe: &mut vhost::vhost_user::Frontend| {
-        let size = blk::CONFIG_SIZE as u32;
-        let (_, raw) = fe
-            .get_config(
-                0,
-                size,
-                VhostUserConfigFlags::WRITABLE,
-                &vec![0; size as usize],
-            )
-            .unwrap();
-        BlkConfig::decode(&raw).unwrap().capacity
-    };
+    let (mut channel, changes) = backend_channel(&mut fe);
+    let capacity = |fe: &mut vhost::vhost_user::Frontend| config(fe).capacity;
     let q = &mut qs[0];
     // The sector after the end is refused until the disk grows.
     let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
@@ -504,12 +577,16 @@ fn a_resize_reaches_the_config_space_and_the_request_checks() {
     let admin = dir.path("admin.sock");
     let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=16M").unwrap();
     assert_eq!(reply, "ok device=0 lun=0 blocks=32768");
+    next_backend_message(&mut channel);
+    assert_eq!(changes.0.load(Ordering::Relaxed), 1, "told of the change");
     assert_eq!(capacity(&mut fe), 2 * SECTORS);
     let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
     assert_eq!(d, ok(513), "the new sectors are there");
     // Shrinking back: the sectors past the new end are refused again.
     let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=8M").unwrap();
     assert_eq!(reply, "ok device=0 lun=0 blocks=16384");
+    next_backend_message(&mut channel);
+    assert_eq!(changes.0.load(Ordering::Relaxed), 2);
     assert_eq!(capacity(&mut fe), SECTORS);
     let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
     assert_eq!(d, status(Status::IoErr));
@@ -524,5 +601,22 @@ fn a_resize_reaches_the_config_space_and_the_request_checks() {
         reply.starts_with("error"),
         "no LUN changes on a blk device: {reply}"
     );
+    assert_eq!(counter(&daemon, "config_changes_lost"), 0);
+    daemon.shutdown();
+}
+
+#[test]
+fn a_resize_a_frontend_cannot_be_told_of_is_counted() {
+    let Rig {
+        dir, daemon, fe, ..
+    } = rig("blk-resize-untold", false, BLK_FEATURES);
+    // Connected, without a backend channel.
+    let admin = dir.path("admin.sock");
+    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=16M").unwrap();
+    assert_eq!(reply, "ok device=0 lun=0 blocks=32768");
+    wait_until("the untold change is counted", || {
+        counter(&daemon, "config_changes_lost") == 1
+    });
+    drop(fe);
     daemon.shutdown();
 }

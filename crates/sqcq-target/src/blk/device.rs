@@ -6,13 +6,13 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sqcq_backstore::{Backstore, BackstoreError};
 use sqcq_wire::blk::{
-    BlkConfig, SECTOR_SHIFT, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
-    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY,
-    VIRTIO_BLK_F_WRITE_ZEROES,
+    BlkConfig, CONFIG_WCE_OFFSET, SECTOR_SHIFT, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE,
+    VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO,
+    VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
@@ -65,6 +65,9 @@ pub(crate) struct Disk {
     pub(crate) id: [u8; sqcq_wire::blk::ID_BYTES],
     /// The configuration space's `seg_max`.
     pub(crate) seg_max: u32,
+    /// The driver's cache mode (`writeback`, VIRTIO_BLK_F_CONFIG_WCE):
+    /// false is write-through, every write durable before it completes.
+    pub(crate) writeback: Arc<AtomicBool>,
 }
 
 impl BlkDevice {
@@ -89,10 +92,10 @@ impl BlkDevice {
 
     /// Changes the capacity to `bytes` (a whole number of blocks): the
     /// configuration space shows it at once, requests are checked against
-    /// it. (Telling a connected frontend, VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
-    /// on the backend channel, is not done yet: vhost 0.18's `Backend`
-    /// does not send it; the guest sees the new size when it reads the
-    /// configuration again, at its next boot.)
+    /// it, and the control thread tells a connected frontend
+    /// (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG on the backend channel: QEMU
+    /// reads the configuration again and interrupts the guest, whose
+    /// virtio_blk revalidates the capacity).
     /// Growing: the storage exists before a request can address it.
     /// Shrinking: no new request reaches past the new end, `drain` waits
     /// for those in flight, then the storage goes.
@@ -117,6 +120,12 @@ impl BlkDevice {
                 return Err(e);
             }
         }
+        if new != old {
+            // The control thread sends the message (`notified`); a full
+            // counter (impossible at one write per resize) only merges
+            // notifications.
+            let _ = self.notify.write(1);
+        }
         Ok(new)
     }
 
@@ -129,6 +138,7 @@ impl BlkDevice {
             discard: g.supports_unmap,
             id: sqcq_wire::blk::encode_id(&self.serial),
             seg_max: 0,
+            writeback: Arc::new(AtomicBool::new(true)),
         }
     }
 }
@@ -139,6 +149,7 @@ impl VirtioDevice for BlkDevice {
             | (1 << VIRTIO_BLK_F_BLK_SIZE)
             | (1 << VIRTIO_BLK_F_TOPOLOGY)
             | (1 << VIRTIO_BLK_F_FLUSH)
+            | (1 << VIRTIO_BLK_F_CONFIG_WCE)
             | (1 << VIRTIO_BLK_F_MQ)
             | (1 << VIRTIO_BLK_F_WRITE_ZEROES);
         if self.read_only {
@@ -174,6 +185,7 @@ impl VirtioDevice for BlkDevice {
         Ok(Box::new(BlkSession {
             idle: EventFd::new(EFD_NONBLOCK)?,
             params: params.clone(),
+            writeback: Arc::new(AtomicBool::new(true)),
             dev: self,
         }))
     }
@@ -188,6 +200,10 @@ struct BlkSession {
     /// The descriptor the control thread watches for local queues; a blk
     /// device has none, so it never fires.
     idle: EventFd,
+    /// The cache mode the driver chose (write-back until it writes
+    /// `writeback` 0; a device reset restores it), read by every request
+    /// queue of the connection.
+    writeback: Arc<AtomicBool>,
 }
 
 impl BlkSession {
@@ -207,6 +223,9 @@ impl BlkSession {
             max_write_zeroes_sectors: MAX_RANGE_SECTORS,
             max_write_zeroes_seg: 1,
             write_zeroes_may_unmap: u8::from(discard && g.unmapped_reads_zero),
+            // Relaxed: a plain flag; requests racing with a mode change
+            // may see either mode, as on any disk.
+            writeback: u8::from(self.writeback.load(Ordering::Relaxed)),
             ..BlkConfig::default()
         }
     }
@@ -217,15 +236,22 @@ impl DeviceSession for BlkSession {
         self.config().encode().to_vec()
     }
 
-    fn write_config(&mut self, _offset: u32, _buf: &[u8]) -> bool {
-        // No field is driver-writable (VIRTIO_BLK_F_CONFIG_WCE is not
-        // offered).
-        false
+    fn write_config(&mut self, offset: u32, buf: &[u8]) -> bool {
+        // `writeback` is the one driver-writable field: 0 (write-through)
+        // or 1 (write-back).
+        match (usize::try_from(offset), buf) {
+            (Ok(CONFIG_WCE_OFFSET), &[mode @ (0 | 1)]) => {
+                self.writeback.store(mode == 1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
     }
 
     fn request_handler(&self) -> MakeHandler {
         let disk = Disk {
             seg_max: self.config().seg_max,
+            writeback: Arc::clone(&self.writeback),
             ..self.dev.disk()
         };
         Box::new(move |ring: &RingConfig| {
@@ -250,7 +276,9 @@ impl DeviceSession for BlkSession {
 
     fn set_local_call(&mut self, _index: usize, _call: Option<PeerEventFd>) {}
 
-    fn reset(&mut self) {}
+    fn reset(&mut self) {
+        self.writeback.store(true, Ordering::Relaxed);
+    }
 
     fn epoll_fd(&self) -> RawFd {
         self.idle.as_raw_fd()
@@ -262,8 +290,11 @@ impl DeviceSession for BlkSession {
         false
     }
 
-    fn notified(&mut self, _ctx: &SessionCtx<'_>) {
-        let _ = self.dev.notify.read();
+    fn notified(&mut self, ctx: &SessionCtx<'_>) {
+        // The only notification: the capacity changed.
+        if self.dev.notify.read().is_ok() {
+            (ctx.config_changed)();
+        }
     }
 
     fn disconnect(&mut self) {}

@@ -22,12 +22,12 @@ use sqcq_wire::blk::{
 };
 use tracing::{debug, error, warn};
 use virtio_queue::DescriptorChain;
-use vm_memory::GuestMemoryMmap;
 
 use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::guest_warn;
 use crate::runtime::chain::{ChainBuffers, Segment as Buf};
 use crate::runtime::guest;
+use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{
     Accepted, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
@@ -38,7 +38,7 @@ use crate::runtime::queue::{
 struct Slot {
     busy: bool,
     /// The memory map its iovecs point into, alive until completion.
-    mem: Option<Arc<GuestMemoryMmap>>,
+    mem: Option<Arc<GuestMem>>,
     iov: Vec<libc::iovec>,
     /// Its device-writable buffers: data-in, then the status byte.
     writable: Vec<Buf>,
@@ -98,7 +98,7 @@ impl BlkQueue {
     fn respond(
         &mut self,
         ring: &mut Vring,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         head: u16,
         status: Status,
         data_in: u32,
@@ -113,7 +113,7 @@ impl BlkQueue {
         ring.complete(mem, head, len);
     }
 
-    fn refuse(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, head: u16, why: Refusal) {
+    fn refuse(&mut self, ring: &mut Vring, mem: &GuestMem, head: u16, why: Refusal) {
         let d = ring.device();
         DeviceMetrics::bump(&d.metrics.bad_requests);
         let status = match why {
@@ -149,7 +149,7 @@ impl BlkQueue {
     /// What the request asks of the backstore, once checked.
     fn plan(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         hdr: &RequestHeader,
     ) -> Result<Option<(IoOp, u32)>, Refusal> {
         let c = &self.chain;
@@ -166,7 +166,13 @@ impl BlkQueue {
                     return Err(Refusal::Bad("write to a read-only disk"));
                 }
                 let offset = self.range(hdr.sector, data_out)?;
-                Ok(Some((IoOp::Write { offset, fua: false }, 0)))
+                // Write-through: durable before it completes (the
+                // backstore's FUA write).
+                let fua = !self
+                    .disk
+                    .writeback
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                Ok(Some((IoOp::Write { offset, fua }, 0)))
             }
             RequestType::Flush => Ok(Some((IoOp::Flush, 0))),
             RequestType::GetId => Ok(None),
@@ -215,7 +221,7 @@ impl BlkQueue {
     }
 
     /// Sends a checked request to the backstore; false if it refused.
-    fn submit(&mut self, mem: &Arc<GuestMemoryMmap>, head: u16, op: IoOp, data_in: u32) -> bool {
+    fn submit(&mut self, mem: &Arc<GuestMem>, head: u16, op: IoOp, data_in: u32) -> bool {
         let slot = &mut self.slots[usize::from(head)];
         slot.iov.clear();
         let c = &self.chain;
@@ -252,7 +258,7 @@ impl BlkQueue {
     }
 
     /// Completes what the backstore finished.
-    fn reap_completions(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+    fn reap_completions(&mut self, ring: &mut Vring, mem: &GuestMem) {
         if self.io.in_flight() == 0 {
             return;
         }
@@ -265,6 +271,8 @@ impl BlkQueue {
             if !slot.busy {
                 return;
             }
+            // What a read wrote through the iovecs, whatever its result.
+            guest::mark_written(mem, &slot.writable, 0, u64::from(slot.data_in));
             let (status, data_in) = match result {
                 Ok(_) => (Status::Ok, slot.data_in),
                 Err(e) => {
@@ -288,7 +296,7 @@ impl BlkQueue {
 /// Writes `status` as the last byte of `writable`; the used length
 /// (`data_in` plus the status byte), 0 if the status could not be written.
 fn finish(
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     writable: &[Buf],
     writable_len: u64,
     status: Status,
@@ -304,12 +312,7 @@ fn finish(
 }
 
 impl RequestHandler for BlkQueue {
-    fn handle(
-        &mut self,
-        ring: &mut Vring,
-        mem: &Arc<GuestMemoryMmap>,
-        chain: DescriptorChain<&GuestMemoryMmap>,
-    ) {
+    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: DescriptorChain<&GuestMem>) {
         let slots = &self.slots;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             slots[usize::from(h)].busy
@@ -372,11 +375,11 @@ impl RequestHandler for BlkQueue {
         }
     }
 
-    fn reap(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+    fn reap(&mut self, ring: &mut Vring, mem: &GuestMem) {
         self.reap_completions(ring, mem);
     }
 
-    fn completed(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, _source: usize) {
+    fn completed(&mut self, ring: &mut Vring, mem: &GuestMem, _source: usize) {
         if let Some(fd) = self.io.completion_fd() {
             drain_fd(fd);
         }
@@ -399,7 +402,7 @@ impl RequestHandler for BlkQueue {
         false
     }
 
-    fn run_deferred(&mut self, _ring: &mut Vring, _mem: &GuestMemoryMmap) {}
+    fn run_deferred(&mut self, _ring: &mut Vring, _mem: &GuestMem) {}
 
     fn begin_drain(&mut self) -> bool {
         // virtio-blk has no task management: a drain (a device change)
@@ -421,7 +424,7 @@ impl RequestHandler for BlkQueue {
         }
     }
 
-    fn finish(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, deadline: Instant) -> usize {
+    fn finish(&mut self, ring: &mut Vring, mem: &GuestMem, deadline: Instant) -> usize {
         RequestHandler::commit(self, ring);
         while self.in_flight > 0 && Instant::now() < deadline {
             if let Some(fd) = self.io.completion_fd() {

@@ -13,9 +13,10 @@
 
 use std::ops::Deref;
 
+use crate::runtime::guest::GuestMem;
 use thiserror::Error;
 use virtio_queue::DescriptorChain;
-use vm_memory::{GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemory, GuestMemoryBackend};
 
 /// One buffer of a chain, in guest physical addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,7 +93,7 @@ impl ChainBuffers {
 /// first error found is returned.
 pub fn parse<M>(
     chain: DescriptorChain<M>,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     max_segments: usize,
     out: &mut ChainBuffers,
 ) -> Result<(), ChainError>
@@ -161,12 +162,12 @@ mod tests {
     const WRITE: u16 = 2;
     const INDIRECT: u16 = 4;
 
-    fn mem() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
+    fn mem() -> GuestMem {
+        crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x10_0000)])
     }
 
     fn parse_first(
-        m: &GuestMemoryMmap,
+        m: &GuestMem,
         descs: &[Descriptor],
         max: usize,
     ) -> (Result<(), ChainError>, ChainBuffers) {

@@ -295,6 +295,9 @@ pub struct DeviceMetrics {
     pub dropped_connections: AtomicU64,
     /// Guest memory pages lost under a mapping (SIGBUS recovered).
     pub memory_faults: AtomicU64,
+    /// Configuration changes the frontend could not be told of: no
+    /// backend channel, or one it does not read.
+    pub config_changes_lost: AtomicU64,
     /// Device number, as in [`QueueSnapshot::device`].
     device: u32,
     queues: Box<[QueueMetrics]>,
@@ -324,6 +327,7 @@ impl DeviceMetrics {
             failed_messages: zero(),
             dropped_connections: zero(),
             memory_faults: zero(),
+            config_changes_lost: zero(),
             device,
             queues: (0..queues).map(|_| QueueMetrics::default()).collect(),
         }
@@ -348,7 +352,7 @@ impl DeviceMetrics {
     }
 
     /// The error counters as (name, value) pairs.
-    pub fn errors(&self) -> [(&'static str, u64); 19] {
+    pub fn errors(&self) -> [(&'static str, u64); 20] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("malformed_chains", get(&self.malformed_chains)),
@@ -370,6 +374,7 @@ impl DeviceMetrics {
             ("failed_messages", get(&self.failed_messages)),
             ("dropped_connections", get(&self.dropped_connections)),
             ("memory_faults", get(&self.memory_faults)),
+            ("config_changes_lost", get(&self.config_changes_lost)),
         ]
     }
 }

@@ -23,11 +23,12 @@ use sqcq_protocol::SpinPolicy;
 use thiserror::Error;
 use tracing::{error, info};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
 use crate::guest_warn;
 use crate::runtime::chain::{self, ChainBuffers, ChainError};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
+use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::used::UsedRing;
@@ -110,23 +111,18 @@ pub struct DeviceInfo {
 pub trait RequestHandler {
     /// A chain taken from the available ring (its head index is within
     /// the ring).
-    fn handle(
-        &mut self,
-        ring: &mut Vring,
-        mem: &Arc<GuestMemoryMmap>,
-        chain: DescriptorChain<&GuestMemoryMmap>,
-    );
+    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: DescriptorChain<&GuestMem>);
 
     /// Submits to the backstores what [`Self::handle`] queued (once per
     /// batch).
     fn commit(&mut self, ring: &Vring);
 
     /// Completes every request whose backstore work has finished.
-    fn reap(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap);
+    fn reap(&mut self, ring: &mut Vring, mem: &GuestMem);
 
     /// Completion descriptor `source` (see [`Self::completion_fds`])
     /// fired: rearms it and completes what finished.
-    fn completed(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, source: usize);
+    fn completed(&mut self, ring: &mut Vring, mem: &GuestMem, source: usize);
 
     /// `(source, fd)` of every descriptor that signals backstore
     /// completions, for the worker's epoll set.
@@ -141,7 +137,7 @@ pub trait RequestHandler {
 
     /// Does the work of [`Self::has_deferred`]; the runtime commits, reaps
     /// and publishes afterwards.
-    fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap);
+    fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMem);
 
     /// Starts waiting for everything in flight now (a task management
     /// function); returns whether nothing is in flight.
@@ -155,7 +151,7 @@ pub trait RequestHandler {
 
     /// Waits for the requests in flight until `deadline`, completing them
     /// to the driver; returns how many are left (abandoned).
-    fn finish(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, deadline: Instant) -> usize;
+    fn finish(&mut self, ring: &mut Vring, mem: &GuestMem, deadline: Instant) -> usize;
 
     /// A change of the device that concerns its running queues (for SCSI,
     /// a new LUN snapshot); a handler ignores what it does not know. On
@@ -186,7 +182,7 @@ pub struct QueueStart {
     /// The device it belongs to.
     pub device: Arc<DeviceInfo>,
     /// Guest memory of the connection.
-    pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    pub mem: GuestMemoryAtomic<GuestMem>,
     /// The ring.
     pub ring: RingConfig,
     /// Driver-to-device notifications.
@@ -246,7 +242,7 @@ pub struct StopReport {
 pub struct Vring {
     key: QueueKey,
     device: Arc<DeviceInfo>,
-    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    mem: GuestMemoryAtomic<GuestMem>,
     queue: Queue,
     used: UsedRing,
     kick: PeerEventFd,
@@ -477,7 +473,7 @@ impl ServedQueue {
 
     /// After a batch: submits what the handler queued, completes what
     /// finished, publishes.
-    fn complete_batch(&mut self, mem: &GuestMemoryMmap) {
+    fn complete_batch(&mut self, mem: &GuestMem) {
         self.handler.commit(&self.ring);
         self.handler.reap(&mut self.ring, mem);
         self.ring.publish(mem);
@@ -493,7 +489,7 @@ impl ServedQueue {
 
     /// Handles every chain available now (at most a ring's worth); false
     /// if the ring turned out corrupt.
-    fn take_available(&mut self, mem: &Arc<GuestMemoryMmap>) -> bool {
+    fn take_available(&mut self, mem: &Arc<GuestMem>) -> bool {
         let ring = &mut self.ring;
         if ring.break_armed {
             match ring
@@ -602,8 +598,8 @@ impl Vring {
     /// wrong order or outside memory.
     pub fn accept(
         &self,
-        chain: DescriptorChain<&GuestMemoryMmap>,
-        mem: &GuestMemoryMmap,
+        chain: DescriptorChain<&GuestMem>,
+        mem: &GuestMem,
         max_segments: usize,
         out: &mut ChainBuffers,
         in_flight: impl FnOnce(u16) -> bool,
@@ -651,7 +647,7 @@ impl Vring {
 
     /// Puts a completed request on the used ring (published with the
     /// batch). A used ring that cannot be written is logged.
-    pub fn complete(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) {
+    pub fn complete(&mut self, mem: &GuestMem, head: u16, len: u32) {
         if let Err(e) = self.used.push(mem, head, len) {
             guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                 "cannot complete head {head}: {e}");
@@ -672,7 +668,7 @@ impl Vring {
     }
 
     /// Publishes completed requests and notifies the driver if it asked.
-    pub(crate) fn publish(&mut self, mem: &GuestMemoryMmap) {
+    pub(crate) fn publish(&mut self, mem: &GuestMem) {
         if self.publish_doorbell(mem) {
             return;
         }
@@ -754,7 +750,7 @@ impl Vring {
 /// restores the available side.
 pub(crate) fn open_ring(
     ring: &RingConfig,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
 ) -> Result<(Queue, UsedRing), QueueError> {
     let mut queue = Queue::new(ring.size).map_err(QueueError::Ring)?;
     queue.try_set_size(ring.size).map_err(QueueError::Ring)?;

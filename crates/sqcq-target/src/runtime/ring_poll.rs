@@ -21,15 +21,16 @@ use std::sync::atomic::{Ordering, fence};
 
 use sqcq_protocol::{SleepCheck, Watch};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 
+use crate::runtime::guest::GuestMem;
 use crate::runtime::queue::RingConfig;
 
 /// Watches a split ring's avail index.
 #[derive(Debug)]
 pub struct RingWatch {
     queue: Queue,
-    mem: Arc<GuestMemoryMmap>,
+    mem: Arc<GuestMem>,
     seen: u16,
     error: Option<virtio_queue::Error>,
 }
@@ -37,7 +38,7 @@ pub struct RingWatch {
 impl RingWatch {
     /// Watches `ring` in `mem` from its base index and disables
     /// notifications.
-    pub fn new(ring: &RingConfig, mem: Arc<GuestMemoryMmap>) -> Result<Self, virtio_queue::Error> {
+    pub fn new(ring: &RingConfig, mem: Arc<GuestMem>) -> Result<Self, virtio_queue::Error> {
         let mut queue = Queue::new(ring.size)?;
         queue.try_set_size(ring.size)?;
         queue.try_set_desc_table_address(GuestAddress(ring.desc))?;
@@ -56,7 +57,7 @@ impl RingWatch {
     }
 
     /// Follows a new memory map (the frontend replaced the memory table).
-    pub fn set_memory(&mut self, mem: Arc<GuestMemoryMmap>) {
+    pub fn set_memory(&mut self, mem: Arc<GuestMem>) {
         self.mem = mem;
     }
 
@@ -145,11 +146,14 @@ mod tests {
         }
     }
 
-    fn memory() -> Arc<GuestMemoryMmap> {
-        Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap())
+    fn memory() -> Arc<GuestMem> {
+        Arc::new(crate::runtime::guest::test_memory(&[(
+            GuestAddress(0),
+            0x10000,
+        )]))
     }
 
-    fn used_flags(m: &GuestMemoryMmap) -> u16 {
+    fn used_flags(m: &GuestMem) -> u16 {
         m.read_obj(GuestAddress(USED)).unwrap()
     }
 

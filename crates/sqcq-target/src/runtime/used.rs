@@ -12,8 +12,9 @@
 use std::num::Wrapping;
 use std::sync::atomic::{Ordering, fence};
 
+use crate::runtime::guest::GuestMem;
 use thiserror::Error;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 /// Offset of `ring[]` in the used ring (after `flags` and `idx`).
 const USED_RING_HEADER: u64 = 4;
@@ -86,7 +87,7 @@ impl UsedRing {
 
     /// Writes one element; it becomes visible to the driver at the next
     /// [`publish`](Self::publish).
-    pub fn push(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> Result<(), UsedError> {
+    pub fn push(&mut self, mem: &GuestMem, head: u16, len: u32) -> Result<(), UsedError> {
         if head >= self.size {
             return Err(UsedError::BadHead {
                 head,
@@ -106,7 +107,7 @@ impl UsedRing {
     /// Publishes every pushed element (one `used->idx` store) without
     /// deciding about a notification; returns how many were published.
     /// With VIRTIO_F_SQCQ_POLL the CQ doorbell decides instead.
-    pub fn publish_index(&mut self, mem: &GuestMemoryMmap) -> Result<u16, UsedError> {
+    pub fn publish_index(&mut self, mem: &GuestMem) -> Result<u16, UsedError> {
         let count = (self.next_used - self.published).0;
         if count == 0 {
             return Ok(0);
@@ -127,7 +128,7 @@ impl UsedRing {
     /// Publishes every pushed element and says whether the driver must be
     /// notified (EVENT_IDX `used_event`, or VRING_AVAIL_F_NO_INTERRUPT
     /// without it).
-    pub fn publish(&mut self, mem: &GuestMemoryMmap) -> Result<bool, UsedError> {
+    pub fn publish(&mut self, mem: &GuestMem) -> Result<bool, UsedError> {
         let old = self.published;
         if self.publish_index(mem)? == 0 {
             return Ok(false);
@@ -169,13 +170,13 @@ mod tests {
     const AVAIL: u64 = 0x1000;
     const USED: u64 = 0x2000;
 
-    fn setup(event_idx: bool) -> (GuestMemoryMmap, UsedRing) {
-        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+    fn setup(event_idx: bool) -> (GuestMem, UsedRing) {
+        let m = crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x10000)]);
         let r = UsedRing::new(GuestAddress(USED), GuestAddress(AVAIL), 4, event_idx, 0);
         (m, r)
     }
 
-    fn used_idx(m: &GuestMemoryMmap) -> u16 {
+    fn used_idx(m: &GuestMem) -> u16 {
         m.read_obj(GuestAddress(USED + 2)).unwrap()
     }
 

@@ -18,13 +18,14 @@ use sqcq_protocol::{
 };
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::GuestAddressSpace;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use crate::guest_warn;
 use crate::runtime::chain::{self, ChainBuffers};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest;
+use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{PollError, QueueError, RingConfig, open_ring};
 use crate::runtime::used::UsedRing;
@@ -147,7 +148,7 @@ impl ControlPlane {
         &mut self,
         index: usize,
         ring: &RingConfig,
-        mem: &Arc<GuestMemoryMmap>,
+        mem: &Arc<GuestMem>,
         fds: LocalQueueFds,
         doorbells: bool,
     ) -> Result<(), QueueError> {
@@ -234,7 +235,7 @@ impl ControlPlane {
 /// never blocks; a saturated counter already holds a notification, and a
 /// call descriptor that fails otherwise is dropped (the queue goes on, the
 /// driver polls or times out: control traffic is rare).
-fn publish(q: &mut CtrlQueue, mem: &Arc<GuestMemoryMmap>) {
+fn publish(q: &mut CtrlQueue, mem: &Arc<GuestMem>) {
     let published = q.used.pending() > 0;
     let standard = matches!(q.used.publish(mem), Ok(true));
     // With doorbells: publish cq.idx too; fence 3 is inside `publish`.
@@ -427,7 +428,7 @@ impl ScsiSession {
         }
     }
 
-    fn control_response(&self, mem: &GuestMemoryMmap, bytes: &[u8]) -> u32 {
+    fn control_response(&self, mem: &GuestMem, bytes: &[u8]) -> u32 {
         let c = &self.control.chain;
         if c.writable_len >= bytes.len() as u64
             && guest::write_at(mem, &c.writable, 0, bytes).is_ok()
@@ -439,7 +440,7 @@ impl ScsiSession {
     }
 
     /// Handles one control request; returns the used length.
-    fn control_request(&mut self, ctx: &SessionCtx<'_>, mem: &GuestMemoryMmap) -> u32 {
+    fn control_request(&mut self, ctx: &SessionCtx<'_>, mem: &GuestMem) -> u32 {
         let readable = self.control.chain.readable.clone();
         let mut kind = [0u8; 4];
         if guest::read_at(mem, &readable, 0, &mut kind).is_err() {
@@ -471,7 +472,7 @@ impl ScsiSession {
         }
     }
 
-    fn bad_control(&self, mem: &GuestMemoryMmap, what: &str) -> u32 {
+    fn bad_control(&self, mem: &GuestMem, what: &str) -> u32 {
         DeviceMetrics::bump(&self.info.metrics.bad_control);
         guest_warn!(self.info.limiter, device = %self.info.name, "{what}");
         self.control_response(mem, &[Response::Failure.to_byte()])

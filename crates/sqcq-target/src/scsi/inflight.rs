@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use sqcq_backstore::Backstore;
 use sqcq_scsi::ScsiError;
-use vm_memory::GuestMemoryMmap;
 
 use crate::runtime::chain::Segment;
+use crate::runtime::guest::GuestMem;
 
 /// What a slot's backstore operations do, for error reporting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub struct Slot {
     /// The request belongs to a generation a TMF waits for.
     pub old: bool,
     /// Keeps the guest memory the iovecs point into mapped.
-    pub mem: Option<Arc<GuestMemoryMmap>>,
+    pub mem: Option<Arc<GuestMem>>,
     /// The request's device-writable buffers (response, data-in).
     pub writable: Vec<Segment>,
     /// Length of the response structure.

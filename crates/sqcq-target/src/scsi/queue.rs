@@ -14,9 +14,9 @@ use std::time::Instant;
 use sqcq_backstore::{Backstore, BackstoreQueue};
 use sqcq_scsi::NexusId;
 use tracing::{debug, error, warn};
-use vm_memory::GuestMemoryMmap;
 
 use crate::runtime::chain::ChainBuffers;
+use crate::runtime::guest::GuestMem;
 use crate::runtime::queue::{
     MakeHandler, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit,
     wait_readable,
@@ -131,7 +131,7 @@ impl ScsiQueue {
         })
     }
 
-    fn reap_all(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+    fn reap_all(&mut self, ring: &mut Vring, mem: &GuestMem) {
         for lun in 0..self.luns.len() {
             self.reap(ring, lun, mem);
         }
@@ -142,8 +142,8 @@ impl RequestHandler for ScsiQueue {
     fn handle(
         &mut self,
         ring: &mut Vring,
-        mem: &Arc<GuestMemoryMmap>,
-        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
+        mem: &Arc<GuestMem>,
+        chain: virtio_queue::DescriptorChain<&GuestMem>,
     ) {
         self.handle_chain(ring, mem, chain);
     }
@@ -160,11 +160,11 @@ impl RequestHandler for ScsiQueue {
         }
     }
 
-    fn reap(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+    fn reap(&mut self, ring: &mut Vring, mem: &GuestMem) {
         self.reap_all(ring, mem);
     }
 
-    fn completed(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, source: usize) {
+    fn completed(&mut self, ring: &mut Vring, mem: &GuestMem, source: usize) {
         if let Some(fd) = self.luns.get(source).and_then(|l| l.io.completion_fd()) {
             drain_fd(fd);
         }
@@ -187,7 +187,7 @@ impl RequestHandler for ScsiQueue {
         self.has_slices_pending()
     }
 
-    fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+    fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMem) {
         self.resume_slices(ring, mem);
     }
 
@@ -214,7 +214,7 @@ impl RequestHandler for ScsiQueue {
         }
     }
 
-    fn finish(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, deadline: Instant) -> usize {
+    fn finish(&mut self, ring: &mut Vring, mem: &GuestMem, deadline: Instant) -> usize {
         RequestHandler::commit(self, ring);
         while !self.inflight.is_empty() && Instant::now() < deadline {
             if self.has_slices_pending() {

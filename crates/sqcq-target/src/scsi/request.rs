@@ -19,11 +19,11 @@ use sqcq_scsi::{
     report_luns, takes_parameter_data,
 };
 use virtio_queue::DescriptorChain;
-use vm_memory::GuestMemoryMmap;
 
 use crate::guest_warn;
 use crate::runtime::chain::Segment;
 use crate::runtime::guest;
+use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{Accepted, Vring};
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
@@ -42,7 +42,7 @@ const SLICE_BYTES: u64 = 1 << 20;
 /// bytes written, or `None` when not even the fixed part fits or guest
 /// memory refuses the write.
 pub(crate) fn write_response(
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     writable: &[Segment],
     writable_len: u64,
     sense_size: usize,
@@ -93,8 +93,8 @@ impl ScsiQueue {
     pub(crate) fn handle_chain(
         &mut self,
         ring: &mut Vring,
-        mem: &Arc<GuestMemoryMmap>,
-        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &Arc<GuestMem>,
+        chain: DescriptorChain<&GuestMem>,
     ) {
         let inflight = &self.inflight;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
@@ -124,7 +124,7 @@ impl ScsiQueue {
         self.header = header;
     }
 
-    fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMemoryMmap>, head: u16, header: &[u8]) {
+    fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, head: u16, header: &[u8]) {
         let d = ring.device();
         let mut fixed = [0u8; CMD_REQ_FIXED];
         fixed.copy_from_slice(&header[..CMD_REQ_FIXED]);
@@ -214,7 +214,7 @@ impl ScsiQueue {
     fn respond_transport(
         &mut self,
         ring: &mut Vring,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         head: u16,
         response: Response,
         resid: u32,
@@ -227,7 +227,7 @@ impl ScsiQueue {
     pub(crate) fn respond_now(
         &mut self,
         ring: &mut Vring,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         head: u16,
         resp: CmdResp,
         sense: &[u8],
@@ -258,7 +258,7 @@ impl ScsiQueue {
     fn submit_medium(
         &mut self,
         ring: &mut Vring,
-        mem: &Arc<GuestMemoryMmap>,
+        mem: &Arc<GuestMem>,
         head: u16,
         lun_index: usize,
         op: MediumOp<'_>,
@@ -366,7 +366,7 @@ impl ScsiQueue {
     /// slices left is put on the resume list instead of completing: its
     /// next slice goes out on the worker's next pass, after every other
     /// queue had its turn.
-    pub(crate) fn reap(&mut self, ring: &mut Vring, lun: usize, mem: &GuestMemoryMmap) {
+    pub(crate) fn reap(&mut self, ring: &mut Vring, lun: usize, mem: &GuestMem) {
         let Some(l) = self.luns.get_mut(lun) else {
             return;
         };
@@ -406,7 +406,7 @@ impl ScsiQueue {
 
     /// Submits the next slice of every request on the resume list (the
     /// runtime then commits, reaps and publishes).
-    pub(crate) fn resume_slices(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap) {
+    pub(crate) fn resume_slices(&mut self, ring: &mut Vring, mem: &GuestMem) {
         let mut heads = std::mem::take(&mut self.resume);
         for &head in &heads {
             let Some(slot) = self.inflight.get_mut(head) else {
@@ -430,7 +430,7 @@ impl ScsiQueue {
         self.resume = heads;
     }
 
-    fn complete_slot(&mut self, ring: &mut Vring, mem: &GuestMemoryMmap, head: u16) {
+    fn complete_slot(&mut self, ring: &mut Vring, mem: &GuestMem, head: u16) {
         complete_request(&mut self.inflight, ring, mem, self.sense_size, head);
     }
 }
@@ -440,13 +440,18 @@ impl ScsiQueue {
 fn complete_request(
     inflight: &mut Inflight,
     ring: &mut Vring,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     sense_size: usize,
     head: u16,
 ) {
     let Some(slot) = inflight.get_mut(head) else {
         return;
     };
+    if slot.kind == OpKind::Read {
+        // What the backstore wrote through the iovecs, whatever its
+        // result (a failed read may have written part).
+        guest::mark_written(mem, &slot.writable, slot.resp_len, slot.transfer);
+    }
     let writable_len: u64 = slot.writable.iter().map(|s| u64::from(s.len)).sum();
     let (resp, sense, n, data) = match &slot.error {
         None => (

@@ -1,5 +1,5 @@
 //! Request handling against virtio-queue's driver-side mock: chains built
-//! in a `GuestMemoryMmap`, a [`ServedQueue`] processing them, responses
+//! in a `GuestMem`, a [`ServedQueue`] processing them, responses
 //! checked byte by byte.
 
 use std::sync::Arc;
@@ -7,8 +7,10 @@ use std::sync::Arc;
 use sqcq_scsi::NexusId;
 use virtio_queue::desc::{RawDescriptor, split::Descriptor};
 use virtio_queue::mock::MockSplitQueue;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::runtime::guest::GuestMem;
 use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::queue::make_handler;
@@ -21,7 +23,7 @@ const RESP: u32 = 108;
 const SIZE: u16 = 16;
 
 struct Fixture {
-    mem: GuestMemoryMmap,
+    mem: GuestMem,
     queue: ServedQueue,
     ring: RingConfig,
     next_desc: u16,
@@ -34,7 +36,13 @@ fn device() -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
 
 impl Fixture {
     fn new() -> Self {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
+        Self::with_logging(false)
+    }
+
+    /// A fixture whose guest memory logs the pages written while the
+    /// queue processes (`logged`).
+    fn with_logging(logged: bool) -> Self {
+        let mem = crate::runtime::guest::memory_over(&[(GuestAddress(0), 0x40_0000)], logged);
         let vq = MockSplitQueue::new(&mem, SIZE);
         let ring = RingConfig {
             size: SIZE,
@@ -102,6 +110,14 @@ impl Fixture {
         self.mem
             .write_obj(avail_idx + 1, GuestAddress(self.ring.avail + 2))
             .unwrap();
+        // Only what the device writes from here on is dirty.
+        for r in self.mem.iter() {
+            // The region's own bitmap (`GuestMemoryRegion::bitmap` gives a
+            // slice of it).
+            if let Some(b) = std::ops::Deref::deref(r).bitmap() {
+                b.reset();
+            }
+        }
         self.queue.process();
         let used_idx: u16 = self.mem.read_obj(GuestAddress(self.ring.used + 2)).unwrap();
         assert_eq!(used_idx, avail_idx + 1, "the chain completed");
@@ -239,4 +255,35 @@ fn write_then_read_through_the_ram_backstore() {
     let mut got = vec![0u8; 512];
     f.mem.read_slice(&mut got, GuestAddress(back)).unwrap();
     assert_eq!(got, data);
+}
+
+#[test]
+fn with_dirty_logging_every_page_the_device_writes_is_marked() {
+    let mut f = Fixture::with_logging(true);
+    let dirty = |f: &Fixture, gpa: u64| {
+        let r = f.mem.find_region(GuestAddress(gpa)).unwrap();
+        let offset = usize::try_from(gpa - r.start_addr().0).unwrap();
+        r.bitmap().dirty_at(offset)
+    };
+    // Header, response and an untouched page each on a page of their
+    // own; the data buffer straddles two pages.
+    let read10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 2, 0];
+    f.next_buf = 0x10_0000;
+    let req = f.header(LUN0, &read10);
+    f.next_buf = 0x10_1000;
+    let resp = f.buf(&[], RESP);
+    f.next_buf = 0x10_2e00;
+    let data = f.buf(&[], 1024);
+    let untouched = 0x10_5000;
+    let len = f.run(&[(req, REQ, 0), (resp, RESP, WRITE), (data, 1024, WRITE)]);
+    assert_eq!(len, RESP + 1024, "the read completed");
+    // Data the backstore wrote through iovecs, out of vm-memory's sight.
+    assert!(dirty(&f, data), "first data page");
+    assert!(dirty(&f, data + 1023), "second data page");
+    // The response (vm-memory copy) and the used ring (virtio-queue).
+    assert!(dirty(&f, resp), "response page");
+    assert!(dirty(&f, f.ring.used), "used ring page");
+    // What the device only read, and what nobody touched.
+    assert!(!dirty(&f, req), "the request header is only read");
+    assert!(!dirty(&f, untouched));
 }

@@ -26,6 +26,7 @@ use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::DeviceInfo;
 use crate::runtime::ratelimit::{DEFAULT_BURST, RateLimiter};
 use crate::runtime::worker::WorkerPool;
+use crate::transport::backend_channel;
 pub use crate::transport::device_type::DeviceParams;
 use crate::transport::device_type::VirtioDevice;
 use crate::transport::listen::ListeningSocket;
@@ -303,6 +304,7 @@ impl ControlThread {
     fn message(
         &self,
         handler: &mut BackendReqHandler<Mutex<Session>>,
+        session: &Mutex<Session>,
         errors: &mut u32,
     ) -> Option<Ended> {
         let fd = handler.as_raw_fd();
@@ -326,7 +328,28 @@ impl ControlThread {
             Ok(_) => {}
             Err(e) => return Some(self.drop_connection(format_args!("socket: {e}"))),
         }
-        match handler.handle_request() {
+        // SET_BACKEND_REQ_FD: keep a duplicate of its descriptor for the
+        // handler to adopt (see `backend_channel`).
+        let peeked = match backend_channel::peek_backend_fd(fd) {
+            Ok(p) => p,
+            Err(e) => return Some(self.drop_connection(format_args!("socket: {e}"))),
+        };
+        let had_fd = peeked.is_some();
+        if had_fd {
+            session
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .peeked_backend_fd = peeked;
+        }
+        let handled = handler.handle_request();
+        if had_fd {
+            // Adopted by the handler, or refused with the message.
+            session
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .peeked_backend_fd = None;
+        }
+        match handled {
             Ok(()) => *errors = 0,
             Err(
                 VhostError::Disconnected
@@ -387,7 +410,7 @@ impl ControlThread {
                 match ev.data() {
                     STOP_TOKEN => return Ended::Stop,
                     SOCKET_TOKEN => {
-                        if let Some(ended) = self.message(handler, &mut errors) {
+                        if let Some(ended) = self.message(handler, session, &mut errors) {
                             return ended;
                         }
                         session

@@ -18,7 +18,8 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use crate::runtime::guest::GuestMem;
+use vm_memory::GuestMemoryAtomic;
 
 // What a device implementation needs of the runtime, re-exported here so
 // that the device API is nameable in one place.
@@ -81,13 +82,18 @@ pub struct LocalQueueFds {
 /// What of the session a device needs while it serves its local queues.
 pub struct SessionCtx<'a> {
     /// Guest memory of the connection.
-    pub mem: &'a GuestMemoryAtomic<GuestMemoryMmap>,
+    pub mem: &'a GuestMemoryAtomic<GuestMem>,
     /// The negotiated virtio features.
     pub features: u64,
     /// Waits until every request of the device in flight now has
     /// completed on the workers (or the stop timeout passed); whether
     /// they all did.
     pub drain_requests: &'a dyn Fn() -> bool,
+    /// Tells the frontend that the configuration space changed
+    /// (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG on the backend channel; the
+    /// frontend then raises the configuration-change interrupt); whether
+    /// it could be told.
+    pub config_changed: &'a dyn Fn() -> bool,
 }
 
 impl std::fmt::Debug for SessionCtx<'_> {

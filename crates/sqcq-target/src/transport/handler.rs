@@ -17,13 +17,14 @@ use vhost::vhost_user::message::{
     VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
     VhostUserVringAddrFlags, VhostUserVringState,
 };
-use vhost::vhost_user::{Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
+use vhost::vhost_user::{Backend, Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
 use virtio_bindings::bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
 use crate::runtime::eventfd::{FdRole, PeerEventFd};
+use crate::transport::backend_channel::BackendChannel;
 use crate::transport::session::Session;
 
 /// Virtio features every device offers (the device type's own bits, and
@@ -40,6 +41,7 @@ pub fn offered_protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::BACKEND_REQ
 }
 
 fn not_supported<T>() -> Result<T> {
@@ -86,6 +88,7 @@ impl VhostUserBackendReqHandlerMut for Session {
         self.reset_rings();
         self.owned = false;
         self.acked_protocol = 0;
+        self.backend_channel = None;
         Ok(())
     }
 
@@ -271,6 +274,15 @@ impl VhostUserBackendReqHandlerMut for Session {
         } else {
             Err(Error::InvalidParam)
         }
+    }
+
+    fn set_backend_req_fd(&mut self, backend: Backend) {
+        // `vhost` checked the protocol feature and that the descriptor is
+        // a stream socket; its `Backend` cannot send what the device
+        // sends, so the duplicate peeked before the message was read
+        // takes its place (`backend` closes its own copy).
+        drop(backend);
+        self.backend_channel = self.peeked_backend_fd.take().map(BackendChannel::new);
     }
 
     fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> Result<()> {

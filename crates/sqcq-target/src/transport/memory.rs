@@ -30,8 +30,10 @@ use std::sync::Arc;
 use thiserror::Error;
 use tracing::debug;
 use vhost::vhost_user::message::VhostUserMemoryRegion;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress};
 
+use crate::runtime::guest::{GuestMem, GuestRegion};
 use crate::transport::sigbus::{GuardError, Registration};
 
 /// A guest memory region as the frontend maps it.
@@ -107,7 +109,7 @@ pub enum MemoryError {
 pub struct GuardedRegion {
     // Declared first: dropped (unregistered) before the mapping below.
     _registration: Registration,
-    region: Arc<GuestRegionMmap>,
+    region: Arc<GuestRegion>,
 }
 
 impl GuardedRegion {
@@ -122,7 +124,7 @@ impl GuardedRegion {
 #[derive(Debug)]
 pub struct SharedMemory {
     /// The map the rings and buffers are read through.
-    pub map: GuestMemoryMmap,
+    pub map: GuestMem,
     /// How the frontend maps each region (for ring addresses).
     pub mappings: Vec<Mapping>,
     /// The registrations and references that decide when to unmap.
@@ -165,9 +167,8 @@ pub fn map(
         mappings.push(m);
     }
     regions.sort_by_key(|g| vm_memory::GuestMemoryRegion::start_addr(&*g.region));
-    let map =
-        GuestMemoryMmap::from_arc_regions(regions.iter().map(|g| Arc::clone(&g.region)).collect())
-            .map_err(|_| MemoryError::Overlap("guest physical addresses"))?;
+    let map = GuestMem::from_arc_regions(regions.iter().map(|g| Arc::clone(&g.region)).collect())
+        .map_err(|_| MemoryError::Overlap("guest physical addresses"))?;
     Ok(SharedMemory {
         map,
         mappings,
@@ -225,9 +226,14 @@ fn map_region(
         });
     }
     log_seals(index, &file);
-    let mmap = MmapRegion::from_file(FileOffset::new(file, offset), len)
+    // Dirty logging starts off (see `runtime::guest`).
+    let mmap = MmapRegionBuilder::new_with_bitmap(len, None)
+        .with_file_offset(FileOffset::new(file, offset))
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_NORESERVE | libc::MAP_SHARED)
+        .build()
         .map_err(|source| MemoryError::Map { index, source })?;
-    let region = GuestRegionMmap::new(mmap, GuestAddress(r.guest_phys_addr))
+    let region = GuestRegion::new(mmap, GuestAddress(r.guest_phys_addr))
         .ok_or(invalid("guest address + size overflows"))?;
     let page = usize::try_from(page).unwrap_or(usize::MAX);
     let registration = crate::transport::sigbus::register(region.as_ptr(), len, page, notify)?;

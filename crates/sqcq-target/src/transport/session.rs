@@ -13,12 +13,15 @@
 use std::sync::Arc;
 
 use tracing::{error, info, warn};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 
 use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::guest::GuestMem;
+use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::options::RingMode;
 use crate::runtime::queue::{DeviceInfo, QueueKey, QueueStart, RingConfig, SubmissionSource};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use crate::transport::backend_channel::BackendChannel;
 use crate::transport::device::DeviceShared;
 use crate::transport::device_type::{DeviceSession, LocalQueueFds, SessionCtx};
 use crate::transport::memory::{GuardedRegion, Mapping};
@@ -86,13 +89,18 @@ pub struct Session {
     pub(crate) owned: bool,
     pub(crate) acked_features: u64,
     pub(crate) acked_protocol: u64,
-    pub(crate) mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    pub(crate) mem: GuestMemoryAtomic<GuestMem>,
     pub(crate) mappings: Vec<Mapping>,
     /// The mapped regions of the current memory table.
     pub(crate) regions: Vec<GuardedRegion>,
     /// Regions of replaced tables, unmapped once nothing uses them.
     pub(crate) retired: Vec<GuardedRegion>,
     pub(crate) vrings: Vec<Vring>,
+    /// The backend channel, once the frontend gave one.
+    pub(crate) backend_channel: Option<BackendChannel>,
+    /// A duplicate of the descriptor the message being handled carries,
+    /// if it is SET_BACKEND_REQ_FD (see [`crate::transport::backend_channel`]).
+    pub(crate) peeked_backend_fd: Option<std::os::fd::OwnedFd>,
 }
 
 impl std::fmt::Debug for Session {
@@ -119,11 +127,13 @@ impl Session {
             owned: false,
             acked_features: 0,
             acked_protocol: 0,
-            mem: GuestMemoryAtomic::new(GuestMemoryMmap::default()),
+            mem: GuestMemoryAtomic::new(GuestMem::default()),
             mappings: Vec::new(),
             regions: Vec::new(),
             retired: Vec::new(),
             vrings,
+            backend_channel: None,
+            peeked_backend_fd: None,
             dev,
             pool,
         })
@@ -163,13 +173,16 @@ impl Session {
             pool,
             vrings,
             dev,
+            backend_channel,
             ..
         } = self;
         let drain = || drain_requests(pool, vrings, &dev.info);
+        let config_changed = || config_changed(backend_channel.as_ref(), &dev.info);
         let ctx = SessionCtx {
             mem,
             features: *acked_features,
             drain_requests: &drain,
+            config_changed: &config_changed,
         };
         f(device.as_mut(), &ctx)
     }
@@ -396,17 +409,48 @@ impl Session {
     /// could not stop in time), for the caller to unmap later.
     pub fn teardown(&mut self) -> Vec<GuardedRegion> {
         self.reset_rings();
+        self.backend_channel = None;
         // Every queue stopped and posted its final figures.
         self.pool.stats().write();
         self.device.disconnect();
         if let Ok(mem) = self.mem.lock() {
-            mem.replace(GuestMemoryMmap::default());
+            mem.replace(GuestMem::default());
         }
         self.mappings.clear();
         self.retired.append(&mut self.regions);
         self.release_retired();
         info!(device = %self.dev.info.name, "connection closed");
         std::mem::take(&mut self.retired)
+    }
+}
+
+/// Tells the frontend the configuration space changed, on `channel`;
+/// whether it was told.
+fn config_changed(channel: Option<&BackendChannel>, info: &DeviceInfo) -> bool {
+    let Some(c) = channel else {
+        DeviceMetrics::bump(&info.metrics.config_changes_lost);
+        warn!(
+            device = %info.name,
+            "configuration changed, but the frontend gave no backend channel \
+             (VHOST_USER_PROTOCOL_F_BACKEND_REQ) to tell it"
+        );
+        return false;
+    };
+    match c.config_changed() {
+        Ok(true) => {
+            info!(device = %info.name, "frontend told of the configuration change");
+            true
+        }
+        Ok(false) => {
+            DeviceMetrics::bump(&info.metrics.config_changes_lost);
+            warn!(device = %info.name, "the frontend does not read its backend channel: configuration change not told");
+            false
+        }
+        Err(e) => {
+            DeviceMetrics::bump(&info.metrics.config_changes_lost);
+            warn!(device = %info.name, "backend channel: {e}");
+            false
+        }
     }
 }
 

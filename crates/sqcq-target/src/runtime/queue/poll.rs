@@ -26,14 +26,15 @@ use sqcq_protocol::{
 use thiserror::Error;
 use tracing::error;
 use virtio_queue::QueueT;
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use super::{RingConfig, ServedQueue, SubmissionSource, Vring};
 use crate::guest_warn;
+use crate::runtime::guest::{self, GuestMem};
 use crate::runtime::metrics::QueueMode;
 use crate::runtime::ring_poll::RingWatch;
 
-type Cell = GuestDoorbell<GuestMemoryMmap>;
+type Cell = GuestDoorbell<GuestMem>;
 
 /// Why a polled queue cannot go on.
 #[derive(Debug, Error)]
@@ -99,17 +100,25 @@ pub(crate) struct QueuePoll {
     /// The CQ doorbell (VIRTIO_F_SQCQ_POLL only).
     cq: Option<CqDoorbell>,
     /// The memory map the doorbells (or the ring watch) point into.
-    map: Arc<GuestMemoryMmap>,
+    map: Arc<GuestMem>,
     asleep: bool,
     /// The poller's figures as last taken into the queue's metrics.
     flushed: QueueStats,
 }
 
 impl QueuePoll {
+    /// Marks the doorbell area dirty after the device wrote it (`cq.idx`,
+    /// or NEED_WAKEUP in a flags field) through its raw mapping.
+    fn log_doorbells(&self) {
+        if let Some(cq) = &self.cq {
+            guest::mark_doorbell(&self.map, GuestAddress(cq.location.sq));
+        }
+    }
+
     fn open(
         source: SubmissionSource,
         ring: &RingConfig,
-        map: Arc<GuestMemoryMmap>,
+        map: Arc<GuestMem>,
         spin: SpinPolicy,
         vq: u16,
     ) -> Result<Self, PollError> {
@@ -144,7 +153,7 @@ impl QueuePoll {
     }
 
     /// Points the watch at `current` if the memory table changed.
-    fn refresh(&mut self, current: Arc<GuestMemoryMmap>) -> Result<(), PollError> {
+    fn refresh(&mut self, current: Arc<GuestMem>) -> Result<(), PollError> {
         if Arc::ptr_eq(&current, &self.map) {
             return Ok(());
         }
@@ -205,6 +214,7 @@ impl Vring {
         if p.asleep {
             p.asleep = false;
             p.poller.woke();
+            p.log_doorbells();
         }
         if let Err(e) = p.refresh(current) {
             self.poll_broken(&e);
@@ -218,13 +228,14 @@ impl Vring {
         {
             p.asleep = false;
             p.poller.cancel_sleep();
+            p.log_doorbells();
         }
     }
 
     /// Publishes the used index and the CQ doorbell; the driver is called
     /// only if its CQ poller set NEED_WAKEUP. Returns false when the queue
     /// has no CQ doorbell (the standard rules apply).
-    pub(crate) fn publish_doorbell(&mut self, mem: &GuestMemoryMmap) -> bool {
+    pub(crate) fn publish_doorbell(&mut self, mem: &GuestMem) -> bool {
         if self.broken {
             // A broken queue leaves its doorbells alone.
             return false;
@@ -238,6 +249,9 @@ impl Vring {
             // store, fence(SeqCst), `cq.flags` load.
             Ok(batch) => {
                 let owed = cq.producer.publish(self.used.next_used()) == Wake::Owed;
+                if let Some(p) = &self.poll {
+                    p.log_doorbells();
+                }
                 if owed {
                     self.signal_call();
                 }
@@ -363,6 +377,7 @@ impl ServedQueue {
             return true;
         };
         let check = p.poller.prepare_sleep(now);
+        p.log_doorbells();
         if let Some(e) = p.take_error() {
             self.ring.poll_broken(&e);
             return true;
