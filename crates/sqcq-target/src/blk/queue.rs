@@ -1,5 +1,12 @@
 //! A virtio-blk request queue: its [`RequestHandler`].
 //!
+//! A request goes through three phases, each its own function: `parse`
+//! turns the accepted chain into a [`BlkRequest`] value (or a refusal),
+//! `execute` submits it to the backstore (GET_ID completes at once), and
+//! its completion writes the status byte and publishes the used element
+//! (`respond` for requests answered without the backstore,
+//! `reap_completions` for the others).
+//!
 //! Each request is checked before anything reaches the backstore: a chain
 //! that cannot be followed, a header or status buffer missing, a transfer
 //! that is not a whole number of sectors or runs past the end of the
@@ -65,8 +72,20 @@ impl std::fmt::Debug for BlkQueue {
     }
 }
 
+/// A request taken from the ring and checked (phase 1 of three: parse,
+/// execute, complete).
+#[derive(Debug)]
+enum BlkRequest {
+    /// A backstore operation; `data_in` bytes come back on success.
+    Io { op: IoOp, data_in: u32 },
+    /// GET_ID: the serial.
+    GetId,
+}
+
 /// Why a request is answered without the backstore.
 enum Refusal {
+    /// IOERR: no room for the header or the status byte.
+    NoHeader,
     /// IOERR: malformed or out of range.
     Bad(&'static str),
     /// UNSUPP: a request type or flag the device does not implement.
@@ -115,14 +134,21 @@ impl BlkQueue {
 
     fn refuse(&mut self, ring: &mut Vring, mem: &GuestMem, head: u16, why: Refusal) {
         let d = ring.device();
-        DeviceMetrics::bump(&d.metrics.bad_requests);
         let status = match why {
+            Refusal::NoHeader => {
+                DeviceMetrics::bump(&d.metrics.short_headers);
+                guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
+                    "request at head {head} without a header or a status byte");
+                Status::IoErr
+            }
             Refusal::Bad(what) => {
+                DeviceMetrics::bump(&d.metrics.bad_requests);
                 guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                     "request at head {head}: {what}");
                 Status::IoErr
             }
             Refusal::Unsupported(what) => {
+                DeviceMetrics::bump(&d.metrics.bad_requests);
                 guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
                     "request at head {head}: {what}: unsupported");
                 Status::Unsupp
@@ -146,20 +172,27 @@ impl BlkQueue {
         Ok(sector * SECTOR_SIZE)
     }
 
-    /// What the request asks of the backstore, once checked.
-    fn plan(
-        &mut self,
-        mem: &GuestMem,
-        hdr: &RequestHeader,
-    ) -> Result<Option<(IoOp, u32)>, Refusal> {
+    /// Phase 1: reads and checks the request of the chain just accepted.
+    fn parse(&self, mem: &GuestMem) -> Result<BlkRequest, Refusal> {
         let c = &self.chain;
+        let mut b = [0u8; HEADER_SIZE];
+        if c.readable_len < HEADER_SIZE as u64
+            || c.writable_len < STATUS_SIZE as u64
+            || guest::read_at(mem, &c.readable, 0, &mut b).is_err()
+        {
+            return Err(Refusal::NoHeader);
+        }
+        let hdr = RequestHeader::decode(&b);
         let data_out = c.readable_len - HEADER_SIZE as u64;
         let data_in = c.writable_len - STATUS_SIZE as u64;
         match hdr.kind {
             RequestType::In => {
                 let offset = self.range(hdr.sector, data_in)?;
                 let n = u32::try_from(data_in).map_err(|_| Refusal::Bad("transfer too long"))?;
-                Ok(Some((IoOp::Read { offset }, n)))
+                Ok(BlkRequest::Io {
+                    op: IoOp::Read { offset },
+                    data_in: n,
+                })
             }
             RequestType::Out => {
                 if self.disk.read_only {
@@ -172,10 +205,16 @@ impl BlkQueue {
                     .disk
                     .writeback
                     .load(std::sync::atomic::Ordering::Relaxed);
-                Ok(Some((IoOp::Write { offset, fua }, 0)))
+                Ok(BlkRequest::Io {
+                    op: IoOp::Write { offset, fua },
+                    data_in: 0,
+                })
             }
-            RequestType::Flush => Ok(Some((IoOp::Flush, 0))),
-            RequestType::GetId => Ok(None),
+            RequestType::Flush => Ok(BlkRequest::Io {
+                op: IoOp::Flush,
+                data_in: 0,
+            }),
+            RequestType::GetId => Ok(BlkRequest::GetId),
             RequestType::Discard if !self.disk.discard => Err(Refusal::Unsupported("discard")),
             RequestType::Discard | RequestType::WriteZeroes => {
                 if self.disk.read_only {
@@ -213,10 +252,37 @@ impl BlkQueue {
                 } else {
                     IoOp::WriteZeroes { offset, len }
                 };
-                Ok(Some((op, 0)))
+                Ok(BlkRequest::Io { op, data_in: 0 })
             }
             RequestType::SecureErase => Err(Refusal::Unsupported("secure erase")),
             RequestType::Other(_) => Err(Refusal::Unsupported("request type")),
+        }
+    }
+
+    /// Phase 2: a backstore operation is submitted (phase 3,
+    /// [`Self::reap_completions`], completes it); GET_ID completes here.
+    fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, head: u16, req: BlkRequest) {
+        match req {
+            BlkRequest::Io { op, data_in } => {
+                if !self.submit(mem, head, op, data_in) {
+                    DeviceMetrics::bump(&ring.device().metrics.io_errors);
+                    self.respond(ring, mem, head, Status::IoErr, 0);
+                }
+            }
+            BlkRequest::GetId => {
+                // The serial, as much of it as the buffer takes.
+                let room = self.chain.writable_len - STATUS_SIZE as u64;
+                let n = usize::try_from(room)
+                    .unwrap_or(usize::MAX)
+                    .min(self.disk.id.len());
+                let ok = guest::write_at(mem, &self.chain.writable, 0, &self.disk.id[..n]).is_ok();
+                let (status, n) = if ok {
+                    (Status::Ok, n)
+                } else {
+                    (Status::IoErr, 0)
+                };
+                self.respond(ring, mem, head, status, u32::try_from(n).unwrap_or(0));
+            }
         }
     }
 
@@ -326,40 +392,8 @@ impl RequestHandler for BlkQueue {
                 return;
             }
         };
-        let d = ring.device();
-        let mut b = [0u8; HEADER_SIZE];
-        let header_ok = self.chain.readable_len >= HEADER_SIZE as u64
-            && self.chain.writable_len >= STATUS_SIZE as u64
-            && guest::read_at(mem, &self.chain.readable, 0, &mut b).is_ok();
-        if !header_ok {
-            DeviceMetrics::bump(&d.metrics.short_headers);
-            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                "request at head {head} without a header or a status byte");
-            self.respond(ring, mem, head, Status::IoErr, 0);
-            return;
-        }
-        let hdr = RequestHeader::decode(&b);
-        match self.plan(mem, &hdr) {
-            Ok(Some((op, data_in))) => {
-                if !self.submit(mem, head, op, data_in) {
-                    DeviceMetrics::bump(&ring.device().metrics.io_errors);
-                    self.respond(ring, mem, head, Status::IoErr, 0);
-                }
-            }
-            Ok(None) => {
-                // GET_ID: the serial, as much of it as the buffer takes.
-                let room = self.chain.writable_len - STATUS_SIZE as u64;
-                let n = usize::try_from(room)
-                    .unwrap_or(usize::MAX)
-                    .min(self.disk.id.len());
-                let ok = guest::write_at(mem, &self.chain.writable, 0, &self.disk.id[..n]).is_ok();
-                let (status, n) = if ok {
-                    (Status::Ok, n)
-                } else {
-                    (Status::IoErr, 0)
-                };
-                self.respond(ring, mem, head, status, u32::try_from(n).unwrap_or(0));
-            }
+        match self.parse(mem) {
+            Ok(req) => self.execute(ring, mem, head, req),
             Err(why) => self.refuse(ring, mem, head, why),
         }
     }

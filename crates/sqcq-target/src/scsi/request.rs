@@ -1,4 +1,9 @@
-//! One virtio-scsi command request, from descriptor chain to response.
+//! One virtio-scsi command request, from descriptor chain to response, in
+//! three phases: `parse` reads the header into a [`Command`] value (or a
+//! transport response), `execute` runs it on its logical unit (emulated
+//! commands complete there; medium commands go to the backstore through
+//! `submit_medium`), and `complete_request` answers a medium command once
+//! its backstore work is reaped.
 //!
 //! The order of checks follows what the guest can get wrong: a chain that
 //! cannot be followed or has buffers outside memory or in the wrong order
@@ -88,8 +93,26 @@ fn saturating_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
+/// A command request taken from the ring and parsed (phase 1): where it
+/// goes and the sizes of its buffers. Its CDB stays in the queue's header
+/// buffer; a request that gets this far is answered by a logical unit (or
+/// the answer for an absent one), never by a transport response.
+struct Command {
+    head: u16,
+    /// Index of the LUN among the target's, `None` if it does not exist.
+    lun: Option<usize>,
+    /// Request header bytes (fixed part and CDB).
+    hdr_len: u64,
+    /// Data-out bytes after the header.
+    data_out_len: u64,
+    /// Data-in bytes after the response.
+    data_in_len: u64,
+}
+
 impl ScsiQueue {
-    /// Handles one chain popped from the available ring.
+    /// Handles one chain popped from the available ring: parse, execute
+    /// (emulated commands complete at once, medium commands are submitted
+    /// to the backstore and complete when reaped).
     pub(crate) fn handle_chain(
         &mut self,
         ring: &mut Vring,
@@ -107,66 +130,91 @@ impl ScsiQueue {
                 return;
             }
         };
-        let d = ring.device();
-        let counters = &d.metrics;
         let mut header = std::mem::take(&mut self.header);
-        let hdr_len = header.len() as u64;
-        let header_ok = self.chain.readable_len >= hdr_len
-            && guest::read_at(mem, &self.chain.readable, 0, &mut header).is_ok();
-        if header_ok {
-            self.execute(ring, mem, head, &header);
-        } else {
-            DeviceMetrics::bump(&counters.short_headers);
-            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                "request header shorter than {hdr_len} bytes at head {head}");
-            self.respond_transport(ring, mem, head, Response::Failure, 0);
+        match self.parse(ring, mem, head, &mut header) {
+            Ok(cmd) => self.execute(ring, mem, &cmd, &header[CMD_REQ_FIXED..]),
+            Err(response) => self.respond_transport(ring, mem, head, response, 0),
         }
         self.header = header;
     }
 
-    fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, head: u16, header: &[u8]) {
+    /// Phase 1: reads the request header of the chain just accepted into
+    /// `header` and finds its logical unit; the transport response of a
+    /// request that cannot reach one.
+    fn parse(
+        &self,
+        ring: &Vring,
+        mem: &GuestMem,
+        head: u16,
+        header: &mut [u8],
+    ) -> Result<Command, Response> {
         let d = ring.device();
+        let hdr_len = header.len() as u64;
+        if self.chain.readable_len < hdr_len
+            || guest::read_at(mem, &self.chain.readable, 0, header).is_err()
+        {
+            DeviceMetrics::bump(&d.metrics.short_headers);
+            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
+                "request header shorter than {hdr_len} bytes at head {head}");
+            return Err(Response::Failure);
+        }
         let mut fixed = [0u8; CMD_REQ_FIXED];
         fixed.copy_from_slice(&header[..CMD_REQ_FIXED]);
         let req = CmdReqHeader::decode(&fixed);
-        let cdb = &header[CMD_REQ_FIXED..];
         let lun = match req.lun {
             Some(lun) if lun.target() == 0 => lun.lun(),
             _ => {
                 DeviceMetrics::bump(&d.metrics.bad_target);
                 guest_warn!(d.limiter, device = %d.name,
                     "request for {:?}: no such target", req.lun);
-                self.respond_transport(ring, mem, head, Response::BadTarget, 0);
-                return;
+                return Err(Response::BadTarget);
             }
         };
-        let hdr_len = header.len() as u64;
+        let lun = self.target.find(lun);
+        if lun.is_none() {
+            DeviceMetrics::bump(&d.metrics.bad_lun);
+        }
         let resp_len = (CMD_RESP_FIXED + self.sense_size) as u64;
-        let data_in_len = self.chain.writable_len.saturating_sub(resp_len);
-        let data_out_len = self.chain.readable_len - hdr_len;
-        let target = &self.target;
-        let index = target.find(lun);
+        Ok(Command {
+            head,
+            lun,
+            hdr_len,
+            data_out_len: self.chain.readable_len - hdr_len,
+            data_in_len: self.chain.writable_len.saturating_sub(resp_len),
+        })
+    }
+
+    /// Phase 2: runs `cmd` (whose CDB is `cdb`) on its logical unit.
+    /// Emulated commands complete here; medium commands go to
+    /// [`Self::submit_medium`].
+    fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, cmd: &Command, cdb: &[u8]) {
+        let resp_len = (CMD_RESP_FIXED + self.sense_size) as u64;
         let mut data_out = std::mem::take(&mut self.data_out);
         let mut data_in = std::mem::take(&mut self.data_in);
         let mut n_out = 0;
         if takes_parameter_data(cdb) {
-            n_out = usize::try_from(data_out_len)
+            n_out = usize::try_from(cmd.data_out_len)
                 .unwrap_or(usize::MAX)
                 .min(data_out.len());
-            if guest::read_at(mem, &self.chain.readable, hdr_len, &mut data_out[..n_out]).is_err() {
+            if guest::read_at(
+                mem,
+                &self.chain.readable,
+                cmd.hdr_len,
+                &mut data_out[..n_out],
+            )
+            .is_err()
+            {
                 n_out = 0;
             }
         }
-        let result = match index {
+        let target = &self.target;
+        let result = match cmd.lun {
             Some(i) => {
                 target.luns()[i]
                     .unit
                     .execute(self.nexus, cdb, &data_out[..n_out], &mut data_in)
             }
-            None => {
-                DeviceMetrics::bump(&d.metrics.bad_lun);
-                execute_absent(cdb, &mut data_in)
-            }
+            None => execute_absent(cdb, &mut data_in),
         };
         let data_len = match result {
             Ok(Completion::Good) => Some(0),
@@ -175,35 +223,26 @@ impl ScsiQueue {
                 Some(report_luns(&r, target.lun_numbers(), &mut data_in))
             }
             Ok(Completion::Medium(op)) => {
-                // `index` is Some: an absent LUN never yields a medium op.
-                let lun_index = index.unwrap_or(0);
-                self.submit_medium(
-                    ring,
-                    mem,
-                    head,
-                    lun_index,
-                    op,
-                    hdr_len,
-                    data_out_len,
-                    data_in_len,
-                );
+                self.submit_medium(ring, mem, cmd, op);
                 None
             }
             Err(e) => {
                 let (status, sense, n) = scsi_failure(&e);
-                let resp =
-                    CmdResp::completed(status, saturating_u32(data_in_len.max(data_out_len)));
-                self.respond_now(ring, mem, head, resp, &sense[..n], 0);
+                let resp = CmdResp::completed(
+                    status,
+                    saturating_u32(cmd.data_in_len.max(cmd.data_out_len)),
+                );
+                self.respond_now(ring, mem, cmd.head, resp, &sense[..n], 0);
                 None
             }
         };
         if let Some(len) = data_len {
-            let n = (len as u64).min(data_in_len);
+            let n = (len as u64).min(cmd.data_in_len);
             let data = &data_in[..usize::try_from(n).unwrap_or(0)];
             let copied = guest::write_at(mem, &self.chain.writable, resp_len, data).is_ok();
             let n = if copied { n } else { 0 };
-            let resp = CmdResp::completed(Status::Good.code(), saturating_u32(data_in_len - n));
-            self.respond_now(ring, mem, head, resp, &[], n);
+            let resp = CmdResp::completed(Status::Good.code(), saturating_u32(cmd.data_in_len - n));
+            self.respond_now(ring, mem, cmd.head, resp, &[], n);
         }
         self.data_out = data_out;
         self.data_in = data_in;
@@ -254,18 +293,25 @@ impl ScsiQueue {
         ring.complete(mem, head, saturating_u32(len));
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Phase 2 for a medium command: checks its buffers against the
+    /// transfer, takes an in-flight slot and queues the backstore
+    /// operations. Phase 3 is [`complete_request`], once they are reaped.
     fn submit_medium(
         &mut self,
         ring: &mut Vring,
         mem: &Arc<GuestMem>,
-        head: u16,
-        lun_index: usize,
+        cmd: &Command,
         op: MediumOp<'_>,
-        hdr_len: u64,
-        data_out_len: u64,
-        data_in_len: u64,
     ) {
+        let Command {
+            head,
+            lun,
+            hdr_len,
+            data_out_len,
+            data_in_len,
+        } = *cmd;
+        // A medium command comes from a logical unit that exists.
+        let lun_index = lun.unwrap_or(0);
         let resp_len = (CMD_RESP_FIXED + self.sense_size) as u64;
         let (kind, lba, needed, have) = match op {
             MediumOp::Read { lba, bytes, .. } => (OpKind::Read, lba, bytes, data_in_len),
