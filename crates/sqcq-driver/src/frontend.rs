@@ -292,6 +292,28 @@ impl Frontend {
     /// and ENABLE when protocol features were negotiated. `mem` must be the
     /// memory given to [`Self::set_mem_table`], holding the ring.
     pub fn start_queue(&mut self, mem: &DriverMemory, vq: &Virtqueue) -> Result<(), FrontendError> {
+        self.hand_over(mem, vq, vq.ring().next_avail())
+    }
+
+    /// Hands `vq` back to the device after [`Self::stop_queue`], as
+    /// [`Self::start_queue`] does but with the device resuming at `base`,
+    /// the value `stop_queue` returned: requests made available while the
+    /// vring was stopped are served, no kick needed.
+    pub fn resume_queue(
+        &mut self,
+        mem: &DriverMemory,
+        vq: &Virtqueue,
+        base: u16,
+    ) -> Result<(), FrontendError> {
+        self.hand_over(mem, vq, base)
+    }
+
+    fn hand_over(
+        &mut self,
+        mem: &DriverMemory,
+        vq: &Virtqueue,
+        base: u16,
+    ) -> Result<(), FrontendError> {
         let index = vq.index();
         if u64::from(index) >= self.negotiated.vrings {
             return Err(FrontendError::NoSuchQueue {
@@ -317,7 +339,7 @@ impl Frontend {
             .set_vring_num(i, ring.size())
             .map_err(request("SET_VRING_NUM"))?;
         self.inner
-            .set_vring_base(i, ring.next_avail())
+            .set_vring_base(i, base)
             .map_err(request("SET_VRING_BASE"))?;
         self.inner
             .set_vring_addr(i, &addr)

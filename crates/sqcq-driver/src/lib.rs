@@ -39,6 +39,8 @@ pub mod vring;
 
 pub use frontend::{Frontend, FrontendConfig, FrontendError, Negotiated};
 pub use memory::{DriverMemory, MemoryConfig, MemoryError};
-pub use notify::{IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents};
+pub use notify::{
+    DoorbellState, IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents,
+};
 pub use virtqueue::Virtqueue;
 pub use vring::{Buffer, DeviceError, NotifyDecision, QueueConfig, QueueError, SplitQueue, Used};

@@ -35,7 +35,11 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use sqcq_protocol::{Poll, PollState, QueueStats, SleepCheck, SpinPolicy, Watch};
+use std::sync::atomic::Ordering::Relaxed;
+
+use sqcq_protocol::{
+    DoorbellCell, NEED_WAKEUP, Poll, PollState, QueueStats, SleepCheck, SpinPolicy, Watch,
+};
 
 use crate::poll_stats::{PollStats, StatsCell};
 use crate::sqcq::{POLLS_PER_YIELD, now_ns};
@@ -461,6 +465,52 @@ pub trait Notifier: Send + fmt::Debug {
     /// has doorbells.
     fn idle_state(&self) -> Option<IdleState> {
         None
+    }
+
+    /// What the queue's SQ and CQ doorbells hold, when it has doorbells
+    /// (the doorbell modes, and parked queues).
+    fn doorbells(&self) -> Option<DoorbellState> {
+        None
+    }
+}
+
+/// The two doorbells of one queue as last stored by either side, read from
+/// shared memory: an observation for tests and reports, ordered by nothing
+/// and never used to decide anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DoorbellState {
+    /// `sq.idx`: the avail index the driver last published there.
+    pub sq_idx: u16,
+    /// `sq.flags`: NEED_WAKEUP when the device's poller asked for a kick.
+    pub sq_flags: u16,
+    /// `cq.idx`: the used index the device last published there.
+    pub cq_idx: u16,
+    /// `cq.flags`: NEED_WAKEUP when the driver asked for a call.
+    pub cq_flags: u16,
+}
+
+impl DoorbellState {
+    /// Reads both doorbells.
+    pub(crate) fn read(sq: &impl DoorbellCell, cq: &impl DoorbellCell) -> Self {
+        // Relaxed throughout: an observation, ordered by nothing; the
+        // handshakes make their own loads with their own fences.
+        let load = |field: &std::sync::atomic::AtomicU16| u16::from_le(field.load(Relaxed));
+        Self {
+            sq_idx: load(sq.idx()),
+            sq_flags: load(sq.flags()),
+            cq_idx: load(cq.idx()),
+            cq_flags: load(cq.flags()),
+        }
+    }
+
+    /// Whether the device's poller asked for a kick (SQ NEED_WAKEUP).
+    pub fn sq_need_wakeup(&self) -> bool {
+        self.sq_flags & NEED_WAKEUP != 0
+    }
+
+    /// Whether the driver asked for a call (CQ NEED_WAKEUP).
+    pub fn cq_need_wakeup(&self) -> bool {
+        self.cq_flags & NEED_WAKEUP != 0
     }
 }
 

@@ -8,7 +8,9 @@ use vm_memory::GuestAddress;
 use crate::memory::DriverMemory;
 use sqcq_protocol::QueueStats;
 
-use crate::notify::{IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents};
+use crate::notify::{
+    DoorbellState, IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents,
+};
 use crate::poll_stats::PollStats;
 use crate::vring::{QueueConfig, QueueError, SplitQueue};
 
@@ -142,5 +144,11 @@ impl Virtqueue {
     /// Whether both sides' pollers are asleep, in the doorbell modes.
     pub fn idle_state(&self) -> Option<IdleState> {
         self.notifier.idle_state()
+    }
+
+    /// What the queue's SQ and CQ doorbells hold (`None` without
+    /// doorbells): an observation for tests and reports.
+    pub fn doorbells(&self) -> Option<DoorbellState> {
+        self.notifier.doorbells()
     }
 }

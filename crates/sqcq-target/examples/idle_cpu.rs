@@ -26,7 +26,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::sqcq::SQCQ;
+use common::raw_ring::*;
 use common::*;
 use sqcq_protocol::NEED_WAKEUP;
 

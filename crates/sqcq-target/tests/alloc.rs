@@ -12,7 +12,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use common::driver::*;
 use common::*;
+use sqcq_driver::scsi::Cdb;
 use sqcq_target::Daemon;
 use sqcq_target::config::PollOptions;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, QueueMap};
@@ -82,45 +84,27 @@ static ALLOCATOR: Counting = Counting;
 
 /// Runs `requests` READs and WRITEs of 1 to 8 blocks in batches of up to
 /// 16 in flight; checks each completed well.
-fn run_io(vq: &mut Vq, g: &mut Guest, requests: u32) {
+fn run_io(rq: &mut Rq, requests: u32) {
     let data: Vec<u8> = (0..8 * 512).map(|i| (i % 251) as u8).collect();
     let mut done = 0;
     while done < requests {
         let batch = (requests - done).min(1 + done % 16);
-        let pending: Vec<Pending> = (0..batch)
-            .map(|i| {
-                let n = done + i;
-                let blocks = 1 + n % 8;
-                let lba = (n * 8) % 16000;
-                if n % 2 == 0 {
-                    let len = blocks as usize * 512;
-                    submit(
-                        vq,
-                        g,
-                        lun_field(0, 0),
-                        &write10(lba, blocks as u16),
-                        &data[..len],
-                        0,
-                    )
-                } else {
-                    submit(
-                        vq,
-                        g,
-                        lun_field(0, 0),
-                        &read10(lba, blocks as u16),
-                        &[],
-                        blocks * 512,
-                    )
-                }
-            })
-            .collect();
-        vq.kick(g);
-        for _ in &pending {
-            vq.wait_used(g);
+        for i in 0..batch {
+            let n = done + i;
+            let blocks = 1 + n % 8;
+            let lba = (n * 8) % 16000;
+            if n % 2 == 0 {
+                let len = blocks as usize * 512;
+                let cdb = Cdb::write_10(lba, blocks as u16, false);
+                rq.submit(lun_at(0, 0), cdb, &data[..len], 0);
+            } else {
+                let cdb = Cdb::read_10(lba, blocks as u16, false);
+                rq.submit(lun_at(0, 0), cdb, &[], blocks * 512);
+            }
         }
-        for p in &pending {
-            let r = read_resp(g, p.resp);
-            assert_eq!((r.response, r.status), (0, 0), "{r:?}");
+        rq.publish();
+        for r in rq.wait(batch as usize) {
+            assert!(r.good(), "{r:?}");
         }
         done += batch;
     }
@@ -150,17 +134,16 @@ fn steady_state_io_allocates_nothing_on_the_worker() {
         seccomp: Default::default(),
     };
     let daemon = Daemon::start(&config).unwrap();
-    let mut g = Guest::new();
-    let mut qs: Vec<Vq> = (0..3).map(Vq::new).collect();
-    let _fe = connect(&socket, &g, &mut qs, true);
-    let rq = &mut qs[2];
-    clear_unit_attention(rq, &mut g, 0);
+    let mut d = Driver::connect(&socket);
+    assert_eq!(d.rqs.len(), 1);
+    let rq = &mut d.rqs[0];
+    rq.clear_unit_attention(0);
 
     const WARM_UP: u32 = 512;
     const MEASURED: u32 = 4096;
-    run_io(rq, &mut g, WARM_UP);
+    run_io(rq, WARM_UP);
     let before = WORKER_ALLOCS.load(Ordering::Relaxed);
-    run_io(rq, &mut g, MEASURED);
+    run_io(rq, MEASURED);
     let during = WORKER_ALLOCS.load(Ordering::Relaxed) - before;
     let sizes: Vec<u64> = LAST_SIZES
         .iter()

@@ -1,57 +1,61 @@
-//! The daemon in process, on a real Unix socket, driven by rust-vmm's
-//! vhost `Frontend` with memfd guest memory and real eventfds.
+//! The daemon in process, on a real Unix socket, driven by sqcq-driver
+//! with memfd guest memory and real eventfds.
 
 // Test code: lengths and indices are small constants of the test.
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 
+use common::driver::*;
 use common::*;
+use sqcq_driver::scsi::{Cdb, Done};
 
 #[test]
 fn io_on_two_queues_and_two_workers_survives_reconnect() {
     let dir = TempDir::new("io");
     let (daemon, socket) = start(&dir, 2);
-    let mut g = Guest::new();
     let pattern: Vec<u8> = (0..8 * 512).map(|i| (i % 251) as u8).collect();
 
     for round in 0..2 {
-        let mut qs = vqs();
-        let fe = connect(&socket, &g, &mut qs, round == 0);
-        let (rq0, rest) = qs.split_at_mut(3);
-        let rq0 = &mut rq0[2];
-        let rq1 = &mut rest[0];
-        clear_unit_attention(rq0, &mut g, 0);
+        let mut d = Driver::connect_with(
+            &socket,
+            Options {
+                event_idx: round == 0,
+                ..Options::default()
+            },
+        );
+        let (rq0, rq1) = d.two_rqs();
+        rq0.clear_unit_attention(0);
 
-        let (r, data) = command(rq0, &mut g, lun_field(0, 0), &inquiry(96), &[], 96);
-        assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-        assert_eq!(data[0], 0x00, "direct-access block device");
-        assert_eq!(&data[8..12], b"SQCQ", "vendor {:?}", &data[8..16]);
+        let r = rq0.command(lun_at(0, 0), Cdb::inquiry(None, 96), &[], 96);
+        assert!(r.good(), "{r:?}");
+        assert_eq!(r.data[0], 0x00, "direct-access block device");
+        assert_eq!(&r.data[8..12], b"SQCQ", "vendor {:?}", &r.data[8..16]);
         assert_eq!(
-            r.resid,
-            96 - (u32::from(data[4]) + 5),
+            r.resid(),
+            96 - (u32::from(r.data[4]) + 5),
             "residual of INQUIRY"
         );
 
         if round == 0 {
-            let (r, _) = command(rq0, &mut g, lun_field(0, 0), &write10(8, 8), &pattern, 0);
-            assert_eq!((r.response, r.status), (0, 0), "WRITE: {r:?}");
+            let r = rq0.command(lun_at(0, 0), Cdb::write_10(8, 8, false), &pattern, 0);
+            assert!(r.good(), "WRITE: {r:?}");
         }
         // Read it back through the other queue, served by the other worker
         // (and, in round 1, by a new connection).
-        clear_unit_attention(rq1, &mut g, 0);
-        let (r, data) = command(rq1, &mut g, lun_field(0, 0), &read10(8, 8), &[], 4096);
-        assert_eq!((r.response, r.status, r.resid), (0, 0, 0), "READ: {r:?}");
-        assert_eq!(data, pattern, "round {round}: data read back differs");
+        rq1.clear_unit_attention(0);
+        let r = rq1.command(lun_at(0, 0), Cdb::read_10(8, 8, false), &[], 4096);
+        assert_eq!(r.result, Ok(Done { resid: 0 }), "READ");
+        assert_eq!(r.data, pattern, "round {round}: data read back differs");
 
         // A data-in buffer larger than the transfer leaves a residual.
-        let (r, _) = command(rq1, &mut g, lun_field(0, 1), &read10(0, 1), &[], 1024);
-        if r.status == 2 {
-            assert_eq!(r.sense_key(), 6);
+        let r = rq1.command(lun_at(0, 1), Cdb::read_10(0, 1, false), &[], 1024);
+        if r.good() {
+            assert_eq!(r.resid(), 512, "{r:?}");
         } else {
-            assert_eq!((r.response, r.status, r.resid), (0, 0, 512), "{r:?}");
+            assert_eq!(r.sense().map(|s| s.key), Some(6), "{r:?}");
         }
-        drop(fe);
+        drop(d);
     }
     daemon.shutdown();
 }
@@ -60,23 +64,51 @@ fn io_on_two_queues_and_two_workers_survives_reconnect() {
 fn several_requests_in_flight_complete_in_one_pass() {
     let dir = TempDir::new("batch");
     let (daemon, socket) = start(&dir, 1);
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let _fe = connect(&socket, &g, &mut qs, true);
-    let rq = &mut qs[2];
-    clear_unit_attention(rq, &mut g, 0);
-    let pending: Vec<Pending> = (0..16)
-        .map(|i| submit(rq, &mut g, lun_field(0, 0), &read10(i, 1), &[], 512))
+    let mut d = Driver::connect(&socket);
+    let rq = &mut d.rqs[0];
+    rq.clear_unit_attention(0);
+    let mut want: Vec<u64> = (0..16)
+        .map(|i| rq.submit(lun_at(0, 0), Cdb::read_10(i, 1, false), &[], 512))
         .collect();
-    rq.kick(&g);
-    let mut heads: Vec<u16> = (0..16).map(|_| rq.wait_used(&g).0).collect();
-    heads.sort_unstable();
-    let mut want: Vec<u16> = pending.iter().map(|p| p.head).collect();
+    rq.publish();
+    let replies = rq.wait(16);
+    let mut got: Vec<u64> = replies.iter().map(|r| r.token).collect();
+    got.sort_unstable();
     want.sort_unstable();
-    assert_eq!(heads, want);
-    for p in &pending {
-        let r = read_resp(&g, p.resp);
-        assert_eq!((r.response, r.status), (0, 0), "{r:?}");
+    assert_eq!(got, want);
+    for r in &replies {
+        assert!(r.good(), "{r:?}");
     }
+    daemon.shutdown();
+}
+
+/// With VIRTIO_RING_F_INDIRECT_DESC each request (header, response,
+/// data-in) is one descriptor of the ring pointing at a table: the device
+/// follows it.
+#[test]
+fn indirect_descriptors_are_followed() {
+    let dir = TempDir::new("indirect");
+    let (daemon, socket) = start(&dir, 1);
+    let mut d = Driver::connect_with(
+        &socket,
+        Options {
+            event_idx: false,
+            indirect: true,
+            ..Options::default()
+        },
+    );
+    let rq = &mut d.rqs[0];
+    rq.clear_unit_attention(0);
+    let free = rq.queue.virtqueue().ring().num_free();
+    rq.submit(lun_at(0, 0), Cdb::inquiry(None, 36), &[], 36);
+    assert_eq!(
+        rq.queue.virtqueue().ring().num_free(),
+        free - 1,
+        "three buffers, one descriptor: an indirect table"
+    );
+    rq.publish();
+    let r = rq.wait(1).pop().unwrap();
+    assert!(r.good(), "{r:?}");
+    assert_eq!(&r.data[8..12], b"SQCQ");
     daemon.shutdown();
 }

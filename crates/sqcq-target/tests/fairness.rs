@@ -8,7 +8,9 @@
 
 mod common;
 
+use common::driver::*;
 use common::*;
+use sqcq_driver::scsi::Cdb;
 use sqcq_target::Daemon;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, QueueMap};
 
@@ -36,84 +38,40 @@ fn start_big(dir: &TempDir) -> (Daemon, std::path::PathBuf) {
     (Daemon::start(&config).unwrap(), socket)
 }
 
-/// WRITE SAME(16) of `blocks` blocks at `lba` (data-out: one block).
-fn write_same16(lba: u64, blocks: u32, unmap: bool) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x93;
-    c[1] = if unmap { 0x08 } else { 0 };
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x88;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
 #[test]
 fn a_write_same_of_many_slices_succeeds_and_writes_every_block() {
     let dir = TempDir::new("ws-status");
     let (daemon, socket) = start_big(&dir);
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let _fe = connect(&socket, &g, &mut qs, true);
-    let vq = &mut qs[2];
-    clear_unit_attention(vq, &mut g, 0);
+    let mut d = Driver::connect(&socket);
+    let rq = &mut d.rqs[0];
+    rq.clear_unit_attention(0);
+    let lun = lun_at(0, 0);
     let pattern: Vec<u8> = (0..512).map(|i| (i % 199) as u8 | 1).collect();
     // More than 32768 blocks: more backstore operations than the queue
     // has slots, which used to fail with HARDWARE ERROR after writing.
     let blocks = 40_000u32;
-    let (r, _) = command(
-        vq,
-        &mut g,
-        lun_field(0, 0),
-        &write_same16(10, blocks, false),
-        &pattern,
-        0,
-    );
-    assert_eq!((r.response, r.status), (0, 0), "WRITE SAME: {r:?}");
+    let r = rq.command(lun, Cdb::write_same_16(10, blocks, false), &pattern, 0);
+    assert!(r.good(), "WRITE SAME: {r:?}");
     for lba in [10, 10 + u64::from(blocks) / 2, 9 + u64::from(blocks)] {
-        let (r, data) = command(vq, &mut g, lun_field(0, 0), &read16(lba, 1), &[], 512);
-        assert_eq!((r.response, r.status), (0, 0), "READ {lba}: {r:?}");
-        assert_eq!(data, pattern, "block {lba}");
+        let r = rq.command(lun, Cdb::read_16(lba, 1, false), &[], 512);
+        assert!(r.good(), "READ {lba}: {r:?}");
+        assert_eq!(r.data, pattern, "block {lba}");
     }
-    let (_, data) = command(
-        vq,
-        &mut g,
-        lun_field(0, 0),
-        &read16(9 + u64::from(blocks) + 1, 1),
-        &[],
-        512,
-    );
+    let after = 9 + u64::from(blocks) + 1;
+    let r = rq.command(lun, Cdb::read_16(after, 1, false), &[], 512);
+    assert!(r.good(), "{r:?}");
     assert!(
-        data.iter().all(|&b| b == 0),
+        r.data.iter().all(|&b| b == 0),
         "the block after the range is untouched"
     );
 
     // UNMAP-style WRITE SAME over the same range: zeros again.
     let zeros = vec![0u8; 512];
-    let (r, _) = command(
-        vq,
-        &mut g,
-        lun_field(0, 0),
-        &write_same16(10, blocks, true),
-        &zeros,
-        0,
-    );
-    assert_eq!((r.response, r.status), (0, 0), "WRITE SAME UNMAP: {r:?}");
-    let (_, data) = command(
-        vq,
-        &mut g,
-        lun_field(0, 0),
-        &read16(9 + u64::from(blocks), 1),
-        &[],
-        512,
-    );
-    assert!(data.iter().all(|&b| b == 0));
+    let r = rq.command(lun, Cdb::write_same_16(10, blocks, true), &zeros, 0);
+    assert!(r.good(), "WRITE SAME UNMAP: {r:?}");
+    let r = rq.command(lun, Cdb::read_16(9 + u64::from(blocks), 1, false), &[], 512);
+    assert!(r.good(), "{r:?}");
+    assert!(r.data.iter().all(|&b| b == 0));
     daemon.shutdown();
 }
 
@@ -121,38 +79,33 @@ fn a_write_same_of_many_slices_succeeds_and_writes_every_block() {
 fn a_huge_write_same_does_not_hold_the_worker() {
     let dir = TempDir::new("ws-fair");
     let (daemon, socket) = start_big(&dir);
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let _fe = connect(&socket, &g, &mut qs, true);
-    let (a, b) = qs.split_at_mut(3);
-    let (a, b) = (&mut a[2], &mut b[0]);
-    clear_unit_attention(a, &mut g, 0);
-    clear_unit_attention(b, &mut g, 0);
+    let mut d = Driver::connect(&socket);
+    let (a, b) = d.two_rqs();
+    a.clear_unit_attention(0);
+    b.clear_unit_attention(0);
     let pattern = vec![0x5au8; 512];
     let blocks = u32::try_from(BIG / 512).unwrap();
     // Without slicing the worker finishes the WRITE SAME before it looks
     // at the other queue, always; with slicing the other queue's command
     // completes first. A scheduler that stalls this thread for the whole
-    // WRITE SAME between the two kicks could make one attempt fail, so
-    // the test allows three.
+    // WRITE SAME between the two publishes could make one attempt fail,
+    // so the test allows three.
     let mut interleaved = false;
     for _ in 0..3 {
-        let ws = submit(
-            a,
-            &mut g,
-            lun_field(0, 0),
-            &write_same16(0, blocks, false),
+        a.submit(
+            lun_at(0, 0),
+            Cdb::write_same_16(0, blocks, false),
             &pattern,
             0,
         );
-        let inq = submit(b, &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
-        a.kick(&g);
-        b.kick(&g);
-        assert_eq!(b.wait_used(&g).0, inq.head);
-        let ws_done = a.used_idx(&g) != a.last_used;
-        assert_eq!(a.wait_used(&g).0, ws.head);
-        let r = read_resp(&g, ws.resp);
-        assert_eq!((r.response, r.status), (0, 0), "WRITE SAME: {r:?}");
+        b.submit(lun_at(0, 0), Cdb::inquiry(None, 36), &[], 36);
+        a.publish();
+        b.publish();
+        let r = b.wait(1).pop().unwrap();
+        assert!(r.good(), "INQUIRY: {r:?}");
+        let ws_done = a.queue.virtqueue().ring().has_used();
+        let r = a.wait(1).pop().unwrap();
+        assert!(r.good(), "WRITE SAME: {r:?}");
         if !ws_done {
             interleaved = true;
             break;

@@ -29,7 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::raw::{self, Raw, code};
-use common::sqcq::SQCQ;
+use common::raw_ring::*;
 use common::*;
 use vhost::VhostBackend;
 use vhost::vhost_user::Frontend;

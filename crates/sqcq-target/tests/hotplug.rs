@@ -14,7 +14,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::thread;
 
+use common::driver::*;
+use common::raw_ring::{self, Guest, lun_field};
 use common::*;
+use sqcq_driver::scsi::Cdb;
 use sqcq_target::Daemon;
 use sqcq_target::admin::request;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, LunSpec, QueueMap};
@@ -43,53 +46,48 @@ fn start_admin(dir: &TempDir, luns: Vec<LunSpec>) -> (Daemon, PathBuf, PathBuf) 
 /// A command, retried while it reports unit attentions, which are
 /// collected as (ASC, ASCQ) in `uas`.
 fn command_past_ua(
-    vq: &mut Vq,
-    g: &mut Guest,
+    rq: &mut Rq,
     lun: u16,
-    cdb: &[u8],
+    cdb: Cdb,
     out: &[u8],
     din: u32,
     uas: &mut Vec<(u8, u8)>,
-) -> (Resp, Vec<u8>) {
+) -> Reply {
     for _ in 0..4 {
-        let (r, d) = command(vq, g, lun_field(0, lun), cdb, out, din);
-        if r.status != 2 || r.sense_key() != 6 {
-            return (r, d);
+        let r = rq.command(lun_at(0, lun), cdb, out, din);
+        match r.sense() {
+            Some(s) if s.key == 6 => uas.push((s.asc, s.ascq)),
+            _ => return r,
         }
-        uas.push((r.asc(), r.sense[13]));
     }
     panic!("unit attentions without end: {uas:?}");
 }
 
 /// Writes and reads back one block of LUN `lun`; returns the unit
 /// attentions seen.
-fn write_read(vq: &mut Vq, g: &mut Guest, lun: u16, lba: u32, seed: u8) -> Vec<(u8, u8)> {
+fn write_read(rq: &mut Rq, lun: u16, lba: u32, seed: u8) -> Vec<(u8, u8)> {
     let mut uas = Vec::new();
     let block: Vec<u8> = (0..512).map(|i| (i as u8).wrapping_mul(seed)).collect();
-    let (r, _) = command_past_ua(vq, g, lun, &write10(lba, 1), &block, 0, &mut uas);
-    assert_eq!((r.response, r.status), (0, 0), "WRITE LUN {lun}: {r:?}");
-    let (r, data) = command_past_ua(vq, g, lun, &read10(lba, 1), &[], 512, &mut uas);
-    assert_eq!((r.response, r.status), (0, 0), "READ LUN {lun}: {r:?}");
-    assert_eq!(data, block, "LUN {lun} LBA {lba}");
+    let write = Cdb::write_10(lba, 1, false);
+    let r = command_past_ua(rq, lun, write, &block, 0, &mut uas);
+    assert!(r.good(), "WRITE LUN {lun}: {r:?}");
+    let r = command_past_ua(rq, lun, Cdb::read_10(lba, 1, false), &[], 512, &mut uas);
+    assert!(r.good(), "READ LUN {lun}: {r:?}");
+    assert_eq!(r.data, block, "LUN {lun} LBA {lba}");
     uas
 }
 
 /// Sends an admin command from another thread while this one keeps I/O
 /// going on LUN 0 (until one round after the reply); returns the reply,
 /// how many I/O rounds ran and the unit attentions LUN 0 reported.
-fn admin_during_io(
-    admin: &Path,
-    line: &str,
-    vq: &mut Vq,
-    g: &mut Guest,
-) -> (String, u32, Vec<(u8, u8)>) {
+fn admin_during_io(admin: &Path, line: &str, rq: &mut Rq) -> (String, u32, Vec<(u8, u8)>) {
     let (path, line) = (admin.to_owned(), line.to_owned());
     let h = thread::spawn(move || request(&path, &line).unwrap());
     let mut n = 0u32;
     let mut uas = Vec::new();
     loop {
         let done = h.is_finished();
-        uas.extend(write_read(vq, g, 0, n % 64, (n % 250) as u8 + 1));
+        uas.extend(write_read(rq, 0, n % 64, (n % 250) as u8 + 1));
         n += 1;
         if done {
             break;
@@ -99,18 +97,10 @@ fn admin_during_io(
 }
 
 /// TEST UNIT READY until no unit attention is left.
-fn clear_all_unit_attentions(vq: &mut Vq, g: &mut Guest, lun: u16) {
+fn clear_all_unit_attentions(rq: &mut Rq, lun: u16) {
     let mut uas = Vec::new();
-    let (r, _) = command_past_ua(vq, g, lun, &TEST_UNIT_READY, &[], 0, &mut uas);
-    assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-}
-
-/// Waits for the next event and returns its 16 bytes.
-fn next_event(evq: &mut Vq, g: &Guest, bufs: &[u64]) -> [u8; 16] {
-    let (head, len) = evq.wait_used(g);
-    assert_eq!(len, 16);
-    let at = bufs[usize::from(head)];
-    g.read(at, 16).try_into().unwrap()
+    let r = command_past_ua(rq, lun, Cdb::test_unit_ready(), &[], 0, &mut uas);
+    assert!(r.good(), "{r:?}");
 }
 
 fn event(kind: u32, lun: u16, reason: u32) -> [u8; 16] {
@@ -121,12 +111,10 @@ fn event(kind: u32, lun: u16, reason: u32) -> [u8; 16] {
     e
 }
 
-fn report_luns(vq: &mut Vq, g: &mut Guest) -> Vec<u16> {
-    let mut cdb = [0u8; 12];
-    cdb[0] = 0xa0;
-    cdb[6..10].copy_from_slice(&1024u32.to_be_bytes());
-    let (r, data) = command(vq, g, lun_field(0, 0), &cdb, &[], 1024);
-    assert_eq!((r.response, r.status), (0, 0), "REPORT LUNS: {r:?}");
+fn report_luns(rq: &mut Rq) -> Vec<u16> {
+    let r = rq.command(lun_at(0, 0), Cdb::report_luns(1024), &[], 1024);
+    assert!(r.good(), "REPORT LUNS: {r:?}");
+    let data = r.data;
     let n = u32::from_be_bytes(data[0..4].try_into().unwrap()) as usize / 8;
     (0..n)
         .map(|i| {
@@ -137,115 +125,88 @@ fn report_luns(vq: &mut Vq, g: &mut Guest) -> Vec<u16> {
 }
 
 /// READ CAPACITY(16): (last LBA, block size).
-fn read_capacity16(vq: &mut Vq, g: &mut Guest, lun: u16) -> (u64, u32) {
-    let mut cdb = [0u8; 16];
-    cdb[0] = 0x9e;
-    cdb[1] = 0x10;
-    cdb[10..14].copy_from_slice(&32u32.to_be_bytes());
-    let (r, data) = command(vq, g, lun_field(0, lun), &cdb, &[], 32);
-    assert_eq!((r.response, r.status), (0, 0), "READ CAPACITY(16): {r:?}");
+fn read_capacity16(rq: &mut Rq, lun: u16) -> (u64, u32) {
+    let r = rq.command(lun_at(0, lun), Cdb::read_capacity_16(32), &[], 32);
+    assert!(r.good(), "READ CAPACITY(16): {r:?}");
     (
-        u64::from_be_bytes(data[0..8].try_into().unwrap()),
-        u32::from_be_bytes(data[8..12].try_into().unwrap()),
+        u64::from_be_bytes(r.data[0..8].try_into().unwrap()),
+        u32::from_be_bytes(r.data[8..12].try_into().unwrap()),
     )
+}
+
+/// A unit attention's (key, ASC, ASCQ).
+fn ua(r: &Reply) -> Option<(u8, u8, u8)> {
+    r.sense().map(|s| (s.key, s.asc, s.ascq))
 }
 
 #[test]
 fn luns_come_change_and_go_while_another_lun_serves_io() {
     let dir = TempDir::new("hotplug");
     let (daemon, socket, admin) = start_admin(&dir, vec![lun(BackstoreKind::Ram, 8 << 20)]);
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let _fe = connect(&socket, &g, &mut qs, true);
-    let (head, rest) = qs.split_at_mut(2);
-    let evq = &mut head[1];
-    let (rq0, rq1) = rest.split_at_mut(1);
-    let (rq0, rq1) = (&mut rq0[0], &mut rq1[0]);
-    clear_unit_attention(rq0, &mut g, 0);
-    clear_unit_attention(rq1, &mut g, 0);
-    // Event buffers, indexed by head.
-    let mut bufs = vec![0u64; usize::from(QUEUE_SIZE)];
-    for _ in 0..8 {
-        let b = g.alloc(16);
-        let h = evq.add(&g, &[(b, 16, true)]);
-        bufs[usize::from(h)] = b;
-    }
-    evq.kick(&g);
+    let mut d = Driver::connect(&socket);
+    let Driver { events, rqs, .. } = &mut d;
+    let [rq0, rq1] = &mut rqs[..] else {
+        panic!("two request queues");
+    };
+    rq0.clear_unit_attention(0);
+    rq1.clear_unit_attention(0);
 
     // Add: a RESCAN event, REPORT LUNS shows it, I/O to it works, and LUN
     // 0 (busy meanwhile) reports REPORTED LUNS DATA HAS CHANGED once.
-    let (reply, ios, uas) = admin_during_io(
-        &admin,
-        "lun add device=0 lun=1 kind=ram,size=4M",
-        rq0,
-        &mut g,
-    );
+    let (reply, ios, uas) = admin_during_io(&admin, "lun add device=0 lun=1 kind=ram,size=4M", rq0);
     assert_eq!(reply, "ok device=0 lun=1 added");
     assert!(ios > 1, "LUN 0 served I/O meanwhile");
     assert_eq!(uas, [(0x3f, 0x0e)], "REPORTED LUNS DATA HAS CHANGED, once");
     assert_eq!(
-        next_event(evq, &g, &bufs),
+        events.next_event().unwrap(),
         event(1, 1, 1),
         "TRANSPORT_RESET/RESCAN"
     );
-    assert_eq!(report_luns(rq1, &mut g), [0, 1]);
-    let (r, _) = command(rq1, &mut g, lun_field(0, 1), &TEST_UNIT_READY, &[], 0);
-    assert_eq!(
-        (r.status, r.sense_key(), r.asc()),
-        (2, 6, 0x29),
-        "POWER ON: {r:?}"
-    );
-    write_read(rq1, &mut g, 1, 7, 3);
-    assert_eq!(read_capacity16(rq1, &mut g, 1), (8191, 512));
+    assert_eq!(report_luns(rq1), [0, 1]);
+    let r = rq1.command(lun_at(0, 1), Cdb::test_unit_ready(), &[], 0);
+    assert_eq!(r.key_asc(), Some((6, 0x29)), "POWER ON: {r:?}");
+    write_read(rq1, 1, 7, 3);
+    assert_eq!(read_capacity16(rq1, 1), (8191, 512));
 
     // Resize: PARAM_CHANGE with ASC/ASCQ 2Ah/09h, CAPACITY DATA HAS
     // CHANGED, then the new capacity, and I/O past the old end works.
-    let (reply, _, uas) = admin_during_io(&admin, "lun resize device=0 lun=1 size=8M", rq0, &mut g);
+    let (reply, _, uas) = admin_during_io(&admin, "lun resize device=0 lun=1 size=8M", rq0);
     assert!(uas.is_empty(), "LUN 0 is not concerned: {uas:?}");
     assert_eq!(reply, "ok device=0 lun=1 blocks=16384");
     assert_eq!(
-        next_event(evq, &g, &bufs),
+        events.next_event().unwrap(),
         event(3, 1, 0x092a),
         "PARAM_CHANGE"
     );
-    let (r, _) = command(rq1, &mut g, lun_field(0, 1), &TEST_UNIT_READY, &[], 0);
-    assert_eq!((r.status, r.sense_key(), r.asc()), (2, 6, 0x2a), "{r:?}");
-    assert_eq!(r.sense[13], 0x09, "CAPACITY DATA HAS CHANGED");
-    assert_eq!(read_capacity16(rq1, &mut g, 1), (16383, 512));
-    write_read(rq1, &mut g, 1, 12000, 5);
+    let r = rq1.command(lun_at(0, 1), Cdb::test_unit_ready(), &[], 0);
+    assert_eq!(ua(&r), Some((6, 0x2a, 0x09)), "CAPACITY DATA HAS CHANGED");
+    assert_eq!(read_capacity16(rq1, 1), (16383, 512));
+    write_read(rq1, 1, 12000, 5);
 
     // Remove with requests to it in flight: each completes (done, or
     // answered as absent), then REMOVED, then the LUN is absent.
-    let pending: Vec<Pending> = (0..8)
-        .map(|i| submit(rq1, &mut g, lun_field(0, 1), &read10(i, 1), &[], 512))
-        .collect();
-    rq1.kick(&g);
-    let (reply, _, uas) = admin_during_io(&admin, "lun remove device=0 lun=1", rq0, &mut g);
+    for i in 0..8 {
+        rq1.submit(lun_at(0, 1), Cdb::read_10(i, 1, false), &[], 512);
+    }
+    rq1.publish();
+    let (reply, _, uas) = admin_during_io(&admin, "lun remove device=0 lun=1", rq0);
     assert_eq!(uas, [(0x3f, 0x0e)], "REPORTED LUNS DATA HAS CHANGED again");
     assert_eq!(reply, "ok device=0 lun=1 removed");
-    for _ in &pending {
-        rq1.wait_used(&g);
-    }
-    for p in &pending {
-        let r = read_resp(&g, p.resp);
-        let absent = r.status == 2 && r.sense_key() == 5 && r.asc() == 0x25;
-        assert!(r.status == 0 || absent, "{r:?}");
+    for r in rq1.wait(8) {
+        assert!(r.good() || r.key_asc() == Some((5, 0x25)), "{r:?}");
     }
     assert_eq!(
-        next_event(evq, &g, &bufs),
+        events.next_event().unwrap(),
         event(1, 1, 2),
         "TRANSPORT_RESET/REMOVED"
     );
-    let (r, _) = command(rq1, &mut g, lun_field(0, 1), &TEST_UNIT_READY, &[], 0);
-    assert_eq!(
-        (r.status, r.sense_key(), r.asc()),
-        (2, 5, 0x25),
-        "absent: {r:?}"
-    );
-    let (r, data) = command(rq1, &mut g, lun_field(0, 1), &inquiry(36), &[], 36);
-    assert_eq!((r.status, data[0]), (0, 0x7f), "peripheral qualifier 3");
-    assert_eq!(report_luns(rq1, &mut g), [0]);
-    write_read(rq0, &mut g, 0, 3, 9);
+    let r = rq1.command(lun_at(0, 1), Cdb::test_unit_ready(), &[], 0);
+    assert_eq!(r.key_asc(), Some((5, 0x25)), "absent: {r:?}");
+    let r = rq1.inquiry(1);
+    assert!(r.good(), "{r:?}");
+    assert_eq!(r.data[0], 0x7f, "peripheral qualifier 3");
+    assert_eq!(report_luns(rq1), [0]);
+    write_read(rq0, 0, 3, 9);
 
     // Refusals.
     let refused = |line: &str| {
@@ -272,21 +233,16 @@ fn luns_come_change_and_go_while_another_lun_serves_io() {
 fn no_event_without_hotplug_and_change() {
     let dir = TempDir::new("hotplug-nofeat");
     let (daemon, socket, admin) = start_admin(&dir, vec![lun(BackstoreKind::Null, 1 << 20)]);
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let mut fe = connect(&socket, &g, &mut qs, false);
-    // Renegotiate without HOTPLUG and CHANGE (VERSION_1 and protocol
-    // features only).
-    use vhost::VhostBackend;
-    use vhost::vhost_user::VhostUserFrontend;
-    fe.reset_device().unwrap();
-    fe.set_features((1 << 32) | (1 << 30)).unwrap();
-    for vq in qs.iter_mut() {
-        vq.setup(&mut fe, &g);
-    }
-    let b = g.alloc(16);
-    qs[1].add(&g, &[(b, 16, true)]);
-    qs[1].kick(&g);
+    // VERSION_1 and protocol features only; the event queue has buffers.
+    let mut d = Driver::connect_with(
+        &socket,
+        Options {
+            event_idx: false,
+            device_features: 0,
+            ..Options::default()
+        },
+    );
+    assert_eq!(d.frontend.negotiated().acked & HOTPLUG_AND_CHANGE, 0);
     assert!(
         request(&admin, "lun add lun=5 kind=null,size=1M")
             .unwrap()
@@ -304,9 +260,13 @@ fn no_event_without_hotplug_and_change() {
     );
     // Events are delivered by the control thread after the reply; give it
     // time (a late event would only make this test pass wrongly).
-    clear_all_unit_attentions(&mut qs[2], &mut g, 0);
+    clear_all_unit_attentions(&mut d.rqs[0], 0);
     thread::sleep(std::time::Duration::from_millis(100));
-    assert_eq!(qs[1].used_idx(&g), 0, "no event without the features");
+    assert_eq!(
+        d.events.try_next_event().unwrap(),
+        None,
+        "no event without the features"
+    );
     daemon.shutdown();
 }
 
@@ -322,42 +282,23 @@ fn a_file_lun_writes_reads_flushes_and_grows() {
         ..lun(BackstoreKind::File, 4 << 20)
     };
     let (daemon, socket, admin) = start_admin(&dir, vec![spec]);
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let _fe = connect(&socket, &g, &mut qs, true);
-    let rq = &mut qs[2];
-    clear_unit_attention(rq, &mut g, 0);
+    let mut d = Driver::connect(&socket);
+    let rq = &mut d.rqs[0];
+    rq.clear_unit_attention(0);
+    let lun0 = lun_at(0, 0);
 
     let pattern: Vec<u8> = (0..8 * 512).map(|i| (i % 253) as u8).collect();
-    let mut fua = write10(16, 8);
-    fua[1] = 0x08;
-    let (r, _) = command(rq, &mut g, lun_field(0, 0), &fua, &pattern, 0);
-    assert_eq!((r.response, r.status), (0, 0), "WRITE(10) FUA: {r:?}");
-    let mut write16 = [0u8; 16];
-    write16[0] = 0x8a;
-    write16[1] = 0x08;
-    write16[2..10].copy_from_slice(&100u64.to_be_bytes());
-    write16[10..14].copy_from_slice(&8u32.to_be_bytes());
-    let (r, _) = command(rq, &mut g, lun_field(0, 0), &write16, &pattern, 0);
-    assert_eq!((r.response, r.status), (0, 0), "WRITE(16) FUA: {r:?}");
-    let (r, data) = command(rq, &mut g, lun_field(0, 0), &read10(16, 8), &[], 4096);
-    assert_eq!((r.response, r.status, r.resid), (0, 0, 0), "{r:?}");
-    assert_eq!(data, pattern);
-    let sync10 = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    let (r, _) = command(rq, &mut g, lun_field(0, 0), &sync10, &[], 0);
-    assert_eq!(
-        (r.response, r.status),
-        (0, 0),
-        "SYNCHRONIZE CACHE(10): {r:?}"
-    );
-    let mut sync16 = [0u8; 16];
-    sync16[0] = 0x91;
-    let (r, _) = command(rq, &mut g, lun_field(0, 0), &sync16, &[], 0);
-    assert_eq!(
-        (r.response, r.status),
-        (0, 0),
-        "SYNCHRONIZE CACHE(16): {r:?}"
-    );
+    let r = rq.command(lun0, Cdb::write_10(16, 8, true), &pattern, 0);
+    assert!(r.good(), "WRITE(10) FUA: {r:?}");
+    let r = rq.command(lun0, Cdb::write_16(100, 8, true), &pattern, 0);
+    assert!(r.good(), "WRITE(16) FUA: {r:?}");
+    let r = rq.command(lun0, Cdb::read_10(16, 8, false), &[], 4096);
+    assert_eq!(r.resid(), 0, "{r:?}");
+    assert_eq!(r.data, pattern);
+    let r = rq.command(lun0, Cdb::synchronize_cache_10(0, 0), &[], 0);
+    assert!(r.good(), "SYNCHRONIZE CACHE(10): {r:?}");
+    let r = rq.command(lun0, Cdb::synchronize_cache_16(0, 0), &[], 0);
+    assert!(r.good(), "SYNCHRONIZE CACHE(16): {r:?}");
     // The bytes are in the file.
     let on_disk = std::fs::read(&path).unwrap();
     assert_eq!(&on_disk[16 * 512..24 * 512], &pattern[..]);
@@ -370,10 +311,10 @@ fn a_file_lun_writes_reads_flushes_and_grows() {
         "ok device=0 lun=0 blocks=16384"
     );
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 8 << 20);
-    let (r, _) = command(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
-    assert_eq!((r.status, r.sense_key(), r.asc()), (2, 6, 0x2a), "{r:?}");
-    assert_eq!(read_capacity16(rq, &mut g, 0), (16383, 512));
-    write_read(rq, &mut g, 0, 16000, 7);
+    let r = rq.command(lun0, Cdb::test_unit_ready(), &[], 0);
+    assert_eq!(r.key_asc(), Some((6, 0x2a)), "{r:?}");
+    assert_eq!(read_capacity16(rq, 0), (16383, 512));
+    write_read(rq, 0, 16000, 7);
     let reply = request(&admin, "lun resize lun=0 size=4M").unwrap();
     assert!(
         reply.starts_with("error "),
@@ -440,16 +381,18 @@ fn sqcqd_admin_client_talks_to_the_binary() {
 /// which it does not take: its error eventfd is signalled, the other
 /// queue goes on, a second `fault break` finds nothing to arm, and a
 /// device reset brings the queue back with the error eventfd of the first
-/// start.
+/// start. It stays on the raw ring helper: the restart is QEMU's message
+/// sequence (no second SET_VRING_ERR), which sqcq-driver's frontend does
+/// not make, and the driver does not hand the device error eventfds.
 #[test]
 fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
     let dir = TempDir::new("fault-break");
     let (daemon, socket, admin) = start_admin(&dir, vec![lun(BackstoreKind::Ram, 1 << 20)]);
     let mut g = Guest::new();
-    let mut qs = vqs();
-    let mut fe = connect(&socket, &g, &mut qs, true);
+    let mut qs = raw_ring::vqs();
+    let mut fe = raw_ring::connect(&socket, &g, &mut qs, true);
     for q in [2, 3] {
-        clear_unit_attention(&mut qs[q], &mut g, 0);
+        raw_ring::clear_unit_attention(&mut qs[q], &mut g, 0);
     }
     let _ = qs[2].err.read();
     let _ = qs[3].err.read();
@@ -463,13 +406,27 @@ fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
         "armed already"
     );
     // Armed, the queue breaks at the next request and leaves it untaken.
-    submit(&mut qs[2], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
+    raw_ring::submit(
+        &mut qs[2],
+        &mut g,
+        lun_field(0, 0),
+        &raw_ring::inquiry(36),
+        &[],
+        36,
+    );
     qs[2].kick(&g);
     wait_signalled(&qs[2].err, "the broken queue's error eventfd");
     assert!(qs[3].err.read().is_err(), "the other queue is not broken");
     let stats = request(&admin, "stats").unwrap();
     assert!(stats.contains(" broken_rings=1"), "{stats}");
-    let (r, _) = command(&mut qs[3], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
+    let (r, _) = raw_ring::command(
+        &mut qs[3],
+        &mut g,
+        lun_field(0, 0),
+        &raw_ring::inquiry(36),
+        &[],
+        36,
+    );
     assert_eq!((r.response, r.status), (0, 0), "{r:?}");
     assert!(
         request(&admin, "fault break device=0 vq=2")
@@ -490,9 +447,16 @@ fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
 
     // A reset and a new start cycle, as QEMU makes them (no second
     // SET_VRING_ERR), serve the queue again.
-    reset_and_restart(&mut fe, &g, &mut qs);
-    clear_unit_attention(&mut qs[2], &mut g, 0);
-    let (r, _) = command(&mut qs[2], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
+    raw_ring::reset_and_restart(&mut fe, &g, &mut qs);
+    raw_ring::clear_unit_attention(&mut qs[2], &mut g, 0);
+    let (r, _) = raw_ring::command(
+        &mut qs[2],
+        &mut g,
+        lun_field(0, 0),
+        &raw_ring::inquiry(36),
+        &[],
+        36,
+    );
     assert_eq!((r.response, r.status), (0, 0), "{r:?}");
     // Every queue armed; both break at their next request, and the error
     // eventfds of the first start still report it.
@@ -501,7 +465,14 @@ fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
         "ok device=0 armed vq=2,3"
     );
     for q in [2, 3] {
-        submit(&mut qs[q], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
+        raw_ring::submit(
+            &mut qs[q],
+            &mut g,
+            lun_field(0, 0),
+            &raw_ring::inquiry(36),
+            &[],
+            36,
+        );
         qs[q].kick(&g);
         wait_signalled(
             &qs[q].err,

@@ -1,7 +1,8 @@
 //! Poll mode end to end (device side): VIRTIO_F_SQCQ_POLL with
-//! the doorbells at `doorbell_location`, `ring-poll` with standard virtio,
-//! and what happens to hostile doorbells. Waits are bounded loops on
-//! shared memory or counters; nothing asserts a timing.
+//! the doorbells at `doorbell_location`, `ring-poll` with standard virtio
+//! (both driven by sqcq-driver), and what happens to hostile doorbells
+//! (the raw ring helper). Waits are bounded loops on shared memory or
+//! counters; nothing asserts a timing.
 
 // Test code: lengths and indices are small constants of the test.
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -10,37 +11,22 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::sqcq::*;
+use common::driver::*;
+use common::raw_ring::*;
 use common::*;
-use sqcq_protocol::NEED_WAKEUP;
+use sqcq_driver::NotifyMode;
+use sqcq_driver::scsi::{Cdb, ControlQueue, Response, Tmf};
 use sqcq_target::config::{PollOptions, RingMode, spin_config};
 use sqcq_target::runtime::metrics::{QueueMode, QueueSnapshot};
 use vhost::VhostBackend;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 
-/// One command submitted through `sq.idx` (kicking only on NEED_WAKEUP).
+/// One command submitted through `sq.idx` by the raw ring helper
+/// (kicking only on NEED_WAKEUP).
 fn sq_command(vq: &mut Vq, g: &mut Guest, lun: u16, cdb: &[u8], data_in: u32) -> Resp {
     let p = submit(vq, g, lun_field(0, lun), cdb, &[], data_in);
     vq.publish_sq(g);
-    assert_eq!(vq.wait_used(g).0, p.head);
-    read_resp(g, p.resp)
-}
-
-/// One command published under the standard kick rules; counts kicks.
-fn std_command(
-    vq: &mut Vq,
-    g: &mut Guest,
-    lun: u16,
-    cdb: &[u8],
-    event_idx: bool,
-    kicks: &mut u64,
-) -> Resp {
-    let old = vq.next_avail;
-    let p = submit(vq, g, lun_field(0, lun), cdb, &[], 512);
-    if vq.publish_standard(g, old, event_idx) {
-        *kicks += 1;
-    }
     assert_eq!(vq.wait_used(g).0, p.head);
     read_resp(g, p.resp)
 }
@@ -55,6 +41,9 @@ fn final_report(d: &sqcq_target::Daemon, vq: u16) -> QueueSnapshot {
     found.unwrap()
 }
 
+/// The driver runs `sqcq-inline` with a 10 s spin window: it polls its
+/// CQ doorbell for the whole test unless it parks, so that every call it
+/// counts is one the handshake asked for, none is timing.
 #[test]
 fn idle_poll_threads_sleep_with_need_wakeup_and_calls_follow_cq_need_wakeup() {
     let dir = TempDir::new("poll-idle");
@@ -64,51 +53,68 @@ fn idle_poll_threads_sleep_with_need_wakeup_and_calls_follow_cq_need_wakeup() {
         ..PollOptions::default()
     };
     let (daemon, socket) = start_with(&dir, 2, options);
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let fe = connect_with(&socket, &g, &mut qs, true, SQCQ);
-    for i in [2, 3] {
-        clear_unit_attention(&mut qs[i], &mut g, 1);
+    let mut d = Driver::connect_with(
+        &socket,
+        Options {
+            mode: NotifyMode::SqcqInline,
+            spin: spin_config(10_000_000, 10_000_000),
+            ..Options::default()
+        },
+    );
+    let read = |lba| Cdb::read_10(lba, 1, false);
+    for rq in &mut d.rqs {
+        rq.clear_unit_attention(1);
         for lba in 0..8 {
-            let r = sq_command(&mut qs[i], &mut g, 1, &read10(lba, 1), 512);
-            assert_eq!((r.response, r.status), (0, 0), "{r:?}");
+            let r = rq.command(lun_at(0, 1), read(lba), &[], 512);
+            assert!(r.good(), "{r:?}");
         }
     }
 
     // Load stopped: every request queue's poller goes to sleep.
+    let doorbells = |rq: &Rq| rq.queue.virtqueue().doorbells().unwrap();
     wait_until("NEED_WAKEUP on every SQ doorbell", || {
-        qs[2..].iter().all(|q| q.sq_flags(&g) & NEED_WAKEUP != 0)
+        d.rqs.iter().all(|rq| doorbells(rq).sq_need_wakeup())
     });
-    for i in [2, 3] {
-        let p = submit(&mut qs[i], &mut g, lun_field(0, 1), &read10(0, 1), &[], 512);
-        assert!(qs[i].publish_sq(&g), "NEED_WAKEUP is set: the driver kicks");
-        assert_eq!(qs[i].wait_used(&g).0, p.head);
-        assert_eq!(read_resp(&g, p.resp).status, 0);
+    for rq in &mut d.rqs {
+        let kicks = rq.queue.counters().kicks;
+        let r = rq.command(lun_at(0, 1), read(0), &[], 512);
+        assert!(r.good(), "{r:?}");
+        assert_eq!(
+            rq.queue.counters().kicks,
+            kicks + 1,
+            "NEED_WAKEUP is set: the driver kicks"
+        );
     }
 
-    // The driver's CQ poller sleeps: the device owes a call.
-    let q = &mut qs[2];
-    let mut calls = q.calls();
-    q.set_cq_need_wakeup(&g, true);
-    let r = sq_command(q, &mut g, 1, &read10(1, 1), 512);
-    assert_eq!(r.status, 0);
-    let mut owed = 0;
-    wait_until("a call for a sleeping CQ poller", || {
-        owed += q.calls();
-        owed > 0
-    });
-    calls += owed;
     // The driver polls its CQ doorbell: completions come without calls.
-    q.set_cq_need_wakeup(&g, false);
+    let q = &mut d.rqs[0];
+    assert!(!doorbells(q).cq_need_wakeup());
+    let calls = q.queue.counters().calls;
     for lba in 0..20 {
-        let r = sq_command(q, &mut g, 1, &read10(lba, 1), 512);
-        assert_eq!(r.status, 0);
+        let r = q.command(lun_at(0, 1), read(lba), &[], 512);
+        assert!(r.good(), "{r:?}");
     }
-    assert_eq!(q.calls(), 0, "no call while the CQ poller polls");
-    assert_eq!(q.cq_idx(&g), q.used_idx(&g), "cq.idx follows used->idx");
-    let completed = q.used_idx(&g);
+    assert_eq!(
+        q.queue.counters().calls,
+        calls,
+        "no call while the CQ poller polls"
+    );
+    wait_until("cq.idx follows used->idx", || {
+        doorbells(q).cq_idx == q.queue.virtqueue().ring().used_index()
+    });
+    // The driver's CQ poller parks (CQ NEED_WAKEUP): the device owes a
+    // call for the next completion.
+    q.queue.park();
+    assert!(doorbells(q).cq_need_wakeup());
+    let r = q.command(lun_at(0, 1), read(1), &[], 512);
+    assert!(r.good(), "{r:?}");
+    wait_until("a call for a sleeping CQ poller", || {
+        q.queue.counters().calls > calls
+    });
+    let calls = q.queue.counters().calls;
+    let completed = q.queue.virtqueue().ring().used_index();
 
-    drop(fe);
+    drop(d);
     let r = final_report(&daemon, 2);
     assert_eq!(r.mode, QueueMode::Sqcq);
     assert_eq!(r.completions, u64::from(completed));
@@ -170,6 +176,9 @@ fn doorbells_outside_guest_memory_break_the_queue() {
     daemon.shutdown();
 }
 
+/// VRING_USED_F_NO_NOTIFY.
+const NO_NOTIFY: u16 = 1;
+
 #[test]
 fn ring_poll_needs_no_kick_after_the_first() {
     for event_idx in [false, true] {
@@ -182,24 +191,32 @@ fn ring_poll_needs_no_kick_after_the_first() {
             ..PollOptions::default()
         };
         let (daemon, socket) = start_with(&dir, 1, options);
-        let mut g = Guest::new();
-        let mut qs = vqs();
-        let fe = connect(&socket, &g, &mut qs, event_idx);
-        let q = &mut qs[2];
-        let mut kicks = 0;
+        let mut d = Driver::connect_with(
+            &socket,
+            Options {
+                event_idx,
+                mode: NotifyMode::RingPoll,
+                ..Options::default()
+            },
+        );
+        let q = &mut d.rqs[0];
         if !event_idx {
-            assert_eq!(used_flags(&g, q) & USED_F_NO_NOTIFY, USED_F_NO_NOTIFY);
+            assert_eq!(
+                q.queue.virtqueue().ring().used_flags() & NO_NOTIFY,
+                NO_NOTIFY
+            );
         }
-        let r = std_command(q, &mut g, 1, &TEST_UNIT_READY, event_idx, &mut kicks);
-        assert_eq!(r.response, 0);
+        let r = q.command(lun_at(0, 1), Cdb::test_unit_ready(), &[], 0);
+        assert_eq!(r.response(), None, "{r:?}");
         for lba in 0..50 {
-            let r = std_command(q, &mut g, 1, &read10(lba, 1), event_idx, &mut kicks);
-            assert_eq!((r.response, r.status), (0, 0), "{r:?}");
+            let r = q.command(lun_at(0, 1), Cdb::read_10(lba, 1, false), &[], 512);
+            assert!(r.good(), "{r:?}");
         }
         // EVENT_IDX: `avail_event` 0 lies in the first batch's window and
         // is never moved while polling; flags: NO_NOTIFY from the start.
+        let kicks = q.queue.counters().kicks;
         assert_eq!(kicks, u64::from(event_idx), "event_idx {event_idx}");
-        drop(fe);
+        drop(d);
         let r = final_report(&daemon, 2);
         assert_eq!(r.mode, QueueMode::RingPoll);
         assert_eq!(r.kicks, kicks, "kicks received = kicks sent");
@@ -257,29 +274,40 @@ fn sqcq_is_offered_by_default_and_can_be_withheld() {
 fn control_queue_doorbells_ask_for_every_kick_and_honour_cq_need_wakeup() {
     let dir = TempDir::new("poll-control");
     let (daemon, socket) = start(&dir, 1);
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let _fe = connect_with(&socket, &g, &mut qs, true, SQCQ);
+    let mut d = Driver::connect_with(
+        &socket,
+        Options {
+            mode: NotifyMode::Sqcq,
+            ..Options::default()
+        },
+    );
     // The control queue is served by kicks: its SQ doorbell says so for
     // good, so a driver that follows the protocol kicks every time.
-    let ctrl = &mut qs[0];
+    let ctrl = &mut d.control;
+    let doorbells = |ctrl: &ControlQueue| ctrl.virtqueue().doorbells().unwrap();
     wait_until("NEED_WAKEUP in the control queue's SQ doorbell", || {
-        ctrl.sq_flags(&g) & NEED_WAKEUP != 0
+        doorbells(ctrl).sq_need_wakeup()
     });
-    // A driver whose control queue sleeps (CQ NEED_WAKEUP) gets a call
-    // for each completion, and cq.idx follows used->idx.
-    ctrl.set_cq_need_wakeup(&g, true);
-    let _ = ctrl.call.read();
+    // The driver's control queue sleeps for good (CQ NEED_WAKEUP): it gets
+    // a call for each completion, and cq.idx follows used->idx.
+    assert!(doorbells(ctrl).cq_need_wakeup(), "a parked CQ doorbell");
     for round in 1..=3u16 {
-        let req = g.alloc(4);
-        g.write(req, &0xdead_u32.to_le_bytes());
-        let resp = g.alloc(1);
-        ctrl.add(&g, &[(req, 4, false), (resp, 1, true)]);
-        assert!(ctrl.publish_sq(&g), "NEED_WAKEUP set: the driver kicks");
-        ctrl.wait_used(&g);
-        assert_eq!(ctrl.cq_idx(&g), round, "cq.idx follows used->idx");
-        wait_until("a call for the completion", || ctrl.call.read().is_ok());
+        let before = ctrl.counters();
+        let response = ctrl
+            .task_management(Tmf::AbortTask, lun_at(0, 0), 7)
+            .unwrap();
+        assert_eq!(response, Response::Ok);
+        assert_eq!(
+            ctrl.counters().kicks,
+            before.kicks + 1,
+            "NEED_WAKEUP set: the driver kicks"
+        );
+        wait_until("cq.idx follows used->idx", || {
+            doorbells(ctrl).cq_idx == round
+        });
+        wait_until("a call for the completion", || {
+            ctrl.counters().calls > before.calls
+        });
     }
-    assert!(counter(&daemon, "bad_control") >= 3);
     daemon.shutdown();
 }

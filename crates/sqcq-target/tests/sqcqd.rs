@@ -12,7 +12,9 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::driver::*;
 use common::*;
+use sqcq_driver::scsi::Cdb;
 
 #[test]
 fn sqcqd_serves_and_exits_zero_on_sigterm() {
@@ -38,17 +40,16 @@ fn sqcqd_serves_and_exits_zero_on_sigterm() {
         .unwrap();
     let _log = LogOnPanic(dir.path("sqcqd.log"), child.id());
 
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let fe = connect(&socket, &g, &mut qs, true);
-    clear_unit_attention(&mut qs[2], &mut g, 0);
-    let (r, data) = command(&mut qs[3], &mut g, lun_field(0, 0), &inquiry(36), &[], 36);
-    assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-    assert_eq!(&data[8..12], b"SQCQ");
+    let mut d = Driver::connect(&socket);
+    let (rq0, rq1) = d.two_rqs();
+    rq0.clear_unit_attention(0);
+    let r = rq1.inquiry(0);
+    assert!(r.good(), "{r:?}");
+    assert_eq!(&r.data[8..12], b"SQCQ");
 
     sigterm_exits_zero(&mut child);
     assert!(!socket.exists(), "the socket is removed on exit");
-    drop(fe);
+    drop(d);
 }
 
 #[test]
@@ -169,9 +170,7 @@ fn sqcqd_runs_unprivileged_with_the_filter() {
         .unwrap();
     let _log = LogOnPanic(dir.path("sqcqd.log"), child.id());
 
-    let mut g = Guest::new();
-    let mut qs = vqs();
-    let fe = connect(&socket, &g, &mut qs, true);
+    let mut d = Driver::connect(&socket);
     // The filter is applied right after start-up.
     let proc_status = format!("/proc/{}/status", child.id());
     let deadline = Instant::now() + WAIT;
@@ -186,36 +185,22 @@ fn sqcqd_runs_unprivileged_with_the_filter() {
     if root {
         assert!(status.contains("Uid:\t65534"), "{status}");
     }
-    clear_unit_attention(&mut qs[2], &mut g, 0);
+    let rq = &mut d.rqs[0];
+    rq.clear_unit_attention(0);
+    let lun = lun_at(0, 0);
     let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 241) as u8).collect();
-    let (r, _) = command(
-        &mut qs[2],
-        &mut g,
-        lun_field(0, 0),
-        &write10(64, 8),
-        &pattern,
-        0,
-    );
-    assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-    let mut flush = [0u8; 10];
-    flush[0] = 0x35;
-    let (r, _) = command(&mut qs[2], &mut g, lun_field(0, 0), &flush, &[], 0);
-    assert_eq!((r.response, r.status), (0, 0), "SYNCHRONIZE CACHE: {r:?}");
-    let (r, data) = command(
-        &mut qs[2],
-        &mut g,
-        lun_field(0, 0),
-        &read10(64, 8),
-        &[],
-        4096,
-    );
-    assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-    assert_eq!(data, pattern);
+    let r = rq.command(lun, Cdb::write_10(64, 8, false), &pattern, 0);
+    assert!(r.good(), "{r:?}");
+    let r = rq.command(lun, Cdb::synchronize_cache_10(0, 0), &[], 0);
+    assert!(r.good(), "SYNCHRONIZE CACHE: {r:?}");
+    let r = rq.command(lun, Cdb::read_10(64, 8, false), &[], 4096);
+    assert!(r.good(), "{r:?}");
+    assert_eq!(r.data, pattern);
     sigterm_exits_zero(&mut child);
     assert_eq!(
         std::fs::read(&image).unwrap()[64 * 512..72 * 512],
         pattern[..],
         "the data is in the file"
     );
-    drop(fe);
+    drop(d);
 }

@@ -520,6 +520,47 @@ impl AnReq {
     }
 }
 
+/// Encodes `virtio_scsi_ctrl_an_req`: `kind` is [`CTRL_AN_QUERY`] or
+/// [`CTRL_AN_SUBSCRIBE`].
+pub fn encode_an_req(kind: u32, lun: Lun, event_requested: u32) -> [u8; AN_REQ_SIZE] {
+    let mut out = [0u8; AN_REQ_SIZE];
+    put(
+        &mut out,
+        offset_of!(virtio_scsi_ctrl_an_req, type_),
+        &kind.to_le_bytes(),
+    );
+    put(
+        &mut out,
+        offset_of!(virtio_scsi_ctrl_an_req, lun),
+        &lun.encode(),
+    );
+    put(
+        &mut out,
+        offset_of!(virtio_scsi_ctrl_an_req, event_requested),
+        &event_requested.to_le_bytes(),
+    );
+    out
+}
+
+/// An asynchronous notification response (`virtio_scsi_ctrl_an_resp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnResp {
+    /// Events the device supports (query) or subscribed (subscribe).
+    pub event_actual: u32,
+    /// The response.
+    pub response: Response,
+}
+
+impl AnResp {
+    /// Decodes a response a device wrote.
+    pub fn decode(buf: &[u8; AN_RESP_SIZE]) -> Self {
+        Self {
+            event_actual: le32(buf, offset_of!(virtio_scsi_ctrl_an_resp, event_actual)),
+            response: Response::from_byte(buf[offset_of!(virtio_scsi_ctrl_an_resp, response)]),
+        }
+    }
+}
+
 /// Encodes `virtio_scsi_ctrl_an_resp`.
 pub fn encode_an_resp(event_actual: u32, response: Response) -> [u8; AN_RESP_SIZE] {
     let mut out = [0u8; AN_RESP_SIZE];
@@ -849,7 +890,18 @@ mod tests {
         an[12] = 0x40;
         let a = AnReq::decode(&an);
         assert_eq!((a.lun, a.event_requested), (Lun::new(0, 0), 0x40));
+        assert_eq!(
+            encode_an_req(CTRL_AN_QUERY, Lun::new(0, 0).unwrap(), 0x40),
+            an
+        );
         assert_eq!(encode_an_resp(0x40, Response::Ok), [0x40, 0, 0, 0, 0]);
+        assert_eq!(
+            AnResp::decode(&[0x40, 0, 0, 0, 9]),
+            AnResp {
+                event_actual: 0x40,
+                response: Response::Failure
+            }
+        );
     }
 
     fn config_bytes(cdb_size: u32, sense_size: u32) -> [u8; CONFIG_SIZE] {

@@ -25,6 +25,8 @@ pub mod opcode {
     pub const WRITE_16: u8 = 0x8a;
     /// SYNCHRONIZE CACHE (16).
     pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+    /// WRITE SAME (16).
+    pub const WRITE_SAME_16: u8 = 0x93;
     /// SERVICE ACTION IN (16), whose action 0x10 is READ CAPACITY (16).
     pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
     /// REPORT LUNS.
@@ -35,6 +37,8 @@ pub mod opcode {
 const SA_READ_CAPACITY_16: u8 = 0x10;
 /// The FUA bit in byte 1 of READ/WRITE 10 and 16.
 const FUA: u8 = 1 << 3;
+/// The UNMAP bit in byte 1 of WRITE SAME.
+const UNMAP: u8 = 1 << 3;
 
 /// A command descriptor block of 6 to 16 bytes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -195,6 +199,15 @@ impl Cdb {
         cdb
     }
 
+    /// WRITE SAME (16): one block of data-out written to `blocks` blocks
+    /// at `lba`; with `unmap`, the device may deallocate them instead when
+    /// the block is zeros.
+    pub fn write_same_16(lba: u64, blocks: u32, unmap: bool) -> Self {
+        let mut cdb = Self::rw_16(opcode::WRITE_SAME_16, lba, blocks, false);
+        cdb.bytes[1] = if unmap { UNMAP } else { 0 };
+        cdb
+    }
+
     fn rw(
         write: bool,
         lba: u64,
@@ -306,6 +319,11 @@ mod tests {
             Cdb::synchronize_cache_10(0x0a0b_0c0d, 0x0102).as_bytes(),
             [0x35, 0, 0x0a, 0x0b, 0x0c, 0x0d, 0, 1, 2, 0]
         );
+        assert_eq!(
+            Cdb::write_same_16(0x0102_0304_0506_0708, 0x090a_0b0c, true).as_bytes(),
+            [0x93, 0x08, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 0]
+        );
+        assert_eq!(Cdb::write_same_16(1, 2, false).as_bytes()[1], 0);
         assert_eq!(
             Cdb::synchronize_cache_16(0x0102_0304_0506_0708, 0).as_bytes(),
             [0x91, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0]

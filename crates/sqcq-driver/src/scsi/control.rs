@@ -1,23 +1,27 @@
-//! The virtio-scsi control queue: task management functions, one at a
-//! time.
+//! The virtio-scsi control queue: task management functions and
+//! asynchronous notification requests, one at a time.
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use sqcq_wire::scsi::{Lun, Response, TMF_REQ_SIZE, TMF_RESP_SIZE, Tmf, encode_tmf_req};
+use sqcq_wire::scsi::{
+    AN_REQ_SIZE, AN_RESP_SIZE, AnResp, Lun, Response, TMF_REQ_SIZE, TMF_RESP_SIZE, Tmf,
+    encode_an_req, encode_tmf_req,
+};
 
 use super::queue::QueueFailure;
 use crate::memory::{DriverMemory, MemoryError};
+use crate::notify::NotifyCounters;
 use crate::virtqueue::Virtqueue;
 use crate::vring::{Buffer, QueueError};
 
-/// [`TMF_REQ_SIZE`] as a descriptor length.
-const TMF_REQ_BYTES: u32 = 24;
-const _: () = assert!(TMF_REQ_BYTES as usize == TMF_REQ_SIZE);
 /// [`TMF_RESP_SIZE`] as a descriptor length.
 const TMF_RESP_BYTES: u32 = 1;
 const _: () = assert!(TMF_RESP_BYTES as usize == TMF_RESP_SIZE);
+/// [`AN_RESP_SIZE`] as a descriptor length.
+const AN_RESP_BYTES: u32 = 5;
+const _: () = assert!(AN_RESP_BYTES as usize == AN_RESP_SIZE);
 
-/// Why a task management function got no response.
+/// Why a control request got no response.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     /// The ring refused the request.
@@ -47,7 +51,7 @@ pub struct ControlQueue {
 impl ControlQueue {
     /// Wraps `vq`, allocating one request and response in `mem`.
     pub fn new(mem: &mut DriverMemory, vq: Virtqueue) -> Result<Self, MemoryError> {
-        let req = mem.alloc(TMF_REQ_SIZE, 8)?;
+        let req = mem.alloc(TMF_REQ_SIZE.max(AN_REQ_SIZE), 8)?;
         let resp = mem.alloc(8, 8)?;
         Ok(Self {
             vq,
@@ -63,6 +67,11 @@ impl ControlQueue {
         &self.vq
     }
 
+    /// The notification counters so far.
+    pub fn counters(&mut self) -> NotifyCounters {
+        self.vq.counters()
+    }
+
     /// Sends `tmf` for `lun` (and the command `tag`, for ABORT TASK and
     /// QUERY TASK) and waits, bounded by the queue's timeout, for the
     /// device's response.
@@ -72,18 +81,43 @@ impl ControlQueue {
         lun: Lun,
         tag: u64,
     ) -> Result<Response, ControlError> {
+        let resp = self.request(&encode_tmf_req(tmf, lun, tag), TMF_RESP_BYTES)?;
+        Ok(Response::from_byte(resp[0]))
+    }
+
+    /// Sends an asynchronous notification query (`kind`
+    /// [`CTRL_AN_QUERY`](sqcq_wire::scsi::CTRL_AN_QUERY)) or subscription
+    /// ([`CTRL_AN_SUBSCRIBE`](sqcq_wire::scsi::CTRL_AN_SUBSCRIBE)) for the
+    /// event classes in `events`, and waits, bounded by the queue's
+    /// timeout, for the device's response.
+    pub fn async_notification(
+        &mut self,
+        kind: u32,
+        lun: Lun,
+        events: u32,
+    ) -> Result<AnResp, ControlError> {
+        let resp = self.request(&encode_an_req(kind, lun, events), AN_RESP_BYTES)?;
+        let mut bytes = [0; AN_RESP_SIZE];
+        bytes.copy_from_slice(&resp[..AN_RESP_SIZE]);
+        Ok(AnResp::decode(&bytes))
+    }
+
+    /// Sends `req` with a response buffer of `resp_len` bytes (at most 8)
+    /// and returns the response buffer once the device completed it.
+    fn request(&mut self, req: &[u8], resp_len: u32) -> Result<[u8; 8], ControlError> {
         if self.failed {
             return Err(ControlError::Failed(QueueFailure::AlreadyFailed));
         }
-        let req = encode_tmf_req(tmf, lun, tag);
         self.mem
-            .write_slice(&req, self.req)
+            .write_slice(req, self.req)
             .map_err(ControlError::Memory)?;
         self.mem
-            .write_obj(0xffu8, self.resp)
+            .write_obj([0xffu8; 8], self.resp)
             .map_err(ControlError::Memory)?;
-        let out = [Buffer::new(self.req, TMF_REQ_BYTES)];
-        let in_ = [Buffer::new(self.resp, TMF_RESP_BYTES)];
+        // At most TMF_REQ_SIZE bytes: fits.
+        let req_len = u32::try_from(req.len()).unwrap_or(u32::MAX);
+        let out = [Buffer::new(self.req, req_len)];
+        let in_ = [Buffer::new(self.resp, resp_len)];
         self.vq
             .ring_mut()
             .add(&out, &in_, 0)
@@ -96,7 +130,7 @@ impl ControlQueue {
         result
     }
 
-    fn complete(&mut self) -> Result<Response, ControlError> {
+    fn complete(&mut self) -> Result<[u8; 8], ControlError> {
         let failed = |e| ControlError::Failed(QueueFailure::Notify(e));
         self.vq.publish().map_err(failed)?;
         loop {
@@ -106,8 +140,7 @@ impl ControlQueue {
                 if used.len == 0 {
                     return Err(ControlError::EmptyResponse);
                 }
-                let byte: u8 = self.mem.read_obj(self.resp).map_err(ControlError::Memory)?;
-                return Ok(Response::from_byte(byte));
+                return self.mem.read_obj(self.resp).map_err(ControlError::Memory);
             }
         }
     }

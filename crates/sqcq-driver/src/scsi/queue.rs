@@ -227,6 +227,16 @@ impl ScsiQueue {
         self.vq.counters()
     }
 
+    /// Asks the device to call on the next completion (EVENT_IDX: once
+    /// the used index passes what this queue has consumed, as Linux's
+    /// `virtqueue_enable_cb`) and returns whether completions arrived
+    /// meanwhile. For a caller that reaps with [`Self::reap`] and decides
+    /// on calls itself; [`Self::wait_and_reap`] leaves interrupt
+    /// suppression to the queue's notification mode, which may change it.
+    pub fn enable_interrupts(&mut self) -> bool {
+        self.vq.ring_mut().enable_interrupts()
+    }
+
     /// Adds a command, reported back with `token` (also its SCSI tag). It
     /// reaches the device at the next [`Self::publish`].
     pub fn submit(&mut self, cmd: &Command<'_>, token: u64) -> Result<(), SubmitError> {

@@ -12,7 +12,9 @@ use sqcq_protocol::{
 
 use super::bell::{CqBell, GuestBell, QueueShared, SqBell};
 use super::now_ns;
-use crate::notify::{IdleState, Notifier, NotifyError, NotifyMode, QueueEvents, UsedCount, pace};
+use crate::notify::{
+    DoorbellState, IdleState, Notifier, NotifyError, NotifyMode, QueueEvents, UsedCount, pace,
+};
 use crate::poll_stats::PollStats;
 use crate::vring::SplitQueue;
 
@@ -195,6 +197,10 @@ impl Notifier for DoorbellNotifier {
             poll_thread_sleeps: thread.map_or(0, |t| t.sleeps.load(Ordering::Relaxed)),
         })
     }
+
+    fn doorbells(&self) -> Option<DoorbellState> {
+        Some(DoorbellState::read(&self.shared.sq, &self.shared.cq))
+    }
 }
 
 /// P1-P6 on the SQ doorbell: `avail->idx`, `sq.idx`, a kick if the
@@ -339,15 +345,19 @@ fn wait_inline(
 /// the classic one: look at the used ring, sleep on the call eventfd.
 #[derive(Debug)]
 pub(crate) struct ParkedNotifier {
-    sq: SqProducer<GuestBell>,
-    cq: CqConsumer<GuestBell>,
+    sq: SqProducer<Arc<GuestBell>>,
+    cq: CqConsumer<Arc<GuestBell>>,
+    /// The same two doorbells, for [`Notifier::doorbells`].
+    bells: [Arc<GuestBell>; 2],
 }
 
 impl ParkedNotifier {
     pub(crate) fn new(sq: GuestBell, cq: GuestBell) -> Self {
+        let (sq, cq) = (Arc::new(sq), Arc::new(cq));
         Self {
-            sq: SqProducer::new(sq),
-            cq: CqConsumer::new(cq, 0),
+            sq: SqProducer::new(Arc::clone(&sq)),
+            cq: CqConsumer::new(Arc::clone(&cq), 0),
+            bells: [sq, cq],
         }
     }
 }
@@ -383,5 +393,10 @@ impl Notifier for ParkedNotifier {
             events.sleep_on_call(deadline)?;
         }
         Ok(())
+    }
+
+    fn doorbells(&self) -> Option<DoorbellState> {
+        let [sq, cq] = &self.bells;
+        Some(DoorbellState::read(sq, cq))
     }
 }

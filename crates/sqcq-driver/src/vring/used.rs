@@ -93,6 +93,20 @@ impl SplitQueue {
         )
     }
 
+    /// The device's `used->flags` as last stored: bit 0 is
+    /// `VRING_USED_F_NO_NOTIFY`, the device asking not to be kicked (which
+    /// [`Self::publish`] already honours). An observation for tests and
+    /// reports, never used to decide anything here.
+    pub fn used_flags(&self) -> u16 {
+        // Relaxed: an observation, ordered by nothing (`publish` makes its
+        // own load after its SeqCst fence).
+        u16::from_le(
+            self.ring
+                .u16(self.layout.used_flags())
+                .load(Ordering::Relaxed),
+        )
+    }
+
     fn break_queue(&mut self, error: DeviceError) -> DeviceError {
         self.broken = Some(error.clone());
         error

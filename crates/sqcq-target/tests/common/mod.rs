@@ -1,47 +1,47 @@
-//! A minimal driver side for the daemon tests: memfd guest memory shared
-//! through SET_MEM_TABLE, split rings laid out by hand, virtio-scsi
-//! requests built byte by byte, and rust-vmm's vhost `Frontend`. Every wait
-//! has a deadline so that a bug fails the test instead of hanging it.
+//! What the daemon tests share: a daemon started in process, temporary
+//! directories, bounded waits, and three ways to talk to the daemon:
+//!
+//! - [`driver`]: sqcq-driver, the project's own userspace virtio-scsi
+//!   driver (the one sqcq-bench runs). Every test of correct behaviour
+//!   drives the target through it.
+//! - [`raw_ring`]: split rings laid out by hand and requests built byte by
+//!   byte, for hostile-input tests only: descriptor loops, bad addresses,
+//!   corrupt indices, doorbell values no driver would write.
+//! - [`raw`]: raw vhost-user messages, for hostile-frontend tests only.
+//!
+//! Every wait has a deadline so that a bug fails the test instead of
+//! hanging it.
 
 #![allow(dead_code)]
 
+pub mod driver;
 pub mod raw;
-pub mod sqcq;
+pub mod raw_ring;
 
-use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{Ordering, fence};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use sqcq_target::Daemon;
 use sqcq_target::config::{
     BackstoreKind, DaemonConfig, DeviceConfig, LunSpec, PollOptions, QueueMap,
 };
-use sqcq_wire::scsi::{self, CmdResp, Lun, TaskAttr};
-use vhost::vhost_user::message::{
-    VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
-};
-use vhost::vhost_user::{Frontend, VhostUserFrontend};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use vm_memory::{
-    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap,
-    MmapRegion,
-};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::eventfd::EventFd;
 
-pub const NEXT: u16 = 1;
-pub const WRITE: u16 = 2;
-pub const INDIRECT: u16 = 4;
+// blk.rs drives the blk device through `raw_ring` until sqcq-driver has a
+// blk layer (issue 11); these re-exports keep its imports and go when it
+// moves.
+#[allow(unused_imports)]
+pub use raw_ring::{Guest, INDIRECT, NEXT, Vq, WRITE, connect_device};
+/// See the re-exports above.
+pub mod sqcq {
+    #[allow(unused_imports)]
+    pub use super::raw_ring::SQCQ;
+}
 
-pub const GUEST_SIZE: u64 = 8 << 20;
-/// Rings live below this address, buffers above.
-pub const DATA_START: u64 = 1 << 20;
+/// Descriptors per virtqueue (the daemon's `--queue-size`).
 pub const QUEUE_SIZE: u16 = 64;
-/// Default request and response sizes (cdb_size 32, sense_size 96).
-pub const REQ_LEN: u32 = scsi::CMD_REQ_DEFAULT_SIZE as u32;
-pub const RESP_LEN: u32 = scsi::CMD_RESP_DEFAULT_SIZE as u32;
 
+/// The bound on every wait.
 pub const WAIT: Duration = Duration::from_secs(10);
 
 /// A unique temporary directory removed on drop.
@@ -65,338 +65,6 @@ impl Drop for TempDir {
     }
 }
 
-/// Guest memory: one memfd region at guest physical address 0.
-pub struct Guest {
-    pub mem: GuestMemoryMmap,
-    file: File,
-    next_buf: u64,
-}
-
-impl Guest {
-    pub fn new() -> Self {
-        // SAFETY: a valid NUL-terminated name; flags are plain constants.
-        let fd = unsafe { libc::memfd_create(c"sqcq-test-guest".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0, "memfd_create failed");
-        // SAFETY: `fd` is a new descriptor owned by nobody else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(GUEST_SIZE).unwrap();
-        let region = MmapRegion::from_file(
-            FileOffset::new(file.try_clone().unwrap(), 0),
-            usize::try_from(GUEST_SIZE).unwrap(),
-        )
-        .unwrap();
-        let region = GuestRegionMmap::new(region, GuestAddress(0)).unwrap();
-        let mem = GuestMemoryMmap::from_regions(vec![region]).unwrap();
-        Guest {
-            mem,
-            file,
-            next_buf: DATA_START,
-        }
-    }
-
-    /// The frontend's own virtual address of guest address `gpa`.
-    pub fn va(&self, gpa: u64) -> u64 {
-        self.mem.get_host_address(GuestAddress(gpa)).unwrap() as u64
-    }
-
-    pub fn region(&self) -> VhostUserMemoryRegionInfo {
-        VhostUserMemoryRegionInfo {
-            guest_phys_addr: 0,
-            memory_size: GUEST_SIZE,
-            userspace_addr: self.va(0),
-            mmap_offset: 0,
-            mmap_handle: self.file.as_raw_fd(),
-        }
-    }
-
-    /// A zeroed buffer of `len` bytes (bump allocation, 64-byte aligned).
-    pub fn alloc(&mut self, len: u32) -> u64 {
-        let at = self.next_buf;
-        self.next_buf = (at + u64::from(len) + 63) & !63;
-        if self.next_buf >= GUEST_SIZE {
-            self.next_buf = DATA_START;
-            return self.alloc(len);
-        }
-        self.mem
-            .write_slice(&vec![0u8; len as usize], GuestAddress(at))
-            .unwrap();
-        at
-    }
-
-    /// Shrinks (or grows) the memfd behind guest memory, as a hostile
-    /// frontend would after sharing it. Touching the lost pages afterwards
-    /// raises SIGBUS in this process too.
-    pub fn truncate(&self, len: u64) {
-        self.file.set_len(len).unwrap();
-    }
-
-    pub fn write(&self, gpa: u64, data: &[u8]) {
-        self.mem.write_slice(data, GuestAddress(gpa)).unwrap();
-    }
-
-    pub fn read(&self, gpa: u64, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        self.mem.read_slice(&mut v, GuestAddress(gpa)).unwrap();
-        v
-    }
-}
-
-/// The driver side of one split virtqueue.
-pub struct Vq {
-    pub index: usize,
-    pub size: u16,
-    pub desc: u64,
-    pub avail: u64,
-    pub used: u64,
-    pub next_avail: u16,
-    pub last_used: u16,
-    next_desc: u16,
-    pub kick: EventFd,
-    pub call: EventFd,
-    pub err: EventFd,
-}
-
-impl Vq {
-    pub fn new(index: usize) -> Self {
-        let base = index as u64 * 0x4000;
-        Vq {
-            index,
-            size: QUEUE_SIZE,
-            desc: base,
-            avail: base + 0x1000,
-            used: base + 0x2000,
-            next_avail: 0,
-            last_used: 0,
-            next_desc: 0,
-            kick: EventFd::new(EFD_NONBLOCK).unwrap(),
-            call: EventFd::new(EFD_NONBLOCK).unwrap(),
-            err: EventFd::new(EFD_NONBLOCK).unwrap(),
-        }
-    }
-
-    /// Zeroes the ring and announces it to the device.
-    pub fn setup(&mut self, fe: &mut Frontend, g: &Guest) {
-        fe.set_vring_err(self.index, &self.err).unwrap();
-        self.restart(fe, g);
-    }
-
-    /// [`Self::setup`] without SET_VRING_ERR, as QEMU starts a ring again
-    /// after a device reset (it sends the error eventfd once per
-    /// connection).
-    pub fn restart(&mut self, fe: &mut Frontend, g: &Guest) {
-        g.write(self.desc, &vec![0u8; 0x3000]);
-        self.next_avail = 0;
-        self.last_used = 0;
-        self.next_desc = 0;
-        fe.set_vring_num(self.index, self.size).unwrap();
-        fe.set_vring_addr(
-            self.index,
-            &VringConfigData {
-                queue_max_size: self.size,
-                queue_size: self.size,
-                flags: 0,
-                desc_table_addr: g.va(self.desc),
-                used_ring_addr: g.va(self.used),
-                avail_ring_addr: g.va(self.avail),
-                log_addr: None,
-            },
-        )
-        .unwrap();
-        fe.set_vring_base(self.index, 0).unwrap();
-        fe.set_vring_call(self.index, &self.call).unwrap();
-        fe.set_vring_kick(self.index, &self.kick).unwrap();
-        fe.set_vring_enable(self.index, true).unwrap();
-    }
-
-    /// Writes descriptor `i`.
-    pub fn write_desc(&self, g: &Guest, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let mut d = [0u8; 16];
-        d[0..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..16].copy_from_slice(&next.to_le_bytes());
-        g.write(self.desc + 16 * u64::from(i), &d);
-    }
-
-    /// Chains `bufs` (address, length, device-writable) into fresh
-    /// descriptors and makes the chain available; returns its head.
-    pub fn add(&mut self, g: &Guest, bufs: &[(u64, u32, bool)]) -> u16 {
-        let head = self.next_desc;
-        for (k, (addr, len, write)) in bufs.iter().enumerate() {
-            let i = (head + k as u16) % self.size;
-            let last = k + 1 == bufs.len();
-            let flags = if *write { WRITE } else { 0 } | if last { 0 } else { NEXT };
-            self.write_desc(g, i, *addr, *len, flags, (i + 1) % self.size);
-        }
-        self.next_desc = (head + bufs.len() as u16) % self.size;
-        self.push_head(g, head);
-        head
-    }
-
-    /// Reserves `n` descriptors for a hand-built chain; returns the first.
-    pub fn reserve(&mut self, n: u16) -> u16 {
-        let first = self.next_desc;
-        self.next_desc = (first + n) % self.size;
-        first
-    }
-
-    /// Puts `head` in the available ring (not yet published).
-    pub fn push_head(&mut self, g: &Guest, head: u16) {
-        let slot = self.avail + 4 + 2 * u64::from(self.next_avail % self.size);
-        g.write(slot, &head.to_le_bytes());
-        self.next_avail = self.next_avail.wrapping_add(1);
-    }
-
-    /// Publishes the available index and kicks.
-    pub fn kick(&self, g: &Guest) {
-        // Release: descriptors and ring entries before the index.
-        fence(Ordering::Release);
-        g.mem
-            .store(
-                self.next_avail.to_le(),
-                GuestAddress(self.avail + 2),
-                Ordering::Release,
-            )
-            .unwrap();
-        fence(Ordering::SeqCst);
-        self.kick.write(1).unwrap();
-    }
-
-    pub fn used_idx(&self, g: &Guest) -> u16 {
-        u16::from_le(
-            g.mem
-                .load(GuestAddress(self.used + 2), Ordering::Acquire)
-                .unwrap(),
-        )
-    }
-
-    /// Waits for the next used element: (head, len).
-    pub fn wait_used(&mut self, g: &Guest) -> (u16, u32) {
-        let deadline = Instant::now() + WAIT;
-        while self.used_idx(g) == self.last_used {
-            assert!(
-                Instant::now() < deadline,
-                "vq {}: no completion within {WAIT:?}",
-                self.index
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let slot = self.used + 4 + 8 * u64::from(self.last_used % self.size);
-        let e = g.read(slot, 8);
-        self.last_used = self.last_used.wrapping_add(1);
-        let id = u32::from_le_bytes(e[0..4].try_into().unwrap());
-        let len = u32::from_le_bytes(e[4..8].try_into().unwrap());
-        (u16::try_from(id).unwrap(), len)
-    }
-}
-
-/// RESET_DEVICE, then a new start cycle of every vring in `vqs`, as QEMU
-/// makes it (features again, no second SET_VRING_ERR).
-pub fn reset_and_restart(fe: &mut Frontend, g: &Guest, vqs: &mut [Vq]) {
-    use vhost::VhostBackend;
-    fe.reset_device().unwrap();
-    fe.set_features((1 << 32) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())
-        .unwrap();
-    for vq in vqs.iter_mut() {
-        vq.restart(fe, g);
-    }
-}
-
-/// Waits, bounded, until `fd` (non-blocking) has been signalled.
-pub fn wait_signalled(fd: &EventFd, what: &str) {
-    let deadline = Instant::now() + WAIT;
-    while fd.read().is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not signalled within {WAIT:?}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Connects and negotiates: features (with EVENT_IDX when asked),
-/// protocol features MQ | CONFIG | REPLY_ACK, memory, and the vrings.
-pub fn connect(path: &Path, g: &Guest, vqs: &mut [Vq], event_idx: bool) -> Frontend {
-    connect_with(path, g, vqs, event_idx, 0)
-}
-
-/// Like [`connect`], also asking for the feature bits in `extra`.
-pub fn connect_with(
-    path: &Path,
-    g: &Guest,
-    vqs: &mut [Vq],
-    event_idx: bool,
-    extra: u64,
-) -> Frontend {
-    // virtio-scsi's HOTPLUG and CHANGE.
-    connect_device(path, g, vqs, event_idx, (1 << 1) | (1 << 2) | extra)
-}
-
-/// Connects as `connect_with` does, asking for the generic features
-/// (VERSION_1, INDIRECT_DESC, EVENT_IDX if asked, PROTOCOL_FEATURES) and
-/// the device's `device` bits.
-pub fn connect_device(
-    path: &Path,
-    g: &Guest,
-    vqs: &mut [Vq],
-    event_idx: bool,
-    device: u64,
-) -> Frontend {
-    let deadline = Instant::now() + WAIT;
-    let mut fe = loop {
-        match Frontend::connect(path, vqs.len() as u64) {
-            Ok(f) => break f,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "cannot connect: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    };
-    fe.set_owner().unwrap();
-    let offered = fe.get_features().unwrap();
-    // VERSION_1, INDIRECT_DESC, PROTOCOL_FEATURES.
-    let mut wanted = (1u64 << 32) | (1 << 28) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-    if event_idx {
-        wanted |= 1 << 29;
-    }
-    wanted |= device;
-    assert_eq!(offered & wanted, wanted, "device must offer {wanted:#x}");
-    let proto = fe.get_protocol_features().unwrap();
-    let want_proto = VhostUserProtocolFeatures::MQ
-        | VhostUserProtocolFeatures::CONFIG
-        | VhostUserProtocolFeatures::REPLY_ACK
-        | VhostUserProtocolFeatures::RESET_DEVICE;
-    assert!(proto.contains(want_proto));
-    fe.set_protocol_features(want_proto).unwrap();
-    // Every set_* waits for the device's REPLY_ACK from now on.
-    fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-    fe.set_features(wanted).unwrap();
-    fe.set_mem_table(&[g.region()]).unwrap();
-    for vq in vqs.iter_mut() {
-        vq.setup(&mut fe, g);
-    }
-    fe
-}
-
-/// A virtio-scsi command response.
-#[derive(Debug)]
-pub struct Resp {
-    pub sense_len: u32,
-    pub resid: u32,
-    pub status: u8,
-    pub response: u8,
-    pub sense: Vec<u8>,
-}
-
-impl Resp {
-    pub fn sense_key(&self) -> u8 {
-        self.sense.get(2).map_or(0, |b| b & 0xf)
-    }
-    pub fn asc(&self) -> u8 {
-        self.sense.get(12).copied().unwrap_or(0)
-    }
-}
-
 /// Polls `done` until it holds; fails the test after [`WAIT`].
 pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
@@ -404,6 +72,11 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Waits, bounded, until `fd` (non-blocking) has been signalled.
+pub fn wait_signalled(fd: &EventFd, what: &str) {
+    wait_until(&format!("{what} signalled"), || fd.read().is_ok());
 }
 
 /// Error counter `name` of the daemon's first device.
@@ -417,128 +90,6 @@ pub fn counter(d: &Daemon, name: &str) -> u64 {
         .find(|(n, _)| *n == name)
         .unwrap()
         .1
-}
-
-/// The LUN field for `target`, `lun`.
-pub fn lun_field(target: u8, lun: u16) -> [u8; 8] {
-    Lun::new(target, lun).expect("a single-level LUN").encode()
-}
-
-/// A submitted command: where its response and data-in go.
-pub struct Pending {
-    pub head: u16,
-    pub resp: u64,
-    pub data_in: u64,
-}
-
-/// Builds and submits a command (request header, optional data-out,
-/// response, optional data-in), without kicking.
-pub fn submit(
-    vq: &mut Vq,
-    g: &mut Guest,
-    lun: [u8; 8],
-    cdb: &[u8],
-    data_out: &[u8],
-    data_in_len: u32,
-) -> Pending {
-    let req = g.alloc(REQ_LEN);
-    let mut hdr = vec![0u8; REQ_LEN as usize];
-    let cdb_size = REQ_LEN as usize - scsi::CMD_REQ_FIXED;
-    match Lun::decode(&lun) {
-        Some(l) => {
-            scsi::encode_cmd_req(&mut hdr, l, 7, TaskAttr::Simple, cdb, cdb_size);
-        }
-        // A malformed LUN field, sent as it is.
-        None => {
-            scsi::encode_cmd_req(
-                &mut hdr,
-                Lun::new(0, 0).unwrap(),
-                7,
-                TaskAttr::Simple,
-                cdb,
-                cdb_size,
-            );
-            hdr[..8].copy_from_slice(&lun);
-        }
-    }
-    g.write(req, &hdr);
-    let mut bufs = vec![(req, REQ_LEN, false)];
-    if !data_out.is_empty() {
-        let out = g.alloc(data_out.len() as u32);
-        g.write(out, data_out);
-        bufs.push((out, data_out.len() as u32, false));
-    }
-    let resp = g.alloc(RESP_LEN);
-    bufs.push((resp, RESP_LEN, true));
-    let data_in = if data_in_len > 0 {
-        let d = g.alloc(data_in_len);
-        bufs.push((d, data_in_len, true));
-        d
-    } else {
-        0
-    };
-    let head = vq.add(g, &bufs);
-    Pending {
-        head,
-        resp,
-        data_in,
-    }
-}
-
-pub fn read_resp(g: &Guest, at: u64) -> Resp {
-    let b = g.read(at, RESP_LEN as usize);
-    let r = CmdResp::parse(&b).expect("a whole response");
-    let sense = &b[scsi::CMD_RESP_FIXED..];
-    Resp {
-        sense_len: r.sense_len,
-        resid: r.resid,
-        status: r.status,
-        response: r.response.to_byte(),
-        sense: sense[..r.sense_len as usize].to_vec(),
-    }
-}
-
-/// Submits one command, kicks, waits for it; returns the response and the
-/// data-in bytes.
-pub fn command(
-    vq: &mut Vq,
-    g: &mut Guest,
-    lun: [u8; 8],
-    cdb: &[u8],
-    data_out: &[u8],
-    data_in_len: u32,
-) -> (Resp, Vec<u8>) {
-    let p = submit(vq, g, lun, cdb, data_out, data_in_len);
-    vq.kick(g);
-    let (head, _len) = vq.wait_used(g);
-    assert_eq!(head, p.head, "completions come back in order here");
-    let data = if data_in_len > 0 {
-        g.read(p.data_in, data_in_len as usize)
-    } else {
-        Vec::new()
-    };
-    (read_resp(g, p.resp), data)
-}
-
-pub fn read10(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut c = [0u8; 10];
-    c[0] = 0x28;
-    c[2..6].copy_from_slice(&lba.to_be_bytes());
-    c[7..9].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-pub fn write10(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut c = read10(lba, blocks);
-    c[0] = 0x2a;
-    c
-}
-
-pub const TEST_UNIT_READY: [u8; 6] = [0; 6];
-
-pub fn inquiry(alloc: u16) -> [u8; 6] {
-    let [hi, lo] = alloc.to_be_bytes();
-    [0x12, 0, 0, hi, lo, 0]
 }
 
 pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
@@ -555,16 +106,14 @@ pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
     }
 }
 
-pub fn start(dir: &TempDir, workers: usize) -> (Daemon, std::path::PathBuf) {
+/// A daemon with one SCSI device of two request queues: LUN 0 is 8 MiB of
+/// RAM, LUN 1 a null LUN of 1 GiB.
+pub fn start(dir: &TempDir, workers: usize) -> (Daemon, PathBuf) {
     start_with(dir, workers, PollOptions::default())
 }
 
 /// Like [`start`], with poll options (`--no-sqcq`, `--poll ring`, ...).
-pub fn start_with(
-    dir: &TempDir,
-    workers: usize,
-    poll: PollOptions,
-) -> (Daemon, std::path::PathBuf) {
+pub fn start_with(dir: &TempDir, workers: usize, poll: PollOptions) -> (Daemon, PathBuf) {
     let socket = dir.path("scsi.sock");
     let config = DaemonConfig {
         poll,
@@ -589,20 +138,4 @@ pub fn start_with(
     };
     config.validate().unwrap();
     (Daemon::start(&config).unwrap(), socket)
-}
-
-pub fn vqs() -> Vec<Vq> {
-    (0..4).map(Vq::new).collect()
-}
-
-/// The first command of a new I_T nexus reports the power-on unit
-/// attention; clear it.
-pub fn clear_unit_attention(vq: &mut Vq, g: &mut Guest, lun: u16) {
-    let (r, _) = command(vq, g, lun_field(0, lun), &TEST_UNIT_READY, &[], 0);
-    assert_eq!(r.response, 0);
-    if r.status == 2 {
-        assert_eq!(r.sense_key(), 6, "UNIT ATTENTION expected, got {r:?}");
-        let (r, _) = command(vq, g, lun_field(0, lun), &TEST_UNIT_READY, &[], 0);
-        assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-    }
 }

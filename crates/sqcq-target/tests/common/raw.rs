@@ -1,6 +1,10 @@
-//! A raw vhost-user client for hostile-frontend tests: it sends whatever
-//! bytes and descriptors a test asks for (rust-vmm's `Frontend` only
-//! builds valid messages), and reads replies with deadlines.
+//! A raw vhost-user client, for hostile-frontend tests only: it sends
+//! whatever bytes and descriptors a test asks for (rust-vmm's `Frontend`
+//! and sqcq-driver only build valid messages), and reads replies with
+//! deadlines. Rings it sets up are laid out as [`super::raw_ring`] does.
+
+// Test code: lengths and indices are small constants of the tests.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -174,7 +178,7 @@ impl Raw {
     }
 
     /// A negotiated connection with `g` as its memory table.
-    pub fn with_memory(path: &Path, g: &super::Guest) -> Raw {
+    pub fn with_memory(path: &Path, g: &super::raw_ring::Guest) -> Raw {
         let mut c = Raw::connect(path);
         c.negotiate(BASE_FEATURES);
         let r = g.region();
@@ -188,8 +192,8 @@ impl Raw {
 
     /// Zeroes the rings of vq `index` (laid out as `Vq::new(index)`) and
     /// sends its size and addresses.
-    pub fn ring(&mut self, g: &super::Guest, index: u32) {
-        let vq = super::Vq::new(index as usize);
+    pub fn ring(&mut self, g: &super::raw_ring::Guest, index: u32) {
+        let vq = super::raw_ring::Vq::new(index as usize);
         g.write(vq.desc, &vec![0u8; 0x3000]);
         let size = u32::from(super::QUEUE_SIZE);
         assert_eq!(

@@ -60,10 +60,13 @@ fn kick_follows_the_device_avail_event() {
 fn kick_follows_no_notify_without_event_idx() {
     let mut rig = Rig::new(QueueConfig::new(16));
     let b = rig.buf(8);
+    assert_eq!(rig.driver.used_flags(), 0);
     rig.device_disable();
+    assert_eq!(rig.driver.used_flags(), USED_F_NO_NOTIFY);
     rig.driver.add(&[b], &[], 0).unwrap();
     assert_eq!(rig.driver.publish(), NotifyDecision::Suppressed);
     assert!(rig.device_enable());
+    assert_eq!(rig.driver.used_flags(), 0);
     rig.driver.add(&[b], &[], 1).unwrap();
     assert_eq!(rig.driver.publish(), NotifyDecision::Kick);
 }
