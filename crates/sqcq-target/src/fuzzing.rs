@@ -21,6 +21,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use crate::blk::device::BlkDevice;
 use crate::config::PollOptions;
 use crate::config::QueueMap;
 use crate::runtime::eventfd::PeerEventFd;
@@ -224,6 +225,15 @@ const AVAIL: u64 = 0x1000;
 const USED: u64 = 0x2000;
 const DATA: u64 = 0x4000;
 
+/// The device type whose request handler a [`ChainHarness`] drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainDevice {
+    /// virtio-scsi, one 1 MiB RAM LUN.
+    Scsi,
+    /// virtio-blk, a 1 MiB RAM disk.
+    Blk,
+}
+
 /// A request queue over guest memory filled from fuzz input.
 #[derive(Debug)]
 pub struct ChainHarness {
@@ -242,9 +252,24 @@ impl ChainHarness {
     /// A queue of `2^size_log2` (1..=64) descriptors, with EVENT_IDX as
     /// asked.
     pub fn new(size_log2: u8, event_idx: bool) -> Self {
+        Self::with_device(size_log2, event_idx, ChainDevice::Scsi)
+    }
+
+    /// As [`Self::new`], for a request queue of device type `kind`.
+    pub fn with_device(size_log2: u8, event_idx: bool, kind: ChainDevice) -> Self {
         let size = 1u16 << (size_log2 % 7);
         let mem = crate::runtime::guest::test_memory(&[(GuestAddress(0), CHAIN_MEM_BYTES)]);
         let (dev, scsi) = device(size.max(4));
+        let handler = match kind {
+            ChainDevice::Scsi => make_handler(scsi, NexusId(1), 32, 96, 0),
+            ChainDevice::Blk => {
+                let disk = Arc::new(RamBackstore::new(1 << 20, 512).expect("RAM backstore"));
+                let blk = Arc::new(BlkDevice::new(disk, "fuzz".into(), false).expect("blk device"));
+                blk.connect(Arc::clone(&dev.info), &dev.params)
+                    .expect("blk session")
+                    .request_handler()
+            }
+        };
         let ring = RingConfig {
             size,
             desc: DESC,
@@ -263,7 +288,7 @@ impl ChainHarness {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
-            handler: make_handler(scsi, NexusId(1), 32, 96, 0),
+            handler,
         })
         .expect("queue");
         ChainHarness {
@@ -369,5 +394,31 @@ mod tests {
         data.extend((0..512u32).map(|i| (i % 7) as u8));
         h.run(&data);
         h.run(&[200, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_blk_flush_chain_from_bytes_completes_with_ok() {
+        let mut h = ChainHarness::with_device(2, false, ChainDevice::Blk);
+        // One chain: a 16-byte header at DATA, the status byte after it.
+        let desc = |addr: u64, len: u32, flags: u16, next: u16| {
+            let mut d = addr.to_le_bytes().to_vec();
+            d.extend_from_slice(&len.to_le_bytes());
+            d.extend_from_slice(&flags.to_le_bytes());
+            d.extend_from_slice(&next.to_le_bytes());
+            d
+        };
+        let mut data = vec![1u8];
+        data.extend(desc(0, 16, 1, 1));
+        data.extend(desc(16, 1, 2, 0));
+        data.extend(vec![0u8; 16 * 2]);
+        data.extend_from_slice(&[0, 0]);
+        // VIRTIO_BLK_T_FLUSH (4), then a status byte the device overwrites.
+        data.extend_from_slice(&4u32.to_le_bytes());
+        data.extend_from_slice(&[0; 12]);
+        data.push(0xff);
+        h.run(&data);
+        assert_eq!(h.completed, 1);
+        let status: u8 = h.mem.read_obj(GuestAddress(DATA + 16)).unwrap();
+        assert_eq!(status, 0, "VIRTIO_BLK_S_OK");
     }
 }
