@@ -37,6 +37,8 @@ echo "== guest: the same guest and QEMU against sqcqd --no-sqcq: classic virtio"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --daemon-extra --no-sqcq --only-run1
 echo "== guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk
+echo "== libvirt: the blk guest as a libvirt domain with two <disk type='vhostuser'>"
+SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
 echo "== guest: an unmodified guest against device-side ring polling"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll ring" \
     --spin-max-us 5000 --measure --label ring-poll --only-run1
