@@ -81,7 +81,10 @@ impl Kind {
                 ))
             }
             Kind::Blk(backstore, serial, read_only) => {
-                info!(device = id, geometry = ?backstore.geometry(), "disk ready");
+                // `read_only`: the device's (the backstore's geometry says
+                // only whether the storage itself is).
+                info!(device = id, geometry = ?backstore.geometry(),
+                    read_only = read_only || backstore.geometry().read_only, "disk ready");
                 // The default serial: the socket's name, as QEMU's
                 // vhost-user-blk users expect something stable.
                 let serial = serial.unwrap_or_else(|| {
