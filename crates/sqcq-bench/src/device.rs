@@ -119,6 +119,7 @@ impl Device {
     pub fn open(socket: &std::path::Path, spec: &DeviceSpec) -> Result<Self, BenchError> {
         let mut frontend = Frontend::connect(&FrontendConfig {
             socket: socket.to_owned(),
+            device: sqcq_driver::DeviceType::Scsi,
             event_idx: spec.event_idx,
             indirect: spec.indirect,
             extra_features: spec.mode.required_features(),
@@ -203,7 +204,10 @@ impl Device {
             if let Some(handle) = vq.stats_handle() {
                 stats.extend(handle);
             }
-            let queue = ScsiQueue::new(&mut mem, vq, &neg.config)?;
+            let config = neg
+                .scsi_config()
+                .ok_or(BenchError::Protocol("not a virtio-scsi device"))?;
+            let queue = ScsiQueue::new(&mut mem, vq, config)?;
             let len =
                 usize::try_from(spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
             let buffers = (0..spec.iodepth)
