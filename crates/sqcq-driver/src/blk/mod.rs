@@ -24,7 +24,7 @@ pub use sqcq_wire::blk::{
     BlkConfig, ID_BYTES, SECTOR_SHIFT, SECTOR_SIZE, Segment, Status, WRITE_ZEROES_FLAG_UNMAP,
 };
 
-use sqcq_wire::blk::{
+pub use sqcq_wire::blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
     VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
 };
