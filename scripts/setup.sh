@@ -3,8 +3,10 @@
 # everything is present this costs a few dpkg queries and nothing else.
 set -euo pipefail
 
-# Debian packages the test suite uses.
-packages=(spin gcc)
+# Debian packages the test suite uses: spin (the models), gcc, and
+# qemu-system-common for qemu-storage-daemon, the vhost-user-blk peer of
+# sqcq-bench's blk tests.
+packages=(spin gcc qemu-system-common)
 
 missing=()
 for pkg in "${packages[@]}"; do

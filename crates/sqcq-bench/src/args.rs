@@ -4,22 +4,28 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use sqcq_driver::NotifyMode;
 use sqcq_driver::scsi::CdbSize;
 use sqcq_driver::sqcq::PollThreads;
+use sqcq_driver::{DeviceType, NotifyMode};
 
-/// A fio-like load generator over sqcq's userspace virtio-scsi driver.
+/// A fio-like load generator over sqcq's userspace virtio-scsi and
+/// virtio-blk driver.
 ///
-/// Without `--socket` it starts a target itself (sqcqd with a null LUN, or
-/// a RAM LUN with `--verify`; vhost-device-scsi on a sparse image when
-/// sqcqd is not found or with `--target vhost-device-scsi`), so it runs
-/// with no set-up.
+/// Without `--socket` it starts a target itself (sqcqd with a null LUN or
+/// disk, or a RAM one with `--verify`; for SCSI vhost-device-scsi on a
+/// sparse image when sqcqd is not found or with `--target
+/// vhost-device-scsi`; for blk qemu-storage-daemon on a null-co node, or a
+/// sparse image with `--verify`, when sqcqd is not found or with `--target
+/// qemu-storage-daemon`), so it runs with no set-up.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "sqcq-bench", version)]
 pub struct Args {
     /// I/O pattern.
     #[arg(long, value_enum, default_value = "randread")]
     pub rw: Rw,
+    /// The device type: a vhost-user SCSI target or a vhost-user-blk disk.
+    #[arg(long = "device-type", value_enum, default_value = "scsi")]
+    pub device_type: DeviceTypeArg,
     /// Percentage of reads for randrw.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub rwmixread: u8,
@@ -54,7 +60,7 @@ pub struct Args {
     /// job covers its own `--size` bytes after the previous job's.
     #[arg(long, value_enum)]
     pub verify: Option<Verify>,
-    /// Set FUA on writes.
+    /// Set FUA on writes (SCSI; virtio-blk has no FUA).
     #[arg(long)]
     pub fua: bool,
     /// Notification mode of the request queues: notify, poll-queue,
@@ -167,6 +173,24 @@ impl Rw {
     }
 }
 
+/// `--device-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceTypeArg {
+    /// virtio-scsi (vhost-user-scsi).
+    Scsi,
+    /// virtio-blk (vhost-user-blk).
+    Blk,
+}
+
+impl From<DeviceTypeArg> for DeviceType {
+    fn from(d: DeviceTypeArg) -> Self {
+        match d {
+            DeviceTypeArg::Scsi => Self::Scsi,
+            DeviceTypeArg::Blk => Self::Blk,
+        }
+    }
+}
+
 /// `--poll-threads`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PollThreadsArg {
@@ -195,10 +219,13 @@ pub enum Verify {
 /// `--target`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TargetKind {
-    /// The project's daemon, with a null (or RAM, for verify) LUN.
+    /// The project's daemon, with a null (or RAM, for verify) LUN or disk.
     Sqcqd,
-    /// rust-vmm's vhost-device-scsi on a sparse image file.
+    /// rust-vmm's vhost-device-scsi on a sparse image file (SCSI).
     VhostDeviceScsi,
+    /// QEMU's qemu-storage-daemon exporting a vhost-user-blk disk: a
+    /// null-co node, or a sparse image file for verify (blk).
+    QemuStorageDaemon,
 }
 
 impl TargetKind {
@@ -207,6 +234,25 @@ impl TargetKind {
         match self {
             Self::Sqcqd => "sqcqd",
             Self::VhostDeviceScsi => "vhost-device-scsi",
+            Self::QemuStorageDaemon => "qemu-storage-daemon",
+        }
+    }
+
+    /// Whether it serves `device`.
+    pub fn serves(self, device: DeviceType) -> bool {
+        match self {
+            Self::Sqcqd => true,
+            Self::VhostDeviceScsi => device == DeviceType::Scsi,
+            Self::QemuStorageDaemon => device == DeviceType::Blk,
+        }
+    }
+
+    /// The public peer serving `device`, what a missing sqcqd falls back
+    /// to.
+    pub fn peer(device: DeviceType) -> Self {
+        match device {
+            DeviceType::Scsi => Self::VhostDeviceScsi,
+            DeviceType::Blk => Self::QemuStorageDaemon,
         }
     }
 }
@@ -344,6 +390,22 @@ mod tests {
             assert_eq!(a.mode.name(), mode);
         }
         assert!(Args::try_parse_from(["sqcq-bench", "--mode", "sqcq-poll"]).is_err());
+        let a = Args::try_parse_from([
+            "sqcq-bench",
+            "--device-type",
+            "blk",
+            "--target",
+            "qemu-storage-daemon",
+        ])
+        .unwrap();
+        assert_eq!(DeviceType::from(a.device_type), DeviceType::Blk);
+        assert!(a.target.serves(DeviceType::Blk) && !a.target.serves(DeviceType::Scsi));
+        assert_eq!(
+            TargetKind::peer(DeviceType::Scsi),
+            TargetKind::VhostDeviceScsi
+        );
+        let a = Args::try_parse_from(["sqcq-bench"]).unwrap();
+        assert_eq!(DeviceType::from(a.device_type), DeviceType::Scsi);
         let a = Args::try_parse_from(["sqcq-bench", "--poll-threads", "per-queue"]).unwrap();
         assert_eq!(PollThreads::from(a.poll_threads), PollThreads::PerQueue);
     }

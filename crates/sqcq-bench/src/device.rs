@@ -1,17 +1,20 @@
 //! Bringing the device up for a run: connect, share memory, start the
-//! queues, identify the LUN; and taking it down cleanly.
+//! queues, identify the LUN (virtio-scsi) or the disk (virtio-blk); and
+//! taking it down cleanly.
 
 use std::time::Duration;
 
-use sqcq_driver::frontend::{CONTROL_QUEUE, EVENT_QUEUE, FIRST_REQUEST_QUEUE};
+use sqcq_driver::blk::{self, BlkConfig, BlkQueue, ID_BYTES, Request, SECTOR_SIZE};
+use sqcq_driver::frontend::{CONTROL_QUEUE, EVENT_QUEUE};
 use sqcq_driver::scsi::data::parse_report_luns;
 use sqcq_driver::scsi::{
-    Capacity, Cdb, Command, CommandError, ControlQueue, Data, Done, Inquiry, Lun, ScsiQueue, sense,
+    Capacity, Cdb, CdbSize, Command, CommandError, ControlQueue, Data, Done, Inquiry, Lun,
+    ScsiQueue, sense,
 };
 use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollStats, PollThreads, parked_queue};
 use sqcq_driver::{
-    Buffer, DriverMemory, Frontend, FrontendConfig, Negotiated, NotifyMode, QueueConfig,
-    QueueEvents, SplitQueue, Virtqueue,
+    Buffer, DeviceType, DriverMemory, Frontend, FrontendConfig, Negotiated, NotifyMode,
+    QueueConfig, QueueEvents, SplitQueue, Virtqueue,
 };
 use sqcq_protocol::SpinConfig;
 use virtio_bindings::virtio_ring::{
@@ -20,6 +23,7 @@ use virtio_bindings::virtio_ring::{
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::error::BenchError;
+use crate::io::IoQueue;
 
 /// Size of the control and event queues.
 const SMALL_QUEUE: u16 = 16;
@@ -34,6 +38,8 @@ const TUR_TRIES: usize = 5;
 /// What the run needs of the device.
 #[derive(Debug, Clone)]
 pub struct DeviceSpec {
+    /// virtio-scsi or virtio-blk.
+    pub device: DeviceType,
     /// Request queues (one per job).
     pub queues: u16,
     /// Descriptors per request queue.
@@ -52,28 +58,34 @@ pub struct DeviceSpec {
     pub indirect: bool,
     /// Bound on every wait.
     pub timeout: Duration,
-    /// The LUN.
+    /// The LUN (virtio-scsi).
     pub lun: Lun,
+    /// CDB size of READ/WRITE (virtio-scsi).
+    pub cdb: CdbSize,
+    /// FUA on writes (virtio-scsi).
+    pub fua: bool,
 }
 
 /// One job's request queue and its data buffers.
 #[derive(Debug)]
 pub struct JobQueue {
     /// The queue.
-    pub queue: ScsiQueue,
+    pub queue: IoQueue,
     /// `iodepth` buffers of `bs` bytes.
     pub buffers: Vec<GuestAddress>,
 }
 
-/// What the LUN said about itself.
+/// What the LUN or disk said about itself.
 #[derive(Debug, Clone)]
 pub struct LunInfo {
-    /// Standard INQUIRY data.
+    /// Standard INQUIRY data (virtio-scsi).
     pub inquiry: Option<Inquiry>,
     /// Its capacity.
     pub capacity: Capacity,
-    /// LUNs REPORT LUNS listed.
+    /// LUNs REPORT LUNS listed (virtio-scsi).
     pub luns: usize,
+    /// The GET_ID answer (virtio-blk), when the device gave one.
+    pub serial: Option<String>,
 }
 
 /// A doorbell mode asked of a device that does not offer
@@ -103,9 +115,9 @@ pub struct Device {
     pub fallback: Option<ModeFallback>,
     /// Kept for the run: it holds the memfd the device maps.
     _mem: DriverMemory,
-    /// Kept running for task management; not used by the jobs.
-    _control: ControlQueue,
-    _event: Virtqueue,
+    /// virtio-scsi's control queue, kept running for task management,
+    /// and its event queue; not used by the jobs.
+    _control: Option<(ControlQueue, Virtqueue)>,
     /// The guest memory, for the jobs' data.
     pub guest: GuestMemoryMmap,
     /// One per job.
@@ -119,9 +131,14 @@ impl Device {
     pub fn open(socket: &std::path::Path, spec: &DeviceSpec) -> Result<Self, BenchError> {
         let mut frontend = Frontend::connect(&FrontendConfig {
             socket: socket.to_owned(),
+            device: spec.device,
             event_idx: spec.event_idx,
             indirect: spec.indirect,
-            extra_features: spec.mode.required_features(),
+            extra_features: spec.mode.required_features()
+                | match spec.device {
+                    DeviceType::Scsi => 0,
+                    DeviceType::Blk => blk::FEATURES,
+                },
             timeout: spec.timeout,
         })?;
         let neg = frontend.negotiated().clone();
@@ -181,15 +198,20 @@ impl Device {
                 Virtqueue::new(mem, index, config(SMALL_QUEUE), NotifyMode::Notify, events)?
             })
         };
-        let control_vq = small_queue(&mut mem, CONTROL_QUEUE)?;
-        let event = small_queue(&mut mem, EVENT_QUEUE)?;
+        let control_vqs = match spec.device {
+            DeviceType::Scsi => Some((
+                small_queue(&mut mem, CONTROL_QUEUE)?,
+                small_queue(&mut mem, EVENT_QUEUE)?,
+            )),
+            DeviceType::Blk => None,
+        };
         let mut queues = Vec::new();
         let mut stats = PollStats::default();
         let mut poll = mode
             .doorbells()
             .then(|| PollGroupBuilder::new(spec.poll_threads, SpinConfig::default()));
         for i in 0..spec.queues {
-            let index = FIRST_REQUEST_QUEUE + i;
+            let index = spec.device.first_request_queue() + i;
             let mut events = events(&frontend)?;
             let vq = match &mut poll {
                 Some(poll) => {
@@ -203,7 +225,23 @@ impl Device {
             if let Some(handle) = vq.stats_handle() {
                 stats.extend(handle);
             }
-            let queue = ScsiQueue::new(&mut mem, vq, &neg.config)?;
+            let queue = match (&neg.config, spec.device) {
+                (sqcq_driver::DeviceConfig::Blk(config), DeviceType::Blk) => IoQueue::Blk {
+                    queue: BlkQueue::new(&mut mem, vq)?,
+                    sectors_per_block: u64::from(block_size(&neg, config)?) / SECTOR_SIZE,
+                },
+                (sqcq_driver::DeviceConfig::Scsi(config), DeviceType::Scsi) => IoQueue::Scsi {
+                    queue: ScsiQueue::new(&mut mem, vq, config)?,
+                    lun: spec.lun,
+                    cdb: spec.cdb,
+                    fua: spec.fua,
+                },
+                _ => {
+                    return Err(BenchError::Protocol(
+                        "the configuration is another device's",
+                    ));
+                }
+            };
             let len =
                 usize::try_from(spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
             let buffers = (0..spec.iodepth)
@@ -214,12 +252,18 @@ impl Device {
         // Running before any request: the set-up commands below complete
         // through it too.
         let poll = poll.map(PollGroupBuilder::start).transpose()?;
-        let control = ControlQueue::new(&mut mem, control_vq)?;
+        let control = control_vqs
+            .map(|(control, event)| -> Result<_, BenchError> {
+                Ok((ControlQueue::new(&mut mem, control)?, event))
+            })
+            .transpose()?;
         let scratch = mem.alloc(SCRATCH, 4096)?;
 
         frontend.set_mem_table(&mem)?;
-        frontend.start_queue(&mem, control.virtqueue())?;
-        frontend.start_queue(&mem, &event)?;
+        if let Some((control, event)) = &control {
+            frontend.start_queue(&mem, control.virtqueue())?;
+            frontend.start_queue(&mem, event)?;
+        }
         for q in &queues {
             frontend.start_queue(&mem, q.queue.virtqueue())?;
         }
@@ -229,7 +273,15 @@ impl Device {
             .first_mut()
             .ok_or_else(|| BenchError::Usage("--numjobs must be at least 1".into()))?
             .queue;
-        let info = identify(first, &guest, scratch, spec.lun)?;
+        let info = match first {
+            IoQueue::Scsi { queue, .. } => identify(queue, &guest, scratch, spec.lun)?,
+            IoQueue::Blk { queue, .. } => {
+                let config = neg.blk_config().ok_or(BenchError::Protocol(
+                    "the configuration is another device's",
+                ))?;
+                identify_blk(queue, &guest, scratch, &neg, config)?
+            }
+        };
         Ok(Self {
             frontend,
             poll,
@@ -238,7 +290,6 @@ impl Device {
             fallback,
             _mem: mem,
             _control: control,
-            _event: event,
             guest,
             queues,
             info,
@@ -389,6 +440,74 @@ fn identify(
         inquiry,
         capacity,
         luns,
+        serial: None,
+    })
+}
+
+/// The logical block size of a virtio-blk disk: `blk_size` with
+/// VIRTIO_BLK_F_BLK_SIZE, else 512; a power of two of at least 512.
+fn block_size(neg: &Negotiated, config: &BlkConfig) -> Result<u32, BenchError> {
+    let size = if neg.has(blk::VIRTIO_BLK_F_BLK_SIZE) {
+        config.blk_size
+    } else {
+        512
+    };
+    if size < 512 || !size.is_power_of_two() {
+        return Err(BenchError::Protocol(
+            "the disk's block size is not a power of two of at least 512",
+        ));
+    }
+    Ok(size)
+}
+
+/// The capacity of a virtio-blk disk from its configuration space, and
+/// its serial from GET_ID (which devices need not support).
+fn identify_blk(
+    queue: &mut BlkQueue,
+    guest: &GuestMemoryMmap,
+    scratch: GuestAddress,
+    neg: &Negotiated,
+    config: &BlkConfig,
+) -> Result<LunInfo, BenchError> {
+    let block_size = block_size(neg, config)?;
+    let bytes = config
+        .capacity
+        .checked_mul(SECTOR_SIZE)
+        .ok_or(BenchError::Protocol("the disk's capacity overflows"))?;
+    let capacity = Capacity {
+        blocks: bytes / u64::from(block_size),
+        block_size,
+    };
+    let mut result = None;
+    let id = Buffer::new(scratch, u32::try_from(ID_BYTES).unwrap_or(20));
+    queue.submit(&Request::GetId(id), u64::MAX)?;
+    queue.publish(|c| result = Some(c.result))?;
+    while result.is_none() {
+        queue.wait_and_reap(|c| result = Some(c.result))?;
+    }
+    let serial = match result {
+        Some(Ok(_)) => {
+            let mut raw = [0u8; ID_BYTES];
+            guest
+                .read_slice(&mut raw, scratch)
+                .map_err(BenchError::Memory)?;
+            let end = raw.iter().position(|&b| b == 0).unwrap_or(ID_BYTES);
+            Some(String::from_utf8_lossy(&raw[..end]).into_owned())
+        }
+        Some(Err(blk::RequestError::Status(_))) => None,
+        Some(Err(e)) => {
+            return Err(BenchError::BlkRequest {
+                what: "GET_ID",
+                source: e,
+            });
+        }
+        None => return Err(BenchError::Protocol("a request vanished")),
+    };
+    Ok(LunInfo {
+        inquiry: None,
+        capacity,
+        luns: 1,
+        serial,
     })
 }
 

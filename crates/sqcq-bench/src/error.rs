@@ -1,9 +1,12 @@
 //! Everything that ends a run early, and the exit code it gives.
 
-use sqcq_driver::scsi::{CommandError, QueueFailure, SubmitError};
+use sqcq_driver::QueueFailure;
+use sqcq_driver::blk;
+use sqcq_driver::scsi::{CommandError, SubmitError};
 use sqcq_driver::sqcq::DoorbellError;
 use sqcq_driver::{FrontendError, MemoryError, QueueError};
 
+use crate::io::IoError;
 use crate::target::TargetError;
 use crate::verify::Mismatch;
 
@@ -42,14 +45,17 @@ pub enum BenchError {
     /// Reading or writing driver memory failed.
     #[error("accessing driver memory failed")]
     Memory(#[source] vm_memory::GuestMemoryError),
-    /// Submitting failed.
+    /// Submitting a SCSI command failed.
     #[error("submitting a command failed")]
     Submit(#[from] SubmitError),
+    /// Submitting a virtio-blk request failed.
+    #[error("submitting a request failed")]
+    BlkSubmit(#[from] blk::SubmitError),
     /// The device failed a queue: a protocol violation, a hangup, a
     /// timeout.
     #[error("the device failed")]
     Device(#[from] QueueFailure),
-    /// A command failed.
+    /// A set-up command failed.
     #[error("{what} failed")]
     Command {
         /// The command.
@@ -57,6 +63,24 @@ pub enum BenchError {
         /// How.
         #[source]
         source: CommandError,
+    },
+    /// An I/O of the run failed.
+    #[error("{what} failed")]
+    Io {
+        /// The I/O.
+        what: String,
+        /// How.
+        #[source]
+        source: IoError,
+    },
+    /// A virtio-blk set-up request failed.
+    #[error("{what} failed")]
+    BlkRequest {
+        /// The request.
+        what: &'static str,
+        /// How.
+        #[source]
+        source: blk::RequestError,
     },
     /// The device said something that makes no sense.
     #[error("protocol error: {0}")]

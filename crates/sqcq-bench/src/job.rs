@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sqcq_driver::scsi::{Cdb, CdbSize, Command, Completion, Data, Lun};
 use sqcq_driver::{Buffer, NotifyCounters};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 use crate::device::JobQueue;
 use crate::error::BenchError;
+use crate::io::{IoDone, IoQueue};
 use crate::stats::JobStats;
 use crate::target::{CpuTime, thread_cpu_time};
 use crate::verify;
@@ -21,18 +21,12 @@ use crate::workload::{Dir, Workload};
 pub struct JobSpec {
     /// Job number.
     pub id: usize,
-    /// The LUN.
-    pub lun: Lun,
     /// First LBA of the job's region.
     pub first_lba: u64,
     /// Blocks per I/O.
     pub blocks: u32,
     /// Bytes per I/O.
     pub bs: u64,
-    /// CDB size of READ/WRITE.
-    pub cdb: CdbSize,
-    /// FUA on writes.
-    pub fua: bool,
     /// The I/O order and mix over the region's units.
     pub workload: Workload,
     /// Write, then read back and check every unit.
@@ -108,7 +102,7 @@ pub struct Job {
     guest: GuestMemoryMmap,
     inflight: Vec<Option<InFlight>>,
     free: Vec<u16>,
-    done: Vec<Completion>,
+    done: Vec<IoDone>,
     scratch: Vec<u8>,
     stats: JobStats,
     /// Units the verify write pass issued, which the check pass reads.
@@ -143,7 +137,7 @@ impl Job {
         progress.done.store(true, Ordering::Relaxed);
         if result.is_err() {
             abort.raise();
-            self.q.queue.abandon(|_| {});
+            self.q.queue.abandon();
         }
         result.map(|()| self.stats)
     }
@@ -293,21 +287,13 @@ impl Job {
         }
         let bs =
             u32::try_from(self.spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
-        let data = [Buffer::new(addr, bs)];
-        let (cdb, data) = match dir {
-            Dir::Read => (
-                Cdb::read(lba, self.spec.blocks, false, self.spec.cdb),
-                Data::FromDevice(&data),
-            ),
-            Dir::Write => (
-                Cdb::write(lba, self.spec.blocks, self.spec.fua, self.spec.cdb),
-                Data::ToDevice(&data),
-            ),
-        };
-        let cdb = cdb.map_err(|e| BenchError::Usage(format!("{e}; use --cdb 16")))?;
-        self.q
-            .queue
-            .submit(&Command::new(self.spec.lun, cdb, data), u64::from(buf))?;
+        self.q.queue.submit(
+            dir,
+            lba,
+            self.spec.blocks,
+            Buffer::new(addr, bs),
+            u64::from(buf),
+        )?;
         self.inflight[usize::from(buf)] = Some(InFlight {
             submitted: now,
             dir,
@@ -321,7 +307,9 @@ impl Job {
     fn complete(&mut self, now: Instant, progress: &Progress) -> Result<(), BenchError> {
         let mut first_error = None;
         let (mut reads, mut writes) = (0, 0);
-        for c in std::mem::take(&mut self.done) {
+        // Drained, not taken: the vector keeps its capacity, so that reaping
+        // allocates nothing.
+        for c in self.done.drain(..) {
             let buf = usize::try_from(c.token).unwrap_or(usize::MAX);
             let Some(io) = self.inflight.get_mut(buf).and_then(Option::take) else {
                 first_error
@@ -331,7 +319,7 @@ impl Job {
             self.free.push(u16::try_from(buf).unwrap_or(u16::MAX));
             if let Err(e) = c.result {
                 let op = if io.dir == Dir::Read { "READ" } else { "WRITE" };
-                first_error.get_or_insert(BenchError::Command {
+                first_error.get_or_insert(BenchError::Io {
                     what: format!("{op} at LBA {}", io.lba),
                     source: e,
                 });
@@ -381,7 +369,7 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    fn take(queue: &mut sqcq_driver::scsi::ScsiQueue) -> Self {
+    fn take(queue: &mut IoQueue) -> Self {
         Self {
             notify: queue.counters(),
             cpu: thread_cpu_time(),
@@ -402,12 +390,7 @@ struct Clock {
 impl Clock {
     /// At the end of the ramp: forget what was measured, restart the
     /// counters.
-    fn tick(
-        &mut self,
-        now: Instant,
-        queue: &mut sqcq_driver::scsi::ScsiQueue,
-        stats: &mut JobStats,
-    ) {
+    fn tick(&mut self, now: Instant, queue: &mut IoQueue, stats: &mut JobStats) {
         if !self.measuring && now >= self.measure_from {
             self.measuring = true;
             self.since = Snapshot::take(queue);

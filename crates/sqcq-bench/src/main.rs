@@ -1,17 +1,19 @@
 //! `sqcq-bench`: a fio-like load generator over sqcq's userspace
-//! virtio-scsi driver (crate `sqcq-driver`), against any vhost-user SCSI
-//! target.
+//! virtio-scsi and virtio-blk driver (crate `sqcq-driver`), against any
+//! vhost-user SCSI target or vhost-user-blk disk.
 //!
 //! - [`args`]: the command line, in fio's vocabulary;
 //! - [`target`]: a target started here, and CPU time accounting;
 //! - [`device`]: bringing the device up and down;
 //! - [`workload`], [`verify`]: which blocks, which direction, what data;
+//! - [`io`]: the request layer a job drives (SCSI or blk);
 //! - [`job`]: one job's submission loop on its own thread and queue;
 //! - [`stats`], [`report`], [`progress`]: measuring and telling.
 
 mod args;
 mod device;
 mod error;
+mod io;
 mod job;
 mod progress;
 mod report;
@@ -35,7 +37,7 @@ use crate::job::{Abort, Job, JobSpec, Progress};
 use crate::report::Report;
 use crate::target::{CpuTime, Target, TargetOptions, find_binary, self_cpu_time};
 use crate::workload::Workload;
-use sqcq_driver::NotifyMode;
+use sqcq_driver::{DeviceType, NotifyMode};
 
 /// LUN size of a target started here when `--size` does not say.
 const DEFAULT_LUN_SIZE: u64 = 1 << 30;
@@ -79,15 +81,29 @@ fn check_args(args: &Args) -> Result<(), BenchError> {
     if args.time_based && args.runtime.is_zero() {
         return Err(usage("--time_based needs --runtime"));
     }
+    let device = DeviceType::from(args.device_type);
+    if args.socket.is_none() && !args.target.serves(device) {
+        return Err(usage(format!(
+            "--target {} does not serve --device-type {}",
+            args.target.binary(),
+            device.name()
+        )));
+    }
+    if args.fua && device == DeviceType::Blk {
+        return Err(usage("--fua: virtio-blk has no FUA"));
+    }
     Ok(())
 }
 
 /// Starts the target `args` asks for, falling back from a missing sqcqd
-/// to vhost-device-scsi.
+/// to the public peer of the device type (vhost-device-scsi,
+/// qemu-storage-daemon).
 fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
     let keep_data = args.verify.is_some();
     let explicit = args.target_bin.as_deref();
+    let device = DeviceType::from(args.device_type);
     let options = TargetOptions {
+        device,
         queues: args.numjobs,
         workers: args.target_workers,
         ring_poll: args.mode == NotifyMode::RingPoll,
@@ -103,7 +119,7 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
         )?);
     }
     if args.target == TargetKind::Sqcqd {
-        let peer = TargetKind::VhostDeviceScsi;
+        let peer = TargetKind::peer(device);
         if let Some(bin) = find_binary(peer.binary(), None) {
             eprintln!(
                 "sqcq-bench: warning: sqcqd not found; using {} ({}) on a sparse image instead",
@@ -140,7 +156,9 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         (None, None) => unreachable!("a target was started when no socket was given"),
     };
     let lun = Lun::new(args.scsi_target, args.lun).ok_or_else(|| usage("--lun is above 16383"))?;
+    let device_type = DeviceType::from(args.device_type);
     let spec = DeviceSpec {
+        device: device_type,
         queues: args.numjobs,
         queue_size: args.queue_size,
         iodepth: args.iodepth,
@@ -151,6 +169,8 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         indirect: !args.no_indirect,
         timeout: args.io_timeout,
         lun,
+        cdb: args.cdb.into(),
+        fua: args.fua,
     };
     for note in target.iter().flat_map(|t| t.notes()) {
         eprintln!("sqcq-bench: warning: {note}");
@@ -168,7 +188,7 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     let block = u64::from(cap.block_size);
     if !args.bs.is_multiple_of(block) || !args.offset.is_multiple_of(block) {
         return Err(usage(format!(
-            "--bs and --offset must be multiples of the LUN's {block}-byte blocks"
+            "--bs and --offset must be multiples of the device's {block}-byte blocks"
         )));
     }
     let capacity = cap
@@ -192,12 +212,9 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         let region = if args.verify.is_some() { i as u64 } else { 0 };
         let spec = JobSpec {
             id: i,
-            lun,
             first_lba: (args.offset + region * size) / block,
             blocks,
             bs: args.bs,
-            cdb: args.cdb.into(),
-            fua: args.fua,
             workload: Workload::new(
                 units,
                 args.rw.random(),
@@ -262,17 +279,28 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     let (vendor, product) = inq.as_ref().map_or((String::new(), String::new()), |i| {
         (i.vendor.clone(), i.product.clone())
     });
+    let what = match device_type {
+        DeviceType::Scsi => format!(
+            "{vendor} {product}, LUN {lun}: {} blocks of {} B ({} LUN(s) reported)",
+            cap.blocks, cap.block_size, device.info.luns
+        ),
+        DeviceType::Blk => format!(
+            "virtio-blk disk, serial {:?}: {} blocks of {} B",
+            device.info.serial.as_deref().unwrap_or(""),
+            cap.blocks,
+            cap.block_size
+        ),
+    };
     let device_line = format!(
-        "device: {vendor} {product}, LUN {lun}: {} blocks of {} B ({} LUN(s) reported); {} request queue(s), event_idx={}, indirect={}, protocol features {:?}",
-        cap.blocks,
-        cap.block_size,
-        device.info.luns,
+        "device: {what}; {} request queue(s), event_idx={}, indirect={}, protocol features {:?}",
         neg.request_queues(),
         has_event_idx(&neg),
         has_indirect(&neg),
         neg.protocol_acked
     );
     let device_json = json!({
+        "device_type": device_type.name(),
+        "serial": device.info.serial,
         "vendor": vendor,
         "product": product,
         "blocks": cap.blocks,
@@ -323,6 +351,7 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     }
     let report = Report {
         name: args.name.clone(),
+        device_type: device_type.name(),
         rw: args.rw.name(),
         bs: args.bs,
         iodepth: args.iodepth,

@@ -15,6 +15,8 @@ use crate::target::CpuTime;
 pub struct Report {
     /// Job name.
     pub name: String,
+    /// `--device-type`: `scsi` or `blk`.
+    pub device_type: &'static str,
     /// `--rw`.
     pub rw: &'static str,
     /// `--bs`.
@@ -52,9 +54,10 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{}: (g=0): rw={}, bs=(R) {bs}B-{bs}B, (W) {bs}B-{bs}B, ioengine=sqcq-virtio-scsi, iodepth={}, mode={}",
+            "{}: (g=0): rw={}, bs=(R) {bs}B-{bs}B, (W) {bs}B-{bs}B, ioengine=sqcq-virtio-{}, iodepth={}, mode={}",
             self.name,
             self.rw,
+            self.device_type,
             self.iodepth,
             self.mode,
             bs = self.bs
@@ -349,6 +352,7 @@ mod tests {
         stats.notify.kicks = 1;
         let report = Report {
             name: "job".into(),
+            device_type: "scsi",
             rw: "randread",
             bs: 4096,
             iodepth: 1,

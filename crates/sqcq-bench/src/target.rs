@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use sqcq_driver::DeviceType;
+
 use crate::args::TargetKind;
 
 /// How long a started target gets to create its socket.
@@ -20,7 +22,7 @@ const SHUTDOWN: Duration = Duration::from_secs(2);
 pub enum TargetError {
     /// No executable found.
     #[error(
-        "{name} not found (looked next to sqcq-bench, in ../tools/bin and in PATH); pass --target-bin, --socket, or run scripts/install-peers.sh for vhost-device-scsi"
+        "{name} not found (looked next to sqcq-bench, in ../tools/bin and in PATH); pass --target-bin, --socket, or run scripts/install-peers.sh for vhost-device-scsi, scripts/setup.sh for qemu-storage-daemon"
     )]
     NotFound {
         /// The executable's name.
@@ -68,9 +70,11 @@ pub struct Target {
     notes: Vec<String>,
 }
 
-/// What the bench asks of an sqcqd it starts, beyond the LUN.
+/// What the bench asks of a target it starts, beyond the LUN.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TargetOptions {
+    /// The device type to serve.
+    pub device: DeviceType,
     /// Request queues (one per job).
     pub queues: u16,
     /// Worker threads of a started `sqcqd`.
@@ -143,9 +147,11 @@ pub fn find_binary(name: &str, explicit: Option<&Path>) -> Option<PathBuf> {
 }
 
 impl Target {
-    /// Starts `kind` (found at `bin`) with one LUN of `size` bytes: for
-    /// sqcqd a null LUN, or a RAM LUN when the data must read back
-    /// (`keep_data`); for vhost-device-scsi a sparse image file.
+    /// Starts `kind` (found at `bin`) with one LUN or disk of `size`
+    /// bytes: for sqcqd a null one, or a RAM one when the data must read
+    /// back (`keep_data`); for vhost-device-scsi a sparse image file; for
+    /// qemu-storage-daemon a null-co node (zero-filling reads, as sqcqd's
+    /// null backstore does), or a sparse image file with `keep_data`.
     pub fn start(
         kind: TargetKind,
         bin: PathBuf,
@@ -168,11 +174,14 @@ impl Target {
         let log_path = dir.join("target.log");
         let log = File::create(&log_path).map_err(prepare(&log_path))?;
         let mut cmd = Command::new(&bin);
-        cmd.arg("--socket-path").arg(&socket);
         let mut stats_file = None;
         let mut notes = Vec::new();
         match kind {
             TargetKind::Sqcqd => {
+                cmd.arg("--socket-path").arg(&socket);
+                if options.device == DeviceType::Blk {
+                    cmd.args(["--device-type", "blk"]);
+                }
                 let kind = if keep_data { "ram" } else { "null" };
                 cmd.arg("--lun").arg(format!("kind={kind},size={size}"));
                 if options.queues > 1 {
@@ -213,7 +222,24 @@ impl Target {
                 let image = dir.join("lun0.img");
                 let file = File::create(&image).map_err(prepare(&image))?;
                 file.set_len(size).map_err(prepare(&image))?;
-                cmd.arg(&image);
+                cmd.arg("--socket-path").arg(&socket).arg(&image);
+            }
+            TargetKind::QemuStorageDaemon => {
+                let node = if keep_data {
+                    let image = dir.join("disk0.img");
+                    let file = File::create(&image).map_err(prepare(&image))?;
+                    file.set_len(size).map_err(prepare(&image))?;
+                    // QEMU's option syntax doubles a comma inside a value.
+                    let path = image.display().to_string().replace(',', ",,");
+                    format!("driver=file,node-name=disk0,filename={path}")
+                } else {
+                    format!("driver=null-co,node-name=disk0,size={size},read-zeroes=on")
+                };
+                let socket = socket.display().to_string().replace(',', ",,");
+                cmd.arg("--blockdev").arg(node).arg("--export").arg(format!(
+                    "type=vhost-user-blk,id=export0,node-name=disk0,addr.type=unix,addr.path={socket},writable=on,num-queues={}",
+                    options.queues.max(1)
+                ));
             }
         }
         let child = cmd
@@ -297,7 +323,11 @@ impl Target {
 
     /// Waits (up to the shutdown bound) for the target to exit on its own
     /// after the disconnect, so that its last statistics are written.
+    /// qemu-storage-daemon serves on: it is not waited for.
     pub fn wait_exit(&mut self) {
+        if self.kind == TargetKind::QemuStorageDaemon {
+            return;
+        }
         let start = Instant::now();
         while start.elapsed() < SHUTDOWN {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -317,13 +347,7 @@ impl Drop for Target {
     /// Lets the target exit on its own after the disconnect (briefly), then
     /// kills it, and removes the temporary directory.
     fn drop(&mut self) {
-        let start = Instant::now();
-        while start.elapsed() < SHUTDOWN {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.wait_exit();
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();

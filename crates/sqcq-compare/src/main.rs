@@ -1,8 +1,9 @@
 //! `sqcq-compare`: the RFC's tables, measured on the machine at hand.
 //!
-//! Runs `sqcq-bench` over the matrix rw × queue depth × jobs × mode (by
-//! default randread and randwrite × QD1 and QD32 × 1, 2 and 4 jobs × every
-//! notification mode), each run starting its own `sqcqd` with a null LUN,
+//! Runs `sqcq-bench` over the matrix device type × target × rw × queue
+//! depth × jobs × mode (by default SCSI × sqcqd × randread and randwrite ×
+//! QD1 and QD32 × 1, 2 and 4 jobs × every notification mode), each run
+//! starting its own target with a null LUN or disk,
 //! modes interleaved within each cell so that they see the same machine.
 //! Prints IOPS per mode with the change against `notify`, p50 latency,
 //! kicks+calls per I/O and CPU microseconds per I/O of each side; writes
@@ -33,8 +34,14 @@ struct Args {
         default_value = "notify,poll-queue,ring-poll,sqcq,sqcq-inline"
     )]
     modes: Vec<String>,
-    /// Targets the bench starts: sqcqd, and rust-vmm's vhost-device-scsi
-    /// (one request queue; a sparse image file instead of a null LUN).
+    /// Device types: scsi (vhost-user-scsi), blk (vhost-user-blk).
+    #[arg(long, value_delimiter = ',', default_value = "scsi")]
+    devices: Vec<String>,
+    /// Targets the bench starts: sqcqd (both device types); the public
+    /// peers rust-vmm's vhost-device-scsi (SCSI only; one request queue; a
+    /// sparse image file instead of a null LUN) and qemu-storage-daemon
+    /// (blk only; a null-co node). A target runs the device types it
+    /// serves.
     #[arg(long, value_delimiter = ',', default_value = "sqcqd")]
     targets: Vec<String>,
     /// I/O patterns.
@@ -88,6 +95,7 @@ fn main() -> ExitCode {
     };
     let plan = matrix::Plan {
         modes: args.modes.clone(),
+        devices: args.devices.clone(),
         targets: args.targets.clone(),
         rw: args.rw.clone(),
         qd: args.qd.clone(),

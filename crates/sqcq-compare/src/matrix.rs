@@ -12,6 +12,8 @@ use crate::run::{self, Case, Cell, Figures, RunError};
 pub struct Plan {
     /// Notification modes; the first is the baseline.
     pub modes: Vec<String>,
+    /// Device types (`scsi`, `blk`).
+    pub devices: Vec<String>,
     /// Targets the bench starts.
     pub targets: Vec<String>,
     /// I/O patterns.
@@ -33,24 +35,38 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The cells in report order.
+    /// The cells in report order: by device type, then target (each
+    /// target with the device types it serves), rw, depth, jobs.
     pub fn cells(&self) -> Vec<Cell> {
         let mut cells = Vec::new();
-        for target in &self.targets {
-            for rw in &self.rw {
-                for &qd in &self.qd {
-                    for &jobs in &self.jobs {
-                        cells.push(Cell {
-                            target: target.clone(),
-                            rw: rw.clone(),
-                            qd,
-                            jobs,
-                        });
+        for device in &self.devices {
+            for target in self.targets.iter().filter(|t| serves(t, device)) {
+                for rw in &self.rw {
+                    for &qd in &self.qd {
+                        for &jobs in &self.jobs {
+                            cells.push(Cell {
+                                device: device.clone(),
+                                target: target.clone(),
+                                rw: rw.clone(),
+                                qd,
+                                jobs,
+                            });
+                        }
                     }
                 }
             }
         }
         cells
+    }
+}
+
+/// Whether `target` serves `device`: the public peers serve one device
+/// type each, any other target (sqcqd) both.
+pub fn serves(target: &str, device: &str) -> bool {
+    match target {
+        "vhost-device-scsi" => device == "scsi",
+        "qemu-storage-daemon" => device == "blk",
+        _ => true,
     }
 }
 
@@ -131,6 +147,7 @@ mod tests {
     fn cells_follow_the_rfc_order() {
         let plan = Plan {
             modes: vec!["notify".into()],
+            devices: vec!["scsi".into()],
             targets: vec!["sqcqd".into()],
             rw: vec!["randread".into(), "randwrite".into()],
             qd: vec![1, 32],
@@ -147,5 +164,41 @@ mod tests {
         assert_eq!(key(&cells[0]), ("randread".into(), 1, 1));
         assert_eq!(key(&cells[3]), ("randread".into(), 32, 4));
         assert_eq!(key(&cells[4]), ("randwrite".into(), 1, 1));
+    }
+
+    #[test]
+    fn each_target_runs_the_device_types_it_serves() {
+        let plan = Plan {
+            modes: vec!["notify".into()],
+            devices: vec!["scsi".into(), "blk".into()],
+            targets: vec![
+                "sqcqd".into(),
+                "vhost-device-scsi".into(),
+                "qemu-storage-daemon".into(),
+            ],
+            rw: vec!["randread".into()],
+            qd: vec![1],
+            jobs: vec![1],
+            bs: "4k".into(),
+            target_workers: 1,
+            runtime: Duration::from_secs(1),
+            ramp: Duration::ZERO,
+            repeat: 1,
+        };
+        let cells: Vec<(String, String)> = plan
+            .cells()
+            .into_iter()
+            .map(|c| (c.device, c.target))
+            .collect();
+        let pair = |d: &str, t: &str| (d.to_string(), t.to_string());
+        assert_eq!(
+            cells,
+            [
+                pair("scsi", "sqcqd"),
+                pair("scsi", "vhost-device-scsi"),
+                pair("blk", "sqcqd"),
+                pair("blk", "qemu-storage-daemon"),
+            ]
+        );
     }
 }

@@ -104,9 +104,10 @@ pub fn iops_svg(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
         let ly = top + height + 12.0;
         let short = if cell.rw.contains("write") { "W" } else { "R" };
         let peer = if cell.target == "sqcqd" { "" } else { "peer " };
+        let device = if cell.device == "scsi" { "" } else { "blk " };
         let _ = write!(
             s,
-            r#"<text x="{lx:.1}" y="{ly:.1}" transform="rotate(45 {lx:.1} {ly:.1})">{peer}{short} QD{} NJ{}</text>"#,
+            r#"<text x="{lx:.1}" y="{ly:.1}" transform="rotate(45 {lx:.1} {ly:.1})">{peer}{device}{short} QD{} NJ{}</text>"#,
             cell.qd, cell.jobs
         );
     }

@@ -112,7 +112,7 @@ fn table(
 /// All tables as text.
 pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
     let mut out = format!(
-        "sqcq-compare: {} CPU(s) {}, kernel {}, load average {}\n{} s measured + {} s warm-up per run, median of {} run(s), block size {}, null LUN\n",
+        "sqcq-compare: {} CPU(s) {}, kernel {}, load average {}\n{} s measured + {} s warm-up per run, median of {} run(s), block size {}, null LUN or disk\n",
         machine.cpus,
         machine.cpu,
         machine.kernel,
@@ -190,6 +190,7 @@ mod tests {
         Outcome {
             case: Case {
                 cell: Cell {
+                    device: "scsi".into(),
                     target: "sqcqd".into(),
                     rw: "randread".into(),
                     qd: 1,
@@ -212,6 +213,7 @@ mod tests {
     fn iops_table_shows_change_against_the_first_mode() {
         let plan = Plan {
             modes: vec!["notify".into(), "sqcq".into()],
+            devices: vec!["scsi".into()],
             targets: vec!["sqcqd".into()],
             rw: vec!["randread".into()],
             qd: vec![1],

@@ -53,7 +53,10 @@ pub fn default_bench() -> Result<PathBuf, RunError> {
 /// One cell of the matrix: everything but the mode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Cell {
-    /// The target `sqcq-bench` starts (`sqcqd` or `vhost-device-scsi`).
+    /// The device type (`scsi` or `blk`).
+    pub device: String,
+    /// The target `sqcq-bench` starts (`sqcqd`, `vhost-device-scsi`,
+    /// `qemu-storage-daemon`).
     pub target: String,
     /// I/O pattern.
     pub rw: String,
@@ -64,14 +67,20 @@ pub struct Cell {
 }
 
 impl Cell {
-    /// The row label, in the RFC's words (the target only when not ours).
+    /// The row label, in the RFC's words (the target only when not ours,
+    /// the device type only when not SCSI).
     pub fn label(&self) -> String {
         let target = if self.target == "sqcqd" {
             String::new()
         } else {
             format!("{} ", self.target)
         };
-        format!("{target}{} QD{} NJ{}", self.rw, self.qd, self.jobs)
+        let device = if self.device == "scsi" {
+            String::new()
+        } else {
+            format!("{} ", self.device)
+        };
+        format!("{target}{device}{} QD{} NJ{}", self.rw, self.qd, self.jobs)
     }
 }
 
@@ -114,7 +123,8 @@ pub fn run_once(bench: &Path, case: &Case, plan: &Plan) -> Result<(Figures, Valu
         cmd.args(["--target-workers", &plan.target_workers.to_string()]);
     }
     let output = cmd
-        .args(["--target", &cell.target, "--rw", &cell.rw, "--bs", &plan.bs])
+        .args(["--device-type", &cell.device, "--target", &cell.target])
+        .args(["--rw", &cell.rw, "--bs", &plan.bs])
         .args([
             "--mode",
             &case.mode,
@@ -208,6 +218,7 @@ mod tests {
     #[test]
     fn labels_name_only_a_foreign_target() {
         let mut cell = Cell {
+            device: "scsi".into(),
             target: "sqcqd".into(),
             rw: "randread".into(),
             qd: 32,
@@ -216,6 +227,11 @@ mod tests {
         assert_eq!(cell.label(), "randread QD32 NJ4");
         cell.target = "vhost-device-scsi".into();
         assert_eq!(cell.label(), "vhost-device-scsi randread QD32 NJ4");
+        cell.device = "blk".into();
+        cell.target = "sqcqd".into();
+        assert_eq!(cell.label(), "blk randread QD32 NJ4");
+        cell.target = "qemu-storage-daemon".into();
+        assert_eq!(cell.label(), "qemu-storage-daemon blk randread QD32 NJ4");
     }
 
     #[test]

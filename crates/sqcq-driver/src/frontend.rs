@@ -2,7 +2,8 @@
 //! vhost-user device, built on rust-vmm's `vhost` codec.
 //!
 //! [`Frontend::connect`] negotiates (acking only bits the device offered),
-//! reads the virtio-scsi configuration; [`Frontend::set_mem_table`] shares
+//! reads the configuration space of the device type
+//! ([`DeviceType`]: virtio-scsi or virtio-blk); [`Frontend::set_mem_table`] shares
 //! the [`DriverMemory`] memfd; [`Frontend::start_queue`] hands a
 //! [`Virtqueue`] to the device; [`Frontend::stop`] takes every started
 //! vring back (`GET_VRING_BASE`) and disconnects.
@@ -32,7 +33,8 @@ use vm_memory::GuestMemoryBackend;
 
 use crate::memory::{DriverMemory, MemoryError};
 use crate::virtqueue::Virtqueue;
-use sqcq_wire::scsi::{CONFIG_SIZE, ConfigError, ScsiConfig};
+use sqcq_wire::blk::{self, BlkConfig, VIRTIO_BLK_F_MQ};
+use sqcq_wire::scsi::{self, ConfigError, ScsiConfig};
 
 /// Vring index of the virtio-scsi control queue.
 pub const CONTROL_QUEUE: u16 = 0;
@@ -41,11 +43,52 @@ pub const EVENT_QUEUE: u16 = 1;
 /// Vring index of the first virtio-scsi request queue.
 pub const FIRST_REQUEST_QUEUE: u16 = 2;
 
+/// The virtio device type a frontend drives: where its request queues
+/// start and what its configuration space holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceType {
+    /// virtio-scsi: control, event, then request queues.
+    #[default]
+    Scsi,
+    /// virtio-blk: request queues only.
+    Blk,
+}
+
+impl DeviceType {
+    /// Vring index of the first request queue.
+    pub fn first_request_queue(self) -> u16 {
+        match self {
+            Self::Scsi => FIRST_REQUEST_QUEUE,
+            Self::Blk => 0,
+        }
+    }
+
+    /// The name on command lines and in reports (`scsi`, `blk`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scsi => "scsi",
+            Self::Blk => "blk",
+        }
+    }
+}
+
+/// A device's configuration space as read at connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceConfig {
+    /// virtio-scsi's (the defaults when the device does not offer
+    /// VHOST_USER_PROTOCOL_F_CONFIG).
+    Scsi(ScsiConfig),
+    /// virtio-blk's.
+    Blk(BlkConfig),
+}
+
 /// What the frontend asks of the device.
 #[derive(Debug, Clone)]
 pub struct FrontendConfig {
     /// The device's vhost-user socket.
     pub socket: PathBuf,
+    /// The device type expected behind it.
+    pub device: DeviceType,
     /// Ask for VIRTIO_RING_F_EVENT_IDX.
     pub event_idx: bool,
     /// Ask for VIRTIO_RING_F_INDIRECT_DESC.
@@ -59,10 +102,12 @@ pub struct FrontendConfig {
 }
 
 impl FrontendConfig {
-    /// EVENT_IDX and indirect descriptors when offered, 10 s per reply.
+    /// A virtio-scsi device; EVENT_IDX and indirect descriptors when
+    /// offered, 10 s per reply.
     pub fn new(socket: impl AsRef<Path>) -> Self {
         Self {
             socket: socket.as_ref().to_owned(),
+            device: DeviceType::Scsi,
             event_idx: true,
             indirect: true,
             extra_features: 0,
@@ -101,6 +146,13 @@ pub enum FrontendError {
     /// The device's configuration space is unusable.
     #[error("bad virtio-scsi configuration")]
     Config(#[source] ConfigError),
+    /// The virtio-blk configuration space is shorter than its capacity
+    /// field.
+    #[error("the virtio-blk configuration space of {len} bytes has no capacity")]
+    BlkConfig {
+        /// Bytes the device returned.
+        len: usize,
+    },
     /// A ring address is not in the shared memory.
     #[error("a ring is outside the shared memory")]
     Memory(#[source] MemoryError),
@@ -126,10 +178,14 @@ pub struct Negotiated {
     /// Protocol features acked.
     pub protocol_acked: VhostUserProtocolFeatures,
     /// Vrings the device has (GET_QUEUE_NUM with MQ, otherwise the
-    /// virtio-scsi minimum of three).
+    /// minimum of the device type: three for virtio-scsi, one for
+    /// virtio-blk).
     pub vrings: u64,
-    /// The device configuration (defaults without the CONFIG feature).
-    pub config: ScsiConfig,
+    /// The device type.
+    pub device: DeviceType,
+    /// The device configuration (virtio-scsi defaults without the CONFIG
+    /// feature; virtio-blk requires it).
+    pub config: DeviceConfig,
     /// Whether `config` was read from the device.
     pub config_read: bool,
 }
@@ -140,12 +196,35 @@ impl Negotiated {
         bit < 64 && self.acked & (1 << bit) != 0
     }
 
-    /// Request queues usable: the configuration's `num_queues`, bounded by
-    /// the vrings the device has.
+    /// Request queues usable: the configuration's `num_queues` (for
+    /// virtio-blk only with VIRTIO_BLK_F_MQ, else one), bounded by the
+    /// vrings the device has.
     pub fn request_queues(&self) -> u16 {
-        let by_vrings = self.vrings.saturating_sub(u64::from(FIRST_REQUEST_QUEUE));
-        let n = u64::from(self.config.num_queues).min(by_vrings);
+        let first = self.device.first_request_queue();
+        let by_vrings = self.vrings.saturating_sub(u64::from(first));
+        let configured = match &self.config {
+            DeviceConfig::Scsi(c) => c.num_queues,
+            DeviceConfig::Blk(c) if self.has(VIRTIO_BLK_F_MQ) => u32::from(c.num_queues),
+            DeviceConfig::Blk(_) => 1,
+        };
+        let n = u64::from(configured).min(by_vrings);
         u16::try_from(n).unwrap_or(u16::MAX)
+    }
+
+    /// The virtio-scsi configuration, for a virtio-scsi device.
+    pub fn scsi_config(&self) -> Option<&ScsiConfig> {
+        match &self.config {
+            DeviceConfig::Scsi(c) => Some(c),
+            DeviceConfig::Blk(_) => None,
+        }
+    }
+
+    /// The virtio-blk configuration, for a virtio-blk device.
+    pub fn blk_config(&self) -> Option<&BlkConfig> {
+        match &self.config {
+            DeviceConfig::Blk(c) => Some(c),
+            DeviceConfig::Scsi(_) => None,
+        }
     }
 }
 
@@ -167,6 +246,16 @@ impl std::fmt::Debug for Frontend {
     }
 }
 
+/// GET_CONFIG of the first `len` bytes of the configuration space (the
+/// vhost crate checks the reply has exactly that size).
+fn read_config(inner: &mut VhostFrontend, len: usize) -> Result<Vec<u8>, FrontendError> {
+    let size = u32::try_from(len).unwrap_or(u32::MAX);
+    let (_, payload) = inner
+        .get_config(0, size, VhostUserConfigFlags::empty(), &vec![0; len])
+        .map_err(request("GET_CONFIG"))?;
+    Ok(payload)
+}
+
 fn request(name: &'static str) -> impl FnOnce(vhost::Error) -> FrontendError {
     move |source| FrontendError::Request {
         request: name,
@@ -178,7 +267,8 @@ impl Frontend {
     /// Connects to `config.socket` and negotiates: SET_OWNER, features
     /// (ours that the device offers; VIRTIO_F_VERSION_1 required),
     /// protocol features (MQ, CONFIG, REPLY_ACK when offered), the number
-    /// of vrings, the virtio-scsi configuration.
+    /// of vrings, the configuration space of `config.device` (virtio-blk
+    /// needs VHOST_USER_PROTOCOL_F_CONFIG: its capacity is there).
     pub fn connect(config: &FrontendConfig) -> Result<Self, FrontendError> {
         let socket =
             UnixStream::connect(&config.socket).map_err(|source| FrontendError::Connect {
@@ -231,21 +321,29 @@ impl Frontend {
         let vrings = if protocol_acked.contains(VhostUserProtocolFeatures::MQ) {
             inner.get_queue_num().map_err(request("GET_QUEUE_NUM"))?
         } else {
-            u64::from(FIRST_REQUEST_QUEUE) + 1
+            u64::from(config.device.first_request_queue()) + 1
         };
-        let (scsi_config, config_read) =
-            if protocol_acked.contains(VhostUserProtocolFeatures::CONFIG) {
-                let size = u32::try_from(CONFIG_SIZE).unwrap_or(u32::MAX);
-                let (_, payload) = inner
-                    .get_config(0, size, VhostUserConfigFlags::empty(), &[0; CONFIG_SIZE])
-                    .map_err(request("GET_CONFIG"))?;
-                (
-                    ScsiConfig::parse(&payload).map_err(FrontendError::Config)?,
-                    true,
+        let config_read = protocol_acked.contains(VhostUserProtocolFeatures::CONFIG);
+        let device_config = match (config.device, config_read) {
+            (DeviceType::Scsi, true) => DeviceConfig::Scsi(
+                ScsiConfig::parse(&read_config(&mut inner, scsi::CONFIG_SIZE)?)
+                    .map_err(FrontendError::Config)?,
+            ),
+            (DeviceType::Scsi, false) => DeviceConfig::Scsi(ScsiConfig::default()),
+            (DeviceType::Blk, true) => {
+                // The fields of the features we may negotiate; a longer
+                // read fails on devices built on older headers.
+                let raw = read_config(&mut inner, blk::CONFIG_SIZE_BASE)?;
+                DeviceConfig::Blk(
+                    BlkConfig::decode(&raw).ok_or(FrontendError::BlkConfig { len: raw.len() })?,
                 )
-            } else {
-                (ScsiConfig::default(), false)
-            };
+            }
+            (DeviceType::Blk, false) => {
+                return Err(FrontendError::MissingFeature(
+                    "VHOST_USER_PROTOCOL_F_CONFIG (the virtio-blk capacity is in the configuration space)",
+                ));
+            }
+        };
         Ok(Self {
             inner,
             socket,
@@ -255,7 +353,8 @@ impl Frontend {
                 protocol_offered,
                 protocol_acked,
                 vrings,
-                config: scsi_config,
+                device: config.device,
+                config: device_config,
                 config_read,
             },
             started: Vec::new(),

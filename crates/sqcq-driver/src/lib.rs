@@ -15,6 +15,7 @@
 //! - [`frontend`]: the vhost-user frontend: negotiation, memory table,
 //!   vring set-up, device configuration, clean stop.
 //! - [`scsi`]: virtio-scsi commands and task management over those queues.
+//! - [`blk`]: virtio-blk requests over those queues.
 //!
 //! The ring is our own because no crate offers the driver side of one:
 //! rust-vmm's `virtio-queue` is the device side (its `mock` module builds
@@ -28,19 +29,22 @@
 
 #![deny(missing_docs)]
 
+pub mod blk;
 pub mod frontend;
 pub mod memory;
 pub mod notify;
 pub mod poll_stats;
 pub mod scsi;
+mod slots;
 pub mod sqcq;
 pub mod virtqueue;
 pub mod vring;
 
-pub use frontend::{Frontend, FrontendConfig, FrontendError, Negotiated};
+pub use frontend::{DeviceConfig, DeviceType, Frontend, FrontendConfig, FrontendError, Negotiated};
 pub use memory::{DriverMemory, MemoryConfig, MemoryError};
 pub use notify::{
     DoorbellState, IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents,
 };
+pub use slots::QueueFailure;
 pub use virtqueue::Virtqueue;
 pub use vring::{Buffer, DeviceError, NotifyDecision, QueueConfig, QueueError, SplitQueue, Used};

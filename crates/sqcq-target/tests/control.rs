@@ -91,9 +91,10 @@ fn negotiation_config_space_and_a_ring_restarted_without_a_kick() {
     assert_eq!(neg.vrings, 4, "GET_QUEUE_NUM");
     // The config space.
     assert!(neg.config_read);
-    assert_eq!(neg.config.num_queues, 2);
-    assert_eq!(neg.config.sense_size, 96);
-    assert_eq!(neg.config.cdb_size, 32);
+    let config = neg.scsi_config().expect("a SCSI device");
+    assert_eq!(config.num_queues, 2);
+    assert_eq!(config.sense_size, 96);
+    assert_eq!(config.cdb_size, 32);
 
     let rq = &mut d.rqs[0];
     rq.clear_unit_attention(0);

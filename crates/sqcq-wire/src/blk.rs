@@ -42,6 +42,11 @@ pub const WRITE_ZEROES_FLAG_UNMAP: u32 = vb::VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP;
 /// Size of the configuration space (every field this crate knows,
 /// zoned characteristics included).
 pub const CONFIG_SIZE: usize = size_of::<virtio_blk_config>();
+/// Size of the configuration space up to the write-zeroes fields
+/// (`unused1` included): what a driver reads when it negotiates neither
+/// VIRTIO_BLK_F_SECURE_ERASE nor VIRTIO_BLK_F_ZONED, and all a device
+/// built on older headers (QEMU 7.2's qemu-storage-daemon) serves.
+pub const CONFIG_SIZE_BASE: usize = offset_of!(virtio_blk_config, max_secure_erase_sectors);
 /// Offset of `writeback` (`wce`), the one field a driver may write (with
 /// VIRTIO_BLK_F_CONFIG_WCE).
 pub const CONFIG_WCE_OFFSET: usize = offset_of!(virtio_blk_config, wce);
@@ -436,6 +441,7 @@ mod tests {
     fn sizes_and_offsets_are_the_specifications() {
         assert_eq!((HEADER_SIZE, SEGMENT_SIZE, ID_BYTES), (16, 16, 20));
         assert_eq!(CONFIG_WCE_OFFSET, 32);
+        assert_eq!(CONFIG_SIZE_BASE, 60);
         assert_eq!((CYLINDERS, MIN_IO_SIZE, NUM_QUEUES), (16, 26, 34));
         assert_eq!(SECURE_ERASE_ALIGNMENT, 68);
         let offsets: Vec<usize> = WORDS.iter().map(|w| w.0).collect();

@@ -13,9 +13,11 @@ use sqcq_wire::scsi::{
 use super::sense::STATUS_GOOD;
 use super::{Cdb, Sense};
 use crate::memory::{DriverMemory, MemoryError};
-use crate::notify::{NotifyCounters, NotifyError};
+use crate::notify::NotifyCounters;
+pub use crate::slots::QueueFailure;
+use crate::slots::{Reaped, SlotError, Slots};
 use crate::virtqueue::Virtqueue;
-use crate::vring::{Buffer, DeviceError, QueueError};
+use crate::vring::{Buffer, QueueError};
 
 /// The data phase of a command.
 #[derive(Debug, Clone, Copy)]
@@ -112,45 +114,21 @@ pub enum SubmitError {
     Failed,
 }
 
-/// What ends a queue: the device broke the ring protocol, or could not be
-/// notified or waited for. Every request in flight is failed with
-/// [`CommandError::QueueFailed`].
-#[derive(Debug, thiserror::Error)]
-pub enum QueueFailure {
-    /// The device broke the ring protocol.
-    #[error("the device broke the virtqueue")]
-    Device(#[source] DeviceError),
-    /// Kicking, waiting or the socket failed, or the wait timed out.
-    #[error("notification failed")]
-    Notify(#[source] NotifyError),
-    /// Reading a response header failed.
-    #[error("reading a response header failed")]
-    Memory(#[source] vm_memory::GuestMemoryError),
-    /// The queue had already failed.
-    #[error("the queue has failed")]
-    AlreadyFailed,
-}
-
 /// A virtio-scsi request queue over a [`Virtqueue`].
 #[derive(Debug)]
 pub struct ScsiQueue {
-    vq: Virtqueue,
+    /// The slots, each with the submitter's token.
+    slots: Slots<u64>,
     mem: GuestMemoryMmap,
     cdb_size: usize,
     req_len: u32,
     resp_len: u32,
     req_base: GuestAddress,
-    resp_base: GuestAddress,
     req_stride: u64,
-    resp_stride: u64,
-    /// The submitter's token of each slot.
-    tokens: Box<[u64]>,
-    free: Vec<u16>,
+    responses: Responses,
     header: Vec<u8>,
-    response: Vec<u8>,
     out: Vec<Buffer>,
     in_: Vec<Buffer>,
-    failed: bool,
 }
 
 impl ScsiQueue {
@@ -182,49 +160,49 @@ impl ScsiQueue {
         let req_base = mem.alloc(area(req_stride)?, 64)?;
         let resp_base = mem.alloc(area(resp_stride)?, 64)?;
         Ok(Self {
-            vq,
+            slots: Slots::new(vq),
             mem: mem.guest_memory().clone(),
             cdb_size: req_bytes - CMD_REQ_FIXED,
             req_len,
             resp_len,
             req_base,
-            resp_base,
             req_stride: req_stride as u64,
-            resp_stride: resp_stride as u64,
-            tokens: vec![0; usize::from(slots)].into_boxed_slice(),
-            free: (0..slots).rev().collect(),
+            responses: Responses {
+                mem: mem.guest_memory().clone(),
+                base: resp_base,
+                stride: resp_stride as u64,
+                buf: vec![0; resp_bytes],
+            },
             header: vec![0; req_bytes],
-            response: vec![0; resp_bytes],
             out: Vec::new(),
             in_: Vec::new(),
-            failed: false,
         })
     }
 
     /// The virtqueue underneath (for the frontend's set-up and counters).
     pub fn virtqueue(&self) -> &Virtqueue {
-        &self.vq
+        self.slots.virtqueue()
     }
 
     /// With nothing in flight, tells the queue its submitter stops
     /// waiting for a while ([`Virtqueue::park`]).
     pub fn park(&mut self) {
-        self.vq.park();
+        self.slots.park();
     }
 
     /// Commands submitted and not yet completed.
     pub fn in_flight(&self) -> u16 {
-        self.vq.ring().in_flight()
+        self.slots.in_flight()
     }
 
     /// Whether the queue has failed.
     pub fn failed(&self) -> bool {
-        self.failed
+        self.slots.failed()
     }
 
     /// The notification counters so far.
     pub fn counters(&mut self) -> NotifyCounters {
-        self.vq.counters()
+        self.slots.counters()
     }
 
     /// Asks the device to call on the next completion (EVENT_IDX: once
@@ -234,26 +212,13 @@ impl ScsiQueue {
     /// on calls itself; [`Self::wait_and_reap`] leaves interrupt
     /// suppression to the queue's notification mode, which may change it.
     pub fn enable_interrupts(&mut self) -> bool {
-        self.vq.ring_mut().enable_interrupts()
+        self.slots.enable_interrupts()
     }
 
     /// Adds a command, reported back with `token` (also its SCSI tag). It
     /// reaches the device at the next [`Self::publish`].
     pub fn submit(&mut self, cmd: &Command<'_>, token: u64) -> Result<(), SubmitError> {
-        if self.failed {
-            return Err(SubmitError::Failed);
-        }
-        let slot = self.free.pop().ok_or(SubmitError::Full)?;
-        match self.add(cmd, token, slot) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.free.push(slot);
-                Err(e)
-            }
-        }
-    }
-
-    fn add(&mut self, cmd: &Command<'_>, token: u64, slot: u16) -> Result<(), SubmitError> {
+        let slot = self.slots.take()?;
         encode_cmd_req(
             &mut self.header,
             cmd.lun,
@@ -262,73 +227,40 @@ impl ScsiQueue {
             cmd.cdb.as_bytes(),
             self.cdb_size,
         );
-        let req = self.req_addr(slot);
-        self.mem
-            .write_slice(&self.header, req)
-            .map_err(SubmitError::Memory)?;
+        // Inside the area allocated in `new`: slot < size.
+        let req = GuestAddress(self.req_base.0 + u64::from(slot) * self.req_stride);
+        if let Err(e) = self.mem.write_slice(&self.header, req) {
+            self.slots.release(slot);
+            return Err(SubmitError::Memory(e));
+        }
         self.out.clear();
         self.in_.clear();
         self.out.push(Buffer::new(req, self.req_len));
         self.in_
-            .push(Buffer::new(self.resp_addr(slot), self.resp_len));
+            .push(Buffer::new(self.responses.addr(slot), self.resp_len));
         match cmd.data {
             Data::None => {}
             Data::ToDevice(bufs) => self.out.extend_from_slice(bufs),
             Data::FromDevice(bufs) => self.in_.extend_from_slice(bufs),
         }
-        match self
-            .vq
-            .ring_mut()
-            .add(&self.out, &self.in_, usize::from(slot))
-        {
-            Ok(_) => {
-                self.tokens[usize::from(slot)] = token;
-                Ok(())
-            }
-            Err(QueueError::NoFreeDescriptors { .. }) => Err(SubmitError::Full),
-            Err(e) => Err(SubmitError::Queue(e)),
-        }
+        Ok(self.slots.commit(slot, token, &self.out, &self.in_)?)
     }
 
     /// Makes the submitted commands visible to the device and notifies it
     /// as the queue's mode decides. On failure every command in flight is
     /// failed through `on_complete`.
-    pub fn publish(&mut self, on_complete: impl FnMut(Completion)) -> Result<(), QueueFailure> {
-        if self.failed {
-            return Err(QueueFailure::AlreadyFailed);
-        }
-        match self.vq.publish() {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.fail(QueueFailure::Notify(e), on_complete)),
-        }
+    pub fn publish(&mut self, mut on_complete: impl FnMut(Completion)) -> Result<(), QueueFailure> {
+        self.slots.publish(|r| {
+            on_complete(failed(r));
+            Ok(())
+        })
     }
 
     /// Hands every completion the device has published to `on_complete`
     /// and returns how many there were, without waiting.
     pub fn reap(&mut self, mut on_complete: impl FnMut(Completion)) -> Result<usize, QueueFailure> {
-        if self.failed {
-            return Err(QueueFailure::AlreadyFailed);
-        }
-        let mut n = 0;
-        while let Some(used) = self.vq.ring_mut().pop_used() {
-            let used = match used {
-                Ok(used) => used,
-                Err(e) => return Err(self.fail(QueueFailure::Device(e), on_complete)),
-            };
-            // The ring validated the id; tokens are slot numbers we gave.
-            let slot = u16::try_from(used.token).unwrap_or(u16::MAX);
-            let result = match self.complete(slot, used.len) {
-                Ok(result) => result,
-                Err(e) => return Err(self.fail(QueueFailure::Memory(e), on_complete)),
-            };
-            self.free.push(slot);
-            n += 1;
-            on_complete(Completion {
-                token: self.tokens[usize::from(slot)],
-                result,
-            });
-        }
-        Ok(n)
+        self.slots
+            .reap(|r| self.responses.deliver(r, &mut on_complete))
     }
 
     /// Waits (bounded by the queue's timeout, woken by a socket hangup)
@@ -339,43 +271,71 @@ impl ScsiQueue {
         &mut self,
         mut on_complete: impl FnMut(Completion),
     ) -> Result<usize, QueueFailure> {
-        if self.failed {
-            return Err(QueueFailure::AlreadyFailed);
-        }
-        if self.in_flight() == 0 {
-            return Ok(0);
-        }
-        if let Err(e) = self.vq.wait() {
-            return Err(self.fail(QueueFailure::Notify(e), &mut on_complete));
-        }
-        self.reap(on_complete)
+        self.slots
+            .wait_and_reap(|r| self.responses.deliver(r, &mut on_complete))
     }
 
     /// Fails every command in flight, for when the caller gives up on the
     /// device (for instance after another queue of it failed).
-    pub fn abandon(&mut self, on_complete: impl FnMut(Completion)) {
-        if !self.failed {
-            let _ = self.fail(QueueFailure::AlreadyFailed, on_complete);
+    pub fn abandon(&mut self, mut on_complete: impl FnMut(Completion)) {
+        self.slots.abandon(|r| {
+            on_complete(failed(r));
+            Ok(())
+        });
+    }
+}
+
+impl From<SlotError> for SubmitError {
+    fn from(e: SlotError) -> Self {
+        match e {
+            SlotError::Full => Self::Full,
+            SlotError::Failed => Self::Failed,
+            SlotError::Queue(e) => Self::Queue(e),
         }
     }
+}
 
-    fn fail(
+/// The completion of a command the queue gave up on.
+fn failed(r: Reaped<u64>) -> Completion {
+    let (Reaped::Used { info, .. } | Reaped::Failed { info }) = r;
+    Completion {
+        token: info,
+        result: Err(CommandError::QueueFailed),
+    }
+}
+
+/// The response headers, one per slot, and a buffer to read one into.
+#[derive(Debug)]
+struct Responses {
+    mem: GuestMemoryMmap,
+    base: GuestAddress,
+    stride: u64,
+    buf: Vec<u8>,
+}
+
+impl Responses {
+    fn addr(&self, slot: u16) -> GuestAddress {
+        // Inside the area allocated in `ScsiQueue::new`: slot < size.
+        GuestAddress(self.base.0 + u64::from(slot) * self.stride)
+    }
+
+    /// Turns what the slots reaped into a [`Completion`].
+    fn deliver(
         &mut self,
-        failure: QueueFailure,
-        mut on_complete: impl FnMut(Completion),
-    ) -> QueueFailure {
-        self.failed = true;
-        let tokens = &self.tokens;
-        let free = &mut self.free;
-        self.vq.ring_mut().fail_in_flight(|slot| {
-            let slot = u16::try_from(slot).unwrap_or(u16::MAX);
-            free.push(slot);
-            on_complete(Completion {
-                token: tokens[usize::from(slot)],
-                result: Err(CommandError::QueueFailed),
-            });
-        });
-        failure
+        r: Reaped<u64>,
+        on_complete: &mut impl FnMut(Completion),
+    ) -> Result<(), vm_memory::GuestMemoryError> {
+        match r {
+            Reaped::Used { slot, info, len } => {
+                let result = self.complete(slot, len)?;
+                on_complete(Completion {
+                    token: info,
+                    result,
+                });
+            }
+            Reaped::Failed { .. } => on_complete(failed(r)),
+        }
+        Ok(())
     }
 
     /// Reads and interprets the response of `slot`, of which the device
@@ -388,9 +348,9 @@ impl ScsiQueue {
         if usize::try_from(len).is_ok_and(|len| len < CMD_RESP_FIXED) {
             return Ok(Err(CommandError::ShortResponse { len }));
         }
-        let addr = self.resp_addr(slot);
-        self.mem.read_slice(&mut self.response, addr)?;
-        let Some(resp) = CmdResp::parse(&self.response) else {
+        let addr = self.addr(slot);
+        self.mem.read_slice(&mut self.buf, addr)?;
+        let Some(resp) = CmdResp::parse(&self.buf) else {
             return Ok(Err(CommandError::ShortResponse { len }));
         };
         if resp.response != Response::Ok {
@@ -399,21 +359,12 @@ impl ScsiQueue {
         if resp.status != STATUS_GOOD {
             let sense_len = usize::try_from(resp.sense_len).unwrap_or(0);
             let sense_end = CMD_RESP_FIXED + sense_len;
-            let sense = Sense::parse(&self.response[CMD_RESP_FIXED..sense_end]);
+            let sense = Sense::parse(&self.buf[CMD_RESP_FIXED..sense_end]);
             return Ok(Err(CommandError::Status {
                 status: resp.status,
                 sense,
             }));
         }
         Ok(Ok(Done { resid: resp.resid }))
-    }
-
-    fn req_addr(&self, slot: u16) -> GuestAddress {
-        // Inside the area allocated in `new`: slot < size.
-        GuestAddress(self.req_base.0 + u64::from(slot) * self.req_stride)
-    }
-
-    fn resp_addr(&self, slot: u16) -> GuestAddress {
-        GuestAddress(self.resp_base.0 + u64::from(slot) * self.resp_stride)
     }
 }

@@ -173,7 +173,8 @@ impl Driver {
                     Virtqueue::new(&mut mem, index, qconfig(QUEUE_SIZE), opts.mode, events).unwrap()
                 }
             };
-            let queue = ScsiQueue::new(&mut mem, vq, &neg.config).unwrap();
+            let config = neg.scsi_config().expect("a SCSI device");
+            let queue = ScsiQueue::new(&mut mem, vq, config).unwrap();
             let len = usize::try_from(BUF_LEN).unwrap();
             let bufs = (0..BUFS).map(|_| mem.alloc(len, 4096).unwrap()).collect();
             rqs.push(Rq {

@@ -1,0 +1,416 @@
+//! A virtio-blk request queue: requests in, completions out.
+//!
+//! Every request uses a slot preallocated in driver memory for its header,
+//! its discard or write-zeroes segments and its status byte, so nothing is
+//! allocated per I/O. Before a request goes out its status byte is set to
+//! a value no device may write ([`STATUS_UNWRITTEN`]), so that a device
+//! completing without writing the status is told apart from one writing a
+//! wrong status.
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use sqcq_wire::blk::{HEADER_SIZE, RequestHeader, RequestType, SEGMENT_SIZE, Segment, Status};
+
+use crate::memory::{DriverMemory, MemoryError};
+use crate::notify::NotifyCounters;
+use crate::slots::{QueueFailure, Reaped, SlotError, Slots};
+use crate::virtqueue::Virtqueue;
+use crate::vring::{Buffer, QueueError};
+
+/// Most segments of one DISCARD or WRITE_ZEROES request (devices offer
+/// fewer: sqcqd and qemu-storage-daemon take one).
+pub const MAX_SEGMENTS: usize = 8;
+/// The status byte as the driver leaves it: not a `VIRTIO_BLK_S_*` value.
+const STATUS_UNWRITTEN: u8 = 0xff;
+/// Bytes of a slot's device-readable area: header and segments.
+const SLOT_BYTES: usize = HEADER_SIZE + MAX_SEGMENTS * SEGMENT_SIZE;
+/// [`HEADER_SIZE`] as a descriptor length.
+const HEADER_LEN: u32 = 16;
+const _: () = assert!(HEADER_LEN as usize == HEADER_SIZE);
+/// [`SEGMENT_SIZE`] as a descriptor length.
+const SEGMENT_LEN: u32 = 16;
+const _: () = assert!(SEGMENT_LEN as usize == SEGMENT_SIZE);
+
+/// A virtio-blk request to submit. Sectors are 512 bytes whatever the
+/// device's block size.
+#[derive(Debug, Clone, Copy)]
+pub enum Request<'a> {
+    /// VIRTIO_BLK_T_IN: read from `sector` into the device-writable
+    /// `data` (a multiple of 512 bytes).
+    Read {
+        /// First sector.
+        sector: u64,
+        /// Where the data goes.
+        data: &'a [Buffer],
+    },
+    /// VIRTIO_BLK_T_OUT: write `data` (a multiple of 512 bytes) at
+    /// `sector`.
+    Write {
+        /// First sector.
+        sector: u64,
+        /// The data.
+        data: &'a [Buffer],
+    },
+    /// VIRTIO_BLK_T_FLUSH.
+    Flush,
+    /// VIRTIO_BLK_T_GET_ID: the device's serial into `id` (the
+    /// specification's [`ID_BYTES`](super::ID_BYTES)).
+    GetId(Buffer),
+    /// VIRTIO_BLK_T_DISCARD of up to [`MAX_SEGMENTS`] ranges.
+    Discard(&'a [Segment]),
+    /// VIRTIO_BLK_T_WRITE_ZEROES of up to [`MAX_SEGMENTS`] ranges, each
+    /// with [`WRITE_ZEROES_FLAG_UNMAP`](super::WRITE_ZEROES_FLAG_UNMAP)
+    /// or not.
+    WriteZeroes(&'a [Segment]),
+}
+
+impl Request<'_> {
+    fn kind(&self) -> RequestType {
+        match self {
+            Self::Read { .. } => RequestType::In,
+            Self::Write { .. } => RequestType::Out,
+            Self::Flush => RequestType::Flush,
+            Self::GetId(_) => RequestType::GetId,
+            Self::Discard(_) => RequestType::Discard,
+            Self::WriteZeroes(_) => RequestType::WriteZeroes,
+        }
+    }
+
+    fn sector(&self) -> u64 {
+        match self {
+            Self::Read { sector, .. } | Self::Write { sector, .. } => *sector,
+            _ => 0,
+        }
+    }
+}
+
+/// A request that completed with VIRTIO_BLK_S_OK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Done {
+    /// Bytes the device reports having written besides the status byte
+    /// (the data of a read or GET_ID; 0 otherwise, for a well-behaved
+    /// device).
+    pub bytes: u32,
+}
+
+/// Why a request did not complete with VIRTIO_BLK_S_OK. Everything but
+/// [`Self::Status`] and [`Self::QueueFailed`] is a device breaking the
+/// specification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The device answered VIRTIO_BLK_S_IOERR or VIRTIO_BLK_S_UNSUPP.
+    #[error("virtio-blk status {0:?}")]
+    Status(Status),
+    /// The device wrote a status byte the specification does not define.
+    #[error("unknown virtio-blk status {0:#04x}")]
+    UnknownStatus(u8),
+    /// The device completed the request without writing its status byte.
+    #[error("the device did not write the status byte")]
+    StatusNotWritten,
+    /// The used length cannot cover what the request needs written: no
+    /// byte at all, or a read completed OK with less than its data.
+    #[error("used length {len} is shorter than the {needed} bytes the request needs")]
+    UsedTooShort {
+        /// The length the device reported.
+        len: u32,
+        /// The bytes the request needs written.
+        needed: u32,
+    },
+    /// The queue failed (device error, hangup or timeout) while the
+    /// request was in flight: it never completed.
+    #[error("the queue failed with the request in flight")]
+    QueueFailed,
+}
+
+/// A completed (or failed) request, with the submitter's token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The token given to [`BlkQueue::submit`].
+    pub token: u64,
+    /// How it ended.
+    pub result: Result<Done, RequestError>,
+}
+
+/// Why a request could not be submitted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// Every slot or descriptor is in use: reap completions first.
+    #[error("the queue is full")]
+    Full,
+    /// The ring refused the request.
+    #[error("the ring refused the request")]
+    Queue(#[source] QueueError),
+    /// Writing the header, the segments or the status byte failed.
+    #[error("writing the request header failed")]
+    Memory(#[source] vm_memory::GuestMemoryError),
+    /// The queue failed earlier; it takes no more requests.
+    #[error("the queue has failed")]
+    Failed,
+    /// A read or write without data, or of a length that is not a whole
+    /// number of sectors.
+    #[error("a read or write of {len} bytes is not a positive multiple of 512")]
+    DataLength {
+        /// The data's total length.
+        len: u64,
+    },
+    /// A discard or write zeroes without segments or with more than
+    /// [`MAX_SEGMENTS`].
+    #[error("{count} segments; 1 to {MAX_SEGMENTS} fit a request")]
+    Segments {
+        /// Segments given.
+        count: usize,
+    },
+}
+
+impl From<SlotError> for SubmitError {
+    fn from(e: SlotError) -> Self {
+        match e {
+            SlotError::Full => Self::Full,
+            SlotError::Failed => Self::Failed,
+            SlotError::Queue(e) => Self::Queue(e),
+        }
+    }
+}
+
+/// What a slot remembers of its request.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pending {
+    token: u64,
+    /// Bytes a successful completion must report beyond the status
+    /// (a read's data), 0 when the device may write less.
+    must_write: u32,
+}
+
+/// A virtio-blk request queue over a [`Virtqueue`].
+#[derive(Debug)]
+pub struct BlkQueue {
+    slots: Slots<Pending>,
+    mem: GuestMemoryMmap,
+    /// Per slot: header and segments, [`SLOT_BYTES`] apart.
+    req_base: GuestAddress,
+    /// Per slot: one status byte.
+    status_base: GuestAddress,
+    header: [u8; SLOT_BYTES],
+    out: Vec<Buffer>,
+    in_: Vec<Buffer>,
+}
+
+impl BlkQueue {
+    /// Wraps `vq`, allocating per descriptor of its ring a header with
+    /// room for [`MAX_SEGMENTS`] segments, and a status byte, in `mem`.
+    pub fn new(mem: &mut DriverMemory, vq: Virtqueue) -> Result<Self, MemoryError> {
+        let slots = usize::from(vq.ring().size());
+        // At most 32768 slots of 144 bytes: no overflow.
+        let req_base = mem.alloc(SLOT_BYTES * slots, 64)?;
+        let status_base = mem.alloc(slots, 64)?;
+        Ok(Self {
+            slots: Slots::new(vq),
+            mem: mem.guest_memory().clone(),
+            req_base,
+            status_base,
+            header: [0; SLOT_BYTES],
+            out: Vec::with_capacity(2),
+            in_: Vec::with_capacity(2),
+        })
+    }
+
+    /// The virtqueue underneath (for the frontend's set-up and counters).
+    pub fn virtqueue(&self) -> &Virtqueue {
+        self.slots.virtqueue()
+    }
+
+    /// With nothing in flight, tells the queue its submitter stops
+    /// waiting for a while ([`Virtqueue::park`]).
+    pub fn park(&mut self) {
+        self.slots.park();
+    }
+
+    /// Requests submitted and not yet completed.
+    pub fn in_flight(&self) -> u16 {
+        self.slots.in_flight()
+    }
+
+    /// Whether the queue has failed.
+    pub fn failed(&self) -> bool {
+        self.slots.failed()
+    }
+
+    /// The notification counters so far.
+    pub fn counters(&mut self) -> NotifyCounters {
+        self.slots.counters()
+    }
+
+    /// Adds `req` with I/O priority 0, reported back with `token`. It
+    /// reaches the device at the next [`Self::publish`].
+    pub fn submit(&mut self, req: &Request<'_>, token: u64) -> Result<(), SubmitError> {
+        self.submit_with_priority(req, 0, token)
+    }
+
+    /// Adds `req` with the I/O priority `ioprio` (a hint devices may
+    /// ignore), reported back with `token`.
+    pub fn submit_with_priority(
+        &mut self,
+        req: &Request<'_>,
+        ioprio: u32,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        let (segments, must_write) = match req {
+            Request::Read { data, .. } | Request::Write { data, .. } => {
+                let len = data.iter().map(|b| u64::from(b.len)).sum::<u64>();
+                if len == 0 || len % sqcq_wire::blk::SECTOR_SIZE != 0 {
+                    return Err(SubmitError::DataLength { len });
+                }
+                let must = matches!(req, Request::Read { .. });
+                // A chain's length fits u32 or the ring refuses it.
+                (
+                    &[][..],
+                    if must {
+                        u32::try_from(len).unwrap_or(0)
+                    } else {
+                        0
+                    },
+                )
+            }
+            Request::Discard(s) | Request::WriteZeroes(s) => {
+                if s.is_empty() || s.len() > MAX_SEGMENTS {
+                    return Err(SubmitError::Segments { count: s.len() });
+                }
+                (*s, 0)
+            }
+            Request::Flush | Request::GetId(_) => (&[][..], 0),
+        };
+        let slot = self.slots.take()?;
+        let header = RequestHeader {
+            kind: req.kind(),
+            ioprio,
+            sector: req.sector(),
+        };
+        self.header[..HEADER_SIZE].copy_from_slice(&header.encode());
+        for (i, s) in segments.iter().enumerate() {
+            let at = HEADER_SIZE + i * SEGMENT_SIZE;
+            self.header[at..at + SEGMENT_SIZE].copy_from_slice(&s.encode());
+        }
+        let used = HEADER_SIZE + segments.len() * SEGMENT_SIZE;
+        // Inside the areas allocated in `new`: slot < size.
+        let req_addr = GuestAddress(self.req_base.0 + u64::from(slot) * SLOT_BYTES as u64);
+        let status = GuestAddress(self.status_base.0 + u64::from(slot));
+        let written = self
+            .mem
+            .write_slice(&self.header[..used], req_addr)
+            .and_then(|()| self.mem.write_obj(STATUS_UNWRITTEN, status));
+        if let Err(e) = written {
+            self.slots.release(slot);
+            return Err(SubmitError::Memory(e));
+        }
+        self.out.clear();
+        self.in_.clear();
+        self.out.push(Buffer::new(req_addr, HEADER_LEN));
+        match req {
+            Request::Read { data, .. } => self.in_.extend_from_slice(data),
+            Request::Write { data, .. } => self.out.extend_from_slice(data),
+            Request::GetId(id) => self.in_.push(*id),
+            Request::Discard(_) | Request::WriteZeroes(_) => {
+                // At most MAX_SEGMENTS segments of 16 bytes.
+                let len = u32::try_from(segments.len()).unwrap_or(0) * SEGMENT_LEN;
+                self.out.push(Buffer::new(
+                    GuestAddress(req_addr.0 + HEADER_SIZE as u64),
+                    len,
+                ));
+            }
+            Request::Flush => {}
+        }
+        self.in_.push(Buffer::new(status, 1));
+        let pending = Pending { token, must_write };
+        Ok(self.slots.commit(slot, pending, &self.out, &self.in_)?)
+    }
+
+    /// Makes the submitted requests visible to the device and notifies it
+    /// as the queue's mode decides. On failure every request in flight is
+    /// failed through `on_complete`.
+    pub fn publish(&mut self, mut on_complete: impl FnMut(Completion)) -> Result<(), QueueFailure> {
+        self.slots.publish(|r| {
+            on_complete(failed(r));
+            Ok(())
+        })
+    }
+
+    /// Hands every completion the device has published to `on_complete`
+    /// and returns how many there were, without waiting.
+    pub fn reap(&mut self, mut on_complete: impl FnMut(Completion)) -> Result<usize, QueueFailure> {
+        let (mem, base) = (&self.mem, self.status_base);
+        self.slots.reap(|r| deliver(r, mem, base, &mut on_complete))
+    }
+
+    /// Waits (bounded by the queue's timeout, woken by a socket hangup)
+    /// until completions arrive, then reaps them as [`Self::reap`]. Returns
+    /// at once when nothing is in flight. On failure every request in
+    /// flight is failed through `on_complete` before the error returns.
+    pub fn wait_and_reap(
+        &mut self,
+        mut on_complete: impl FnMut(Completion),
+    ) -> Result<usize, QueueFailure> {
+        let (mem, base) = (&self.mem, self.status_base);
+        self.slots
+            .wait_and_reap(|r| deliver(r, mem, base, &mut on_complete))
+    }
+
+    /// Fails every request in flight, for when the caller gives up on the
+    /// device (for instance after another queue of it failed).
+    pub fn abandon(&mut self, mut on_complete: impl FnMut(Completion)) {
+        self.slots.abandon(|r| {
+            on_complete(failed(r));
+            Ok(())
+        });
+    }
+}
+
+/// The completion of a request the queue gave up on.
+fn failed(r: Reaped<Pending>) -> Completion {
+    let (Reaped::Used { info, .. } | Reaped::Failed { info }) = r;
+    Completion {
+        token: info.token,
+        result: Err(RequestError::QueueFailed),
+    }
+}
+
+/// Turns what the slots reaped into a [`Completion`], reading the status
+/// byte of the slot from the area at `status_base`.
+fn deliver(
+    r: Reaped<Pending>,
+    mem: &GuestMemoryMmap,
+    status_base: GuestAddress,
+    on_complete: &mut impl FnMut(Completion),
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let Reaped::Used { slot, info, len } = r else {
+        on_complete(failed(r));
+        return Ok(());
+    };
+    let status: u8 = mem.read_obj(GuestAddress(status_base.0 + u64::from(slot)))?;
+    on_complete(Completion {
+        token: info.token,
+        result: interpret(status, len, info.must_write),
+    });
+    Ok(())
+}
+
+/// What a completion with `status` and used length `len` means for a
+/// request that must see `must_write` data bytes written when it
+/// succeeds. The used length counts the status byte, so 0 never
+/// completes a request.
+fn interpret(status: u8, len: u32, must_write: u32) -> Result<Done, RequestError> {
+    if len == 0 {
+        return Err(RequestError::UsedTooShort { len, needed: 1 });
+    }
+    match Status::from_byte(status) {
+        Some(Status::Ok) => {
+            let needed = must_write.saturating_add(1);
+            if len < needed {
+                return Err(RequestError::UsedTooShort { len, needed });
+            }
+            Ok(Done { bytes: len - 1 })
+        }
+        Some(s) => Err(RequestError::Status(s)),
+        None if status == STATUS_UNWRITTEN => Err(RequestError::StatusNotWritten),
+        None => Err(RequestError::UnknownStatus(status)),
+    }
+}
