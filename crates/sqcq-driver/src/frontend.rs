@@ -458,6 +458,39 @@ impl Frontend {
         Ok(())
     }
 
+    /// Sets a virtio-blk device's cache mode (VIRTIO_BLK_F_CONFIG_WCE):
+    /// SET_CONFIG of `writeback` (write-back, or write-through: every
+    /// write durable before it completes), then the configuration space
+    /// read again into [`Self::negotiated`].
+    pub fn set_writeback(&mut self, writeback: bool) -> Result<(), FrontendError> {
+        if self.negotiated.device != DeviceType::Blk
+            || !self.negotiated.has(blk::VIRTIO_BLK_F_CONFIG_WCE)
+        {
+            return Err(FrontendError::MissingFeature("VIRTIO_BLK_F_CONFIG_WCE"));
+        }
+        let offset = u32::try_from(blk::CONFIG_WCE_OFFSET).unwrap_or(u32::MAX);
+        self.inner
+            .set_config(
+                offset,
+                VhostUserConfigFlags::WRITABLE,
+                &[u8::from(writeback)],
+            )
+            .map_err(request("SET_CONFIG"))?;
+        self.reread_config()
+    }
+
+    /// Reads a virtio-blk device's configuration space again (after a
+    /// configuration change: a resize) into [`Self::negotiated`].
+    pub fn reread_config(&mut self) -> Result<(), FrontendError> {
+        if self.negotiated.device == DeviceType::Blk {
+            let raw = read_config(&mut self.inner, blk::CONFIG_SIZE_BASE)?;
+            self.negotiated.config = DeviceConfig::Blk(
+                BlkConfig::decode(&raw).ok_or(FrontendError::BlkConfig { len: raw.len() })?,
+            );
+        }
+        Ok(())
+    }
+
     /// Waits until the device has processed every message sent so far.
     /// With REPLY_ACK every `set_*` was acknowledged already; without it,
     /// a request with a reply (GET_FEATURES) serves as the barrier, since

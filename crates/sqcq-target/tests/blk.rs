@@ -1,15 +1,22 @@
-//! The vhost-user-blk device over a real socket, with rust-vmm's vhost
-//! frontend and split rings laid out by hand: negotiation and the
-//! configuration space, reads and writes with their data, flush, GET_ID,
-//! write zeroes and discard, and every malformed request answered with its
-//! status.
+//! The vhost-user-blk device over a real socket. Through sqcq-driver's
+//! blk layer: negotiation and the configuration space, the cache mode,
+//! reads and writes with their data, flush, GET_ID, write zeroes and
+//! discard, a read-only disk, bit 42. Through rust-vmm's vhost frontend
+//! and rings laid out by hand (`raw_ring`): every malformed request
+//! answered with its status, configuration writes no driver makes, a
+//! request of more segments than the ring holds (Linux builds them with
+//! indirect tables; sqcq-driver's requests have at most 8), and resizes
+//! told on the backend channel (sqcq-driver has none).
 
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 
-use common::sqcq::SQCQ;
+use common::blk_driver::BlkDriver;
+use common::raw_ring::{Guest, INDIRECT, NEXT, Vq, WRITE, connect_device};
 use common::*;
+use sqcq_driver::NotifyMode;
+use sqcq_driver::blk::{Done as DriverDone, RequestError};
 use sqcq_target::Daemon;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, QueueMap};
 use sqcq_wire::blk::{
@@ -20,7 +27,6 @@ use sqcq_wire::blk::{
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use vhost::VhostBackend;
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
 use vhost::vhost_user::{FrontendReqHandler, HandlerResult, VhostUserFrontendReqHandler};
@@ -198,19 +204,16 @@ fn rig(name: &str, read_only: bool, features: u64) -> Rig {
 
 #[test]
 fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
-    let Rig {
-        dir: _dir,
-        daemon,
-        g: _g,
-        qs: _qs,
-        mut fe,
-    } = rig("blk-config", false, BLK_FEATURES);
-    assert_eq!(fe.get_queue_num().unwrap(), 2, "request queues only");
-    let offered = fe.get_features().unwrap();
-    assert_eq!(offered & (1 << VIRTIO_BLK_F_RO), 0);
-    assert_eq!(offered & (1 << 1), 0, "SIZE_MAX is not offered");
-    assert_ne!(offered & (1 << VIRTIO_BLK_F_CONFIG_WCE), 0);
-    let c = config(&mut fe);
+    let dir = TempDir::new("blk-config");
+    let (daemon, socket) = start_blk(&dir, false);
+    let mut d = BlkDriver::connect(&socket, NotifyMode::Notify);
+    let neg = d.frontend.negotiated().clone();
+    assert_eq!(neg.vrings, 2, "request queues only");
+    assert_eq!(d.rqs.len(), 2, "MQ: num_queues");
+    assert!(!neg.has(VIRTIO_BLK_F_RO));
+    assert_eq!(neg.offered & (1 << 1), 0, "SIZE_MAX is not offered");
+    assert!(neg.has(VIRTIO_BLK_F_CONFIG_WCE) && neg.has(VIRTIO_BLK_F_FLUSH));
+    let c = d.config();
     assert_eq!(c.capacity, SECTORS);
     assert_eq!((c.blk_size, c.num_queues), (512, 2));
     assert_eq!(c.seg_max, u32::from(DEVICE_QUEUE_SIZE) - 2);
@@ -218,10 +221,29 @@ fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
         (c.max_write_zeroes_seg, c.max_write_zeroes_sectors),
         (1, 2048)
     );
-    // The cache mode is write-back until the driver says otherwise; it is
-    // the one field a driver may write, with 0 or 1 only, and a device
-    // reset restores it.
+    // Write-back until the driver chooses write-through, which the
+    // configuration space then shows.
     assert_eq!(c.writeback, 1);
+    d.frontend.set_writeback(false).unwrap();
+    assert_eq!(d.config().writeback, 0);
+    d.frontend.set_writeback(true).unwrap();
+    assert_eq!(d.config().writeback, 1);
+    daemon.shutdown();
+}
+
+#[test]
+fn only_the_cache_mode_is_writable_with_0_or_1_and_a_reset_restores_it() {
+    let Rig {
+        dir: _dir,
+        daemon,
+        g: _g,
+        qs: _qs,
+        mut fe,
+    } = rig(
+        "blk-config-writes",
+        false,
+        BLK_FEATURES | (1 << VIRTIO_BLK_F_CONFIG_WCE),
+    );
     let wce = blk::CONFIG_WCE_OFFSET as u32;
     fe.set_config(wce, VhostUserConfigFlags::WRITABLE, &[0])
         .unwrap();
@@ -241,63 +263,54 @@ fn a_blk_device_negotiates_and_shows_its_disk_in_the_config_space() {
 }
 
 #[test]
-fn reads_writes_flush_get_id_and_write_zeroes_do_what_they_say() {
-    let Rig {
-        dir: _dir,
-        daemon,
-        mut g,
-        mut qs,
-        mut fe,
-    } = rig(
-        "blk-io",
-        false,
-        BLK_FEATURES | (1 << VIRTIO_BLK_F_CONFIG_WCE),
-    );
+fn reads_writes_flush_get_id_write_zeroes_and_discard_do_what_they_say() {
+    let dir = TempDir::new("blk-io");
+    let (daemon, socket) = start_blk(&dir, false);
+    let mut d = BlkDriver::connect(&socket, NotifyMode::Notify);
     // Write-back, then write-through (every write a FUA write).
-    for writeback in [1u8, 0] {
-        fe.set_config(
-            blk::CONFIG_WCE_OFFSET as u32,
-            VhostUserConfigFlags::WRITABLE,
-            &[writeback],
-        )
-        .unwrap();
-        for (vq, q) in qs.iter_mut().enumerate() {
+    for writeback in [true, false] {
+        d.frontend.set_writeback(writeback).unwrap();
+        for (vq, q) in d.rqs.iter_mut().enumerate() {
             let pattern: Vec<u8> = (0..4096u32)
                 .map(|i| (i * 7 + vq as u32 + u32::from(writeback)) as u8)
                 .collect();
             let sector = 8 + 64 * vq as u64;
-            let (d, _) = request(q, &mut g, &header(RequestType::Out, sector), &pattern, 0);
-            assert_eq!(d, ok(1), "OUT");
-            let (d, data) = request(q, &mut g, &header(RequestType::In, sector), &[], 4096);
-            assert_eq!(d, ok(4097), "IN: data and the status byte");
-            assert_eq!(data, pattern);
-            let (d, _) = request(q, &mut g, &header(RequestType::Flush, 0), &[], 0);
-            assert_eq!(d, ok(1), "FLUSH");
-            let (d, id) = request(q, &mut g, &header(RequestType::GetId, 0), &[], 20);
-            assert_eq!(d, ok(21), "GET_ID");
-            assert_eq!(&id[..9], b"blk-test\0");
-            // Write zeroes (with the unmap flag) over the pattern.
-            let seg = Segment {
-                sector,
-                num_sectors: 8,
-                flags: WRITE_ZEROES_FLAG_UNMAP,
-            };
-            let (d, _) = request(
-                q,
-                &mut g,
-                &header(RequestType::WriteZeroes, 0),
-                &seg.encode(),
-                0,
+            assert_eq!(
+                q.write(sector, &pattern),
+                Ok(DriverDone { bytes: 0 }),
+                "OUT"
             );
-            assert_eq!(d, ok(1), "WRITE_ZEROES");
-            let (_, data) = request(q, &mut g, &header(RequestType::In, sector), &[], 4096);
+            let (r, data) = q.read(sector, 4096);
+            assert_eq!(r, Ok(DriverDone { bytes: 4096 }), "IN");
+            assert_eq!(data, pattern);
+            assert_eq!(q.flush(), Ok(DriverDone { bytes: 0 }), "FLUSH");
+            let (r, id) = q.get_id();
+            assert_eq!(r, Ok(DriverDone { bytes: 20 }), "GET_ID");
+            assert_eq!(&id[..9], b"blk-test\0");
+            // Write zeroes (with the unmap flag) over the first half of the
+            // pattern, discard over the second: zeros read back (the RAM
+            // disk reads zeros where it deallocated).
+            let seg = |sector, flags| Segment {
+                sector,
+                num_sectors: 4,
+                flags,
+            };
+            assert_eq!(
+                q.write_zeroes(seg(sector, WRITE_ZEROES_FLAG_UNMAP)),
+                Ok(DriverDone { bytes: 0 })
+            );
+            assert_eq!(q.discard(seg(sector + 4, 0)), Ok(DriverDone { bytes: 0 }));
+            let (_, data) = q.read(sector, 4096);
             assert!(data.iter().all(|b| *b == 0), "zeroes read back");
         }
     }
     // The last sector is readable, the one after it is not.
-    let q = &mut qs[0];
-    let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS - 1), &[], 512);
-    assert_eq!(d, ok(513));
+    let q = &mut d.rqs[0];
+    assert_eq!(q.read(SECTORS - 1, 512).0, Ok(DriverDone { bytes: 512 }));
+    assert_eq!(
+        q.read(SECTORS, 512).0,
+        Err(RequestError::Status(Status::IoErr))
+    );
     daemon.shutdown();
 }
 
@@ -368,55 +381,47 @@ fn malformed_and_unsupported_requests_get_their_status() {
 
 #[test]
 fn a_read_only_disk_says_so_and_refuses_writes() {
-    // `rig` asserts the device offers what is asked (RO here).
-    let Rig {
-        dir: _dir,
-        daemon,
-        mut g,
-        mut qs,
-        fe: _fe,
-    } = rig("blk-ro", true, BLK_FEATURES | (1 << VIRTIO_BLK_F_RO));
-    let q = &mut qs[0];
-    let (d, _) = request(q, &mut g, &header(RequestType::Out, 0), &[1; 512], 0);
-    assert_eq!(d, status(Status::IoErr));
+    let dir = TempDir::new("blk-ro");
+    let (daemon, socket) = start_blk(&dir, true);
+    let mut d = BlkDriver::connect(&socket, NotifyMode::Notify);
+    assert!(d.frontend.negotiated().has(VIRTIO_BLK_F_RO));
+    let q = &mut d.rqs[0];
+    let refused = Err(RequestError::Status(Status::IoErr));
+    assert_eq!(q.write(0, &[1; 512]), refused);
     let seg = Segment {
         sector: 0,
         num_sectors: 1,
         flags: 0,
     };
-    let (d, _) = request(
-        q,
-        &mut g,
-        &header(RequestType::WriteZeroes, 0),
-        &seg.encode(),
-        0,
+    assert_eq!(q.write_zeroes(seg), refused);
+    assert_eq!(q.discard(seg), refused);
+    assert_eq!(
+        q.read(0, 512).0,
+        Ok(DriverDone { bytes: 512 }),
+        "reads still work"
     );
-    assert_eq!(d, status(Status::IoErr));
-    let (d, _) = request(q, &mut g, &header(RequestType::In, 0), &[], 512);
-    assert_eq!(d, ok(513), "reads still work");
     daemon.shutdown();
 }
 
 #[test]
 fn with_bit_42_blk_requests_go_through_the_doorbells() {
-    let Rig {
-        dir: _dir,
-        daemon,
-        mut g,
-        mut qs,
-        fe,
-    } = rig("blk-sqcq", false, BLK_FEATURES | SQCQ);
-    let q = &mut qs[1];
+    let dir = TempDir::new("blk-sqcq");
+    let (daemon, socket) = start_blk(&dir, false);
+    let mut d = BlkDriver::connect(&socket, NotifyMode::Sqcq);
+    let q = &mut d.rqs[1];
     let pattern: Vec<u8> = (0..1024u32).map(|i| (i % 251) as u8).collect();
-    let (d, _) = submit_blk(q, &mut g, &header(RequestType::Out, 16), &pattern, 0, true);
-    assert_eq!(d, ok(1));
-    let (d, data) = submit_blk(q, &mut g, &header(RequestType::In, 16), &[], 1024, true);
-    assert_eq!(d, ok(1025));
+    assert_eq!(q.write(16, &pattern), Ok(DriverDone { bytes: 0 }));
+    let (r, data) = q.read(16, 1024);
+    assert_eq!(r, Ok(DriverDone { bytes: 1024 }));
     assert_eq!(data, pattern);
-    let (d, _) = submit_blk(q, &mut g, &header(RequestType::Flush, 0), &[], 0, true);
-    assert_eq!(d, ok(1));
-    assert_eq!(q.cq_idx(&g), q.used_idx(&g), "cq.idx follows used->idx");
-    drop(fe);
+    assert_eq!(q.flush(), Ok(DriverDone { bytes: 0 }));
+    let bells = q.queue.virtqueue().doorbells().expect("doorbells");
+    assert_eq!(
+        (bells.sq_idx, bells.cq_idx),
+        (3, 3),
+        "cq.idx follows used->idx"
+    );
+    drop(d);
     let mut mode = None;
     wait_until("the stopped queue's figures", || {
         mode = daemon

@@ -25,19 +25,22 @@ pub use sqcq_wire::blk::{
 };
 
 pub use sqcq_wire::blk::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
-    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
+    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY,
+    VIRTIO_BLK_F_WRITE_ZEROES,
 };
 
 /// The virtio-blk feature bits a [`BlkQueue`] user can take advantage of
 /// and the frontend may ack: the configuration fields they guard are read
-/// by the frontend; SIZE_MAX, GEOMETRY, CONFIG_WCE, SECURE_ERASE and ZONED
-/// are left out (the first three change nothing for this driver, the last
+/// by the frontend, CONFIG_WCE lets it choose the cache mode
+/// (`Frontend::set_writeback`); SIZE_MAX, GEOMETRY, SECURE_ERASE and ZONED
+/// are left out (the first two change nothing for this driver, the last
 /// two need requests it does not build).
 pub const FEATURES: u64 = (1 << VIRTIO_BLK_F_SEG_MAX)
     | (1 << VIRTIO_BLK_F_RO)
     | (1 << VIRTIO_BLK_F_BLK_SIZE)
     | (1 << VIRTIO_BLK_F_FLUSH)
+    | (1 << VIRTIO_BLK_F_CONFIG_WCE)
     | (1 << VIRTIO_BLK_F_TOPOLOGY)
     | (1 << VIRTIO_BLK_F_MQ)
     | (1 << VIRTIO_BLK_F_DISCARD)

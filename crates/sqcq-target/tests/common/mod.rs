@@ -3,7 +3,8 @@
 //!
 //! - [`driver`]: sqcq-driver, the project's own userspace virtio-scsi
 //!   driver (the one sqcq-bench runs). Every test of correct behaviour
-//!   drives the target through it.
+//!   drives the target through it; [`blk_driver`] is its virtio-blk
+//!   layer (`sqcq-bench --device-type blk`), for the blk device.
 //! - [`raw_ring`]: split rings laid out by hand and requests built byte by
 //!   byte, for hostile-input tests only: descriptor loops, bad addresses,
 //!   corrupt indices, doorbell values no driver would write.
@@ -14,6 +15,7 @@
 
 #![allow(dead_code)]
 
+pub mod blk_driver;
 pub mod driver;
 pub mod raw;
 pub mod raw_ring;
@@ -26,17 +28,6 @@ use sqcq_target::config::{
     BackstoreKind, DaemonConfig, DeviceConfig, LunSpec, PollOptions, QueueMap,
 };
 use vmm_sys_util::eventfd::EventFd;
-
-// blk.rs drives the blk device through `raw_ring` until sqcq-driver has a
-// blk layer (issue 11); these re-exports keep its imports and go when it
-// moves.
-#[allow(unused_imports)]
-pub use raw_ring::{Guest, INDIRECT, NEXT, Vq, WRITE, connect_device};
-/// See the re-exports above.
-pub mod sqcq {
-    #[allow(unused_imports)]
-    pub use super::raw_ring::SQCQ;
-}
 
 /// Descriptors per virtqueue (the daemon's `--queue-size`).
 pub const QUEUE_SIZE: u16 = 64;
