@@ -37,6 +37,8 @@ pub mod poll_stats;
 pub mod scsi;
 mod slots;
 pub mod sqcq;
+#[cfg(test)]
+mod test_rig;
 pub mod virtqueue;
 pub mod vring;
 

@@ -12,9 +12,8 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
-use crate::notify::{NotifyError, NotifyMode, QueueEvents};
+use crate::notify::{NotifyError, NotifyMode};
 use crate::slots::QueueFailure;
-use crate::virtqueue::Virtqueue;
 use crate::vring::{DeviceError, QueueConfig};
 use crate::{Buffer, DriverMemory};
 
@@ -37,39 +36,8 @@ fn rig_with(mode: NotifyMode, hangup: Option<OwnedFd>, timeout: Duration) -> Rig
         indirect_max: 4,
     };
     let mut mem = DriverMemory::new(4 << 20).unwrap();
-    let mut events = QueueEvents::new(hangup, timeout).unwrap();
-    let (vq, poll) = if mode.doorbells() {
-        let mut group = crate::sqcq::PollGroupBuilder::new(
-            crate::sqcq::PollThreads::PerDevice,
-            sqcq_protocol::SpinConfig::default(),
-        );
-        let ring = crate::SplitQueue::new(&mut mem, config).unwrap();
-        let inline = mode == NotifyMode::SqcqInline;
-        let notifier = group.attach(&mem, 0, &ring, &mut events, inline).unwrap();
-        let vq = Virtqueue::with_notifier(0, ring, notifier, events);
-        (vq, Some(group.start().unwrap()))
-    } else {
-        (
-            Virtqueue::new(&mut mem, 0, config, mode, events).unwrap(),
-            None,
-        )
-    };
-    let [desc, avail, used] = vq.addresses();
-    let mut device = Queue::new(SIZE).unwrap();
-    let split = |gpa: GuestAddress| {
-        (
-            Some(u32::try_from(gpa.0 & 0xffff_ffff).unwrap()),
-            Some(u32::try_from(gpa.0 >> 32).unwrap()),
-        )
-    };
-    let (lo, hi) = split(desc);
-    device.set_desc_table_address(lo, hi);
-    let (lo, hi) = split(avail);
-    device.set_avail_ring_address(lo, hi);
-    let (lo, hi) = split(used);
-    device.set_used_ring_address(lo, hi);
-    device.set_event_idx(true);
-    device.set_ready(true);
+    let (vq, poll, device) =
+        crate::test_rig::queue_pair(&mut mem, 0, config, mode, hangup, timeout);
     let queue = BlkQueue::new(&mut mem, vq).unwrap();
     let data = mem.alloc(4096 * 4, 4096).unwrap();
     Rig {

@@ -39,37 +39,8 @@ fn config(event_idx: bool) -> QueueConfig {
 
 fn rig_with(mode: NotifyMode, event_idx: bool, hangup: Option<OwnedFd>, timeout: Duration) -> Rig {
     let mut mem = DriverMemory::new(4 << 20).unwrap();
-    let mut events = QueueEvents::new(hangup, timeout).unwrap();
-    let (vq, poll) = if mode.doorbells() {
-        let mut group = crate::sqcq::PollGroupBuilder::new(
-            crate::sqcq::PollThreads::PerDevice,
-            sqcq_protocol::SpinConfig::default(),
-        );
-        let ring = crate::SplitQueue::new(&mut mem, config(event_idx)).unwrap();
-        let inline = mode == NotifyMode::SqcqInline;
-        let notifier = group.attach(&mem, 2, &ring, &mut events, inline).unwrap();
-        let vq = Virtqueue::with_notifier(2, ring, notifier, events);
-        (vq, Some(group.start().unwrap()))
-    } else {
-        let vq = Virtqueue::new(&mut mem, 2, config(event_idx), mode, events).unwrap();
-        (vq, None)
-    };
-    let [desc, avail, used] = vq.addresses();
-    let mut device = Queue::new(SIZE).unwrap();
-    let split = |gpa: GuestAddress| {
-        (
-            Some(u32::try_from(gpa.0 & 0xffff_ffff).unwrap()),
-            Some(u32::try_from(gpa.0 >> 32).unwrap()),
-        )
-    };
-    let (lo, hi) = split(desc);
-    device.set_desc_table_address(lo, hi);
-    let (lo, hi) = split(avail);
-    device.set_avail_ring_address(lo, hi);
-    let (lo, hi) = split(used);
-    device.set_used_ring_address(lo, hi);
-    device.set_event_idx(event_idx);
-    device.set_ready(true);
+    let (vq, poll, device) =
+        crate::test_rig::queue_pair(&mut mem, 2, config(event_idx), mode, hangup, timeout);
     let queue = ScsiQueue::new(&mut mem, vq, &ScsiConfig::default()).unwrap();
     let data = mem.alloc(4096 * 4, 4096).unwrap();
     Rig {

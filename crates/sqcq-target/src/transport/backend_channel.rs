@@ -22,6 +22,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::transport::vhost_socket;
+
 /// SET_BACKEND_REQ_FD's request code on the main socket.
 const SET_BACKEND_REQ_FD: u32 = 21;
 /// CONFIG_CHANGE_MSG's request code on the backend channel.
@@ -87,17 +89,7 @@ impl BackendChannel {
 /// the message itself stays queued for `vhost`'s handler.
 pub fn peek_backend_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
     let mut header = [0u8; HEADER_LEN];
-    // SAFETY: peeks at most HEADER_LEN bytes into a local buffer; without
-    // a control buffer no descriptor is received.
-    let n = unsafe {
-        libc::recv(
-            sock,
-            header.as_mut_ptr().cast(),
-            HEADER_LEN,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    if usize::try_from(n) != Ok(HEADER_LEN)
+    if !matches!(vhost_socket::peek(sock, &mut header), Ok(HEADER_LEN))
         || u32::from_le_bytes([header[0], header[1], header[2], header[3]]) != SET_BACKEND_REQ_FD
     {
         return Ok(None);

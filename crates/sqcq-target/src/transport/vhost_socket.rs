@@ -81,27 +81,35 @@ pub fn wait_for_message(sock: RawFd, stop: RawFd, timeout: Duration) -> io::Resu
 
 /// `Some(true)`: a whole message (or end of file, or an invalid size) is
 /// queued; `Some(false)`: part of one; `None`: nothing.
-fn queued_message(sock: RawFd) -> io::Result<Option<bool>> {
-    let mut header = [0u8; HEADER_LEN];
-    // SAFETY: peeks at most HEADER_LEN bytes into a local buffer, without
-    // a control buffer (no descriptors are received by a peek).
+/// Copies up to `buf.len()` bytes queued on `sock` into `buf` without
+/// taking them off the socket and without waiting (no descriptor is
+/// received: there is no control buffer); how many.
+pub(crate) fn peek(sock: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: writes at most `buf.len()` bytes into `buf`.
     let n = unsafe {
         libc::recv(
             sock,
-            header.as_mut_ptr().cast(),
-            HEADER_LEN,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
             libc::MSG_PEEK | libc::MSG_DONTWAIT,
         )
     };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-            // A broken socket: let the handler find out and report it.
-            _ => Ok(Some(true)),
-        };
-    }
-    let n = usize::try_from(n).unwrap_or(0);
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+fn queued_message(sock: RawFd) -> io::Result<Option<bool>> {
+    let mut header = [0u8; HEADER_LEN];
+    let n = peek(sock, &mut header);
+    let n = match n {
+        Ok(n) => n,
+        Err(e) => {
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                // A broken socket: let the handler find out and report it.
+                _ => Ok(Some(true)),
+            };
+        }
+    };
     if n == 0 {
         return Ok(Some(true));
     }

@@ -4,13 +4,13 @@
 //! queue and one request at a time.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sqcq_driver::blk::{self, BlkQueue, Completion, Done, Request, RequestError, Segment};
 use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollThreads};
 use sqcq_driver::{
-    Buffer, DeviceType, DriverMemory, Frontend, FrontendConfig, FrontendError, NotifyMode,
-    QueueConfig, QueueEvents, SplitQueue, Virtqueue,
+    Buffer, DeviceType, DriverMemory, Frontend, FrontendConfig, NotifyMode, QueueConfig,
+    QueueEvents, SplitQueue, Virtqueue,
 };
 use sqcq_protocol::SpinConfig;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -54,16 +54,7 @@ impl BlkDriver {
             timeout: WAIT,
             ..FrontendConfig::new(socket)
         };
-        let deadline = Instant::now() + WAIT;
-        let mut frontend = loop {
-            match Frontend::connect(&config) {
-                Ok(f) => break f,
-                Err(FrontendError::Connect { .. }) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => panic!("cannot connect: {e:?}"),
-            }
-        };
+        let mut frontend = super::driver::connect_retrying(&config);
         let neg = frontend.negotiated().clone();
         let required = mode.required_features();
         assert_eq!(neg.acked & required, required, "{neg:?}");

@@ -102,17 +102,7 @@ impl Driver {
             timeout: WAIT,
             ..FrontendConfig::new(socket)
         };
-        let deadline = Instant::now() + WAIT;
-        let mut frontend = loop {
-            match Frontend::connect(&config) {
-                Ok(f) => break f,
-                Err(FrontendError::Connect { source, .. }) if Instant::now() < deadline => {
-                    let _ = source;
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => panic!("cannot connect: {e:?}"),
-            }
-        };
+        let mut frontend = connect_retrying(&config);
         let neg = frontend.negotiated().clone();
         let mut wanted = (1 << VIRTIO_F_VERSION_1)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
@@ -212,6 +202,21 @@ impl Driver {
         match &mut self.rqs[..] {
             [a, b, ..] => (a, b),
             _ => panic!("fewer than two request queues"),
+        }
+    }
+}
+
+/// Connects as `config` says, retrying until the socket is there (within
+/// [`WAIT`]).
+pub fn connect_retrying(config: &FrontendConfig) -> Frontend {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match Frontend::connect(config) {
+            Ok(f) => return f,
+            Err(FrontendError::Connect { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("cannot connect: {e:?}"),
         }
     }
 }

@@ -1,0 +1,61 @@
+//! What the request layers' unit tests share: a virtqueue in any
+//! notification mode, and virtio-queue's device side of it over the same
+//! driver memory, played inline by the test.
+
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestAddress;
+
+use crate::DriverMemory;
+use crate::notify::{NotifyMode, QueueEvents};
+use crate::sqcq::{PollGroup, PollGroupBuilder, PollThreads};
+use crate::virtqueue::Virtqueue;
+use crate::vring::{QueueConfig, SplitQueue};
+
+/// Vring `index` in `mode` (with its driver poll thread in the doorbell
+/// modes), and the device's `Queue` at its addresses, ready.
+pub(crate) fn queue_pair(
+    mem: &mut DriverMemory,
+    index: u16,
+    config: QueueConfig,
+    mode: NotifyMode,
+    hangup: Option<OwnedFd>,
+    timeout: Duration,
+) -> (Virtqueue, Option<PollGroup>, Queue) {
+    let mut events = QueueEvents::new(hangup, timeout).unwrap();
+    let (vq, poll) = if mode.doorbells() {
+        let mut group =
+            PollGroupBuilder::new(PollThreads::PerDevice, sqcq_protocol::SpinConfig::default());
+        let ring = SplitQueue::new(mem, config).unwrap();
+        let inline = mode == NotifyMode::SqcqInline;
+        let notifier = group
+            .attach(mem, index, &ring, &mut events, inline)
+            .unwrap();
+        let vq = Virtqueue::with_notifier(index, ring, notifier, events);
+        (vq, Some(group.start().unwrap()))
+    } else {
+        (
+            Virtqueue::new(mem, index, config, mode, events).unwrap(),
+            None,
+        )
+    };
+    let [desc, avail, used] = vq.addresses();
+    let mut device = Queue::new(config.size).unwrap();
+    let split = |gpa: GuestAddress| {
+        (
+            Some(u32::try_from(gpa.0 & 0xffff_ffff).unwrap()),
+            Some(u32::try_from(gpa.0 >> 32).unwrap()),
+        )
+    };
+    let (lo, hi) = split(desc);
+    device.set_desc_table_address(lo, hi);
+    let (lo, hi) = split(avail);
+    device.set_avail_ring_address(lo, hi);
+    let (lo, hi) = split(used);
+    device.set_used_ring_address(lo, hi);
+    device.set_event_idx(config.event_idx);
+    device.set_ready(true);
+    (vq, poll, device)
+}
