@@ -90,8 +90,16 @@ pub fn read_at(
 ) -> Result<(), GuestError> {
     let len = buf.len() as u64;
     for_each_piece(segs, offset, len, |addr, start, n| {
-        mem.read_slice(&mut buf[start..start + n], addr)
-            .map_err(GuestError::Memory)
+        let dst = &mut buf[start..start + n];
+        // A piece within one region (nearly always): one lookup, no
+        // iterator over regions.
+        if let Some((region, at)) = mem.to_region_addr(addr)
+            && let Ok(slice) = region.get_slice(at, n)
+        {
+            slice.copy_to(dst);
+            return Ok(());
+        }
+        mem.read_slice(dst, addr).map_err(GuestError::Memory)
     })
 }
 
@@ -104,8 +112,15 @@ pub fn write_at(
 ) -> Result<(), GuestError> {
     let len = buf.len() as u64;
     for_each_piece(segs, offset, len, |addr, start, n| {
-        mem.write_slice(&buf[start..start + n], addr)
-            .map_err(GuestError::Memory)
+        let src = &buf[start..start + n];
+        // As in `read_at`; the slice's bitmap marks what it writes.
+        if let Some((region, at)) = mem.to_region_addr(addr)
+            && let Ok(slice) = region.get_slice(at, n)
+        {
+            slice.copy_from(src);
+            return Ok(());
+        }
+        mem.write_slice(src, addr).map_err(GuestError::Memory)
     })
 }
 
@@ -122,6 +137,17 @@ pub fn iovecs(
     out: &mut Vec<libc::iovec>,
 ) -> Result<(), GuestError> {
     for_each_piece(segs, offset, len, |addr, _start, n| {
+        // A piece within one region (nearly always): one lookup, one
+        // iovec, no slice iterator.
+        if let Some((region, at)) = mem.to_region_addr(addr)
+            && let Ok(slice) = region.get_slice(at, n)
+        {
+            out.push(libc::iovec {
+                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+                iov_len: slice.len(),
+            });
+            return Ok(());
+        }
         for slice in mem.get_slices(addr, n) {
             let slice = slice.map_err(GuestError::Memory)?;
             out.push(libc::iovec {
