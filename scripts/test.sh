@@ -23,8 +23,8 @@ echo "== loom: each fence of the handshake removed in turn must lose a wakeup"
 scripts/check-fences.sh
 echo "== spin: the Promela model of NEED_WAKEUP and its fence-less variants"
 scripts/check-models.sh
-echo "== cargo test"
-cargo test --workspace
+echo "== cargo test (every peer installed above: none may be skipped)"
+SQCQ_REQUIRE_PEERS=1 cargo test --workspace
 echo "== fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
 echo "== guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"

@@ -9,44 +9,17 @@
 //! sqcqd is $SQCQ_TARGET_BIN or target/{debug,release}/sqcqd (`cargo
 //! build -p sqcq-target`); qemu-storage-daemon is $SQCQ_QSD_BIN or in PATH
 //! (Debian's qemu-system-common, installed by scripts/setup.sh). Each test
-//! is skipped, saying why, when its target is missing.
+//! is skipped, saying why, when its target is missing (a failure under
+//! `SQCQ_REQUIRE_PEERS`, see `common`).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_sqcq-bench");
-
-fn sqcqd() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("SQCQ_TARGET_BIN") {
-        return Some(PathBuf::from(path));
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
-    let found = ["debug", "release"]
-        .iter()
-        .map(|p| root.join(p).join("sqcqd"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        eprintln!("SKIPPED: no sqcqd in target/ (cargo build -p sqcq-target)");
-    }
-    found
-}
-
-fn qsd() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("SQCQ_QSD_BIN") {
-        return Some(PathBuf::from(path));
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("qemu-storage-daemon"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        eprintln!("SKIPPED: qemu-storage-daemon not in PATH (scripts/setup.sh installs it)");
-    }
-    found
-}
 
 /// Runs the bench against `target` started from `bin`; returns its output
 /// and its JSON report, asserting it succeeded.
@@ -115,7 +88,7 @@ const MODES: [&str; 5] = ["notify", "poll-queue", "ring-poll", "sqcq", "sqcq-inl
 
 #[test]
 fn verify_passes_against_sqcqd_in_every_mode() {
-    let Some(bin) = sqcqd() else { return };
+    let Some(bin) = common::sqcqd() else { return };
     for mode in MODES {
         let (_, v) = verify("sqcqd", &bin, mode, "2");
         assert_eq!(v["sqcq"]["mode"], mode, "{mode}: no fallback from sqcqd");
@@ -127,7 +100,7 @@ fn verify_passes_against_sqcqd_in_every_mode() {
 
 #[test]
 fn every_rw_and_depth_runs_against_sqcqd() {
-    let Some(bin) = sqcqd() else { return };
+    let Some(bin) = common::sqcqd() else { return };
     let runs = [
         ("read", "1"),
         ("write", "32"),
@@ -162,7 +135,7 @@ fn every_rw_and_depth_runs_against_sqcqd() {
 
 #[test]
 fn verify_passes_against_qemu_storage_daemon() {
-    let Some(bin) = qsd() else { return };
+    let Some(bin) = common::qsd() else { return };
     for mode in ["notify", "poll-queue", "ring-poll"] {
         let (_, v) = verify("qemu-storage-daemon", &bin, mode, "2");
         assert_eq!(v["sqcq"]["mode"], mode);

@@ -1,8 +1,11 @@
 //! End to end against rust-vmm's vhost-device-scsi (installed by
 //! `scripts/install-peers.sh` into target/tools): the whole stack, from
 //! the command line through the vhost-user frontend to a real device
-//! process. Skipped, saying why, when the peer is not installed; never
-//! installs it (that is the script's job).
+//! process. Skipped, saying why, when the peer is not installed (a failure
+//! under `SQCQ_REQUIRE_PEERS`, which the test command sets); never installs
+//! it (that is the script's job).
+
+mod common;
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -12,24 +15,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_sqcq-bench");
-
-/// The peer's executable: $SQCQ_PEER_BIN, or target/tools/bin.
-fn peer() -> Option<PathBuf> {
-    let path = std::env::var_os("SQCQ_PEER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin/vhost-device-scsi")
-        });
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "SKIPPED: vhost-device-scsi not found at {} (run scripts/install-peers.sh)",
-            path.display()
-        );
-        None
-    }
-}
 
 fn bench(peer: &Path, args: &[&str]) -> Output {
     let out = Command::new(BENCH)
@@ -49,7 +34,9 @@ fn json(out: &Output) -> Value {
 
 #[test]
 fn verify_passes_against_the_peer() {
-    let Some(peer) = peer() else { return };
+    let Some(peer) = common::vhost_device_scsi() else {
+        return;
+    };
     let out = bench(
         &peer,
         &[
@@ -85,7 +72,9 @@ fn verify_passes_against_the_peer() {
 
 #[test]
 fn every_mode_runs_against_the_peer() {
-    let Some(peer) = peer() else { return };
+    let Some(peer) = common::vhost_device_scsi() else {
+        return;
+    };
     for mode in ["notify", "poll-queue", "ring-poll"] {
         for qd in ["1", "8"] {
             let out = bench(
@@ -117,7 +106,9 @@ fn every_mode_runs_against_the_peer() {
 
 #[test]
 fn doorbell_modes_fall_back_to_notify_on_the_peer() {
-    let Some(peer) = peer() else { return };
+    let Some(peer) = common::vhost_device_scsi() else {
+        return;
+    };
     for mode in ["sqcq", "sqcq-inline"] {
         let out = bench(
             &peer,
@@ -146,7 +137,9 @@ fn doorbell_modes_fall_back_to_notify_on_the_peer() {
 
 #[test]
 fn the_normal_output_reads_like_fio() {
-    let Some(peer) = peer() else { return };
+    let Some(peer) = common::vhost_device_scsi() else {
+        return;
+    };
     let out = bench(&peer, &["--rw", "read", "--size", "1m", "--cdb", "16"]);
     // vhost-device-scsi 0.1.0 has no READ (16): the command fails with a
     // CHECK CONDITION, the run says so and exits non-zero.
@@ -167,7 +160,9 @@ fn the_normal_output_reads_like_fio() {
 
 #[test]
 fn more_jobs_than_queues_is_a_usage_error() {
-    let Some(peer) = peer() else { return };
+    let Some(peer) = common::vhost_device_scsi() else {
+        return;
+    };
     let out = bench(&peer, &["--numjobs", "2", "--size", "1m"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 request queue"));
@@ -217,7 +212,9 @@ impl Drop for Peer {
 
 #[test]
 fn a_device_dying_mid_run_fails_the_run_quickly() {
-    let Some(bin) = peer() else { return };
+    let Some(bin) = common::vhost_device_scsi() else {
+        return;
+    };
     for mode in ["notify", "poll-queue"] {
         let mut peer = Peer::start(&bin, mode);
         let mut bench = Command::new(BENCH)

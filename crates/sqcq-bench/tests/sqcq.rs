@@ -10,27 +10,14 @@
 //! with `cargo build -p sqcq-target`); the tests are skipped, saying why,
 //! when there is none. An sqcqd that does not offer bit 42 fails them.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_sqcq-bench");
-
-fn sqcqd() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("SQCQ_TARGET_BIN") {
-        return Some(PathBuf::from(path));
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
-    let found = ["debug", "release"]
-        .iter()
-        .map(|p| root.join(p).join("sqcqd"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        eprintln!("SKIPPED: no sqcqd in target/ (cargo build -p sqcq-target)");
-    }
-    found
-}
 
 fn bench(sqcqd: &Path, args: &[&str]) -> (Output, Value) {
     let out = Command::new(BENCH)
@@ -61,7 +48,7 @@ const MODES: [&str; 5] = ["notify", "poll-queue", "ring-poll", "sqcq", "sqcq-inl
 
 #[test]
 fn every_mode_runs_against_sqcqd() {
-    let Some(bin) = sqcqd() else { return };
+    let Some(bin) = common::sqcqd() else { return };
     for mode in MODES {
         for qd in ["1", "16"] {
             let (_, v) = bench(
@@ -98,7 +85,7 @@ fn every_mode_runs_against_sqcqd() {
 
 #[test]
 fn verify_passes_in_every_mode_with_several_jobs() {
-    let Some(bin) = sqcqd() else { return };
+    let Some(bin) = common::sqcqd() else { return };
     for mode in MODES {
         let (_, v) = bench(
             &bin,
@@ -130,7 +117,7 @@ fn verify_passes_in_every_mode_with_several_jobs() {
 
 #[test]
 fn after_idling_both_sides_sleep_and_the_next_submission_wakes_them() {
-    let Some(bin) = sqcqd() else { return };
+    let Some(bin) = common::sqcqd() else { return };
     for mode in ["sqcq", "sqcq-inline"] {
         // Two bursts: between them the job waits (bounded) until the
         // driver's CQ consumer (the poll thread; inline, the job itself,
@@ -163,7 +150,7 @@ fn after_idling_both_sides_sleep_and_the_next_submission_wakes_them() {
 
 #[test]
 fn bursts_and_idle_gaps_complete_every_request_exactly_once() {
-    let Some(bin) = sqcqd() else { return };
+    let Some(bin) = common::sqcqd() else { return };
     for (mode, threads) in [
         ("sqcq", "per-device"),
         ("sqcq", "per-queue"),
@@ -201,7 +188,7 @@ fn bursts_and_idle_gaps_complete_every_request_exactly_once() {
 
 #[test]
 fn a_daemon_withholding_bit_42_gets_notify() {
-    let Some(bin) = sqcqd() else { return };
+    let Some(bin) = common::sqcqd() else { return };
     let help = Command::new(&bin).arg("--help").output().unwrap();
     if !String::from_utf8_lossy(&help.stdout).contains("--no-sqcq") {
         eprintln!("SKIPPED: this sqcqd cannot withhold bit 42");
@@ -249,7 +236,7 @@ fn a_daemon_withholding_bit_42_gets_notify() {
 
 #[test]
 fn verify_passes_with_jobs_spread_over_two_device_workers() {
-    let Some(bin) = sqcqd() else { return };
+    let Some(bin) = common::sqcqd() else { return };
     for mode in ["notify", "sqcq"] {
         let (_, v) = bench(
             &bin,

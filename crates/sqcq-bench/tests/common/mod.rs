@@ -1,0 +1,65 @@
+//! Where the end-to-end tests find their targets. A target that is not
+//! there skips the tests that need it, saying why, unless
+//! `SQCQ_REQUIRE_PEERS` is set (the project's test command sets it, after
+//! installing every peer): then a missing target fails the test.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// `why` a target is missing: a skip, or a failure under
+/// `SQCQ_REQUIRE_PEERS`.
+fn missing(why: &str) -> Option<PathBuf> {
+    assert!(
+        std::env::var_os("SQCQ_REQUIRE_PEERS").is_none(),
+        "{why}; SQCQ_REQUIRE_PEERS is set, so nothing may be skipped"
+    );
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
+/// This workspace's `sqcqd`: $SQCQ_TARGET_BIN, or target/{debug,release}.
+pub fn sqcqd() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SQCQ_TARGET_BIN") {
+        return Some(PathBuf::from(path));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    ["debug", "release"]
+        .iter()
+        .map(|p| root.join(p).join("sqcqd"))
+        .find(|p| p.is_file())
+        .or_else(|| missing("no sqcqd in target/ (cargo build -p sqcq-target)"))
+}
+
+/// QEMU's qemu-storage-daemon, the vhost-user-blk peer: $SQCQ_QSD_BIN, or
+/// in PATH (scripts/setup.sh installs it).
+pub fn qsd() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SQCQ_QSD_BIN") {
+        return Some(PathBuf::from(path));
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("qemu-storage-daemon"))
+                .find(|p| p.is_file())
+        })
+        .or_else(|| missing("qemu-storage-daemon not in PATH (scripts/setup.sh installs it)"))
+}
+
+/// rust-vmm's vhost-device-scsi, the vhost-user-scsi peer:
+/// $SQCQ_PEER_BIN, or target/tools/bin (scripts/install-peers.sh).
+pub fn vhost_device_scsi() -> Option<PathBuf> {
+    let path = std::env::var_os("SQCQ_PEER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin/vhost-device-scsi")
+        });
+    if path.is_file() {
+        Some(path)
+    } else {
+        missing(&format!(
+            "vhost-device-scsi not found at {} (run scripts/install-peers.sh)",
+            path.display()
+        ))
+    }
+}
