@@ -16,12 +16,20 @@ use std::time::{Duration, Instant};
 use sqcq_driver::scsi::{Cdb, Command, Data, Lun, ScsiConfig, ScsiQueue};
 use sqcq_driver::{Buffer, DriverMemory, NotifyMode, QueueConfig, QueueEvents, Virtqueue};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const SIZE: u16 = 128;
 const REQUESTS: u64 = 200_000;
 
-fn run(depth: u64) -> Duration {
+/// The driver's SCSI queue in `poll-queue` mode and virtio-queue's device
+/// side of it, over fresh memory with 32 data pages.
+fn setup() -> (
+    DriverMemory,
+    Queue,
+    GuestAddress,
+    GuestMemoryMmap,
+    ScsiQueue,
+) {
     let mut mem = DriverMemory::new(8 << 20).expect("memory");
     let events = QueueEvents::new(None, Duration::from_secs(5)).expect("eventfds");
     let config = QueueConfig {
@@ -48,7 +56,12 @@ fn run(depth: u64) -> Duration {
     device.set_ready(true);
     let data = mem.alloc(4096 * 32, 4096).expect("data");
     let gm = mem.guest_memory().clone();
-    let mut queue = ScsiQueue::new(&mut mem, vq, &ScsiConfig::default()).expect("scsi queue");
+    let queue = ScsiQueue::new(&mut mem, vq, &ScsiConfig::default()).expect("scsi queue");
+    (mem, device, data, gm, queue)
+}
+
+fn run(depth: u64) -> Duration {
+    let (_mem, mut device, data, gm, mut queue) = setup();
     let lun = Lun::new(0, 0).expect("lun");
     let zeros = [0u8; 128];
     let start = Instant::now();
@@ -89,33 +102,7 @@ fn run(depth: u64) -> Duration {
 /// The same with the device on its own thread, spinning on the avail
 /// ring: the submitter spins on the used ring as `poll-queue` does.
 fn run_threaded(depth: u64) -> Duration {
-    let mut mem = DriverMemory::new(8 << 20).expect("memory");
-    let events = QueueEvents::new(None, Duration::from_secs(5)).expect("eventfds");
-    let config = QueueConfig {
-        size: SIZE,
-        event_idx: true,
-        indirect_max: 4,
-    };
-    let vq = Virtqueue::new(&mut mem, 0, config, NotifyMode::PollQueue, events).expect("queue");
-    let [desc, avail, used] = vq.addresses();
-    let mut device = Queue::new(SIZE).expect("device queue");
-    let half = |gpa: GuestAddress| {
-        (
-            u32::try_from(gpa.0 & 0xffff_ffff).ok(),
-            u32::try_from(gpa.0 >> 32).ok(),
-        )
-    };
-    let (lo, hi) = half(desc);
-    device.set_desc_table_address(lo, hi);
-    let (lo, hi) = half(avail);
-    device.set_avail_ring_address(lo, hi);
-    let (lo, hi) = half(used);
-    device.set_used_ring_address(lo, hi);
-    device.set_event_idx(true);
-    device.set_ready(true);
-    let data = mem.alloc(4096 * 32, 4096).expect("data");
-    let gm = mem.guest_memory().clone();
-    let mut queue = ScsiQueue::new(&mut mem, vq, &ScsiConfig::default()).expect("scsi queue");
+    let (_mem, mut device, data, gm, mut queue) = setup();
     let lun = Lun::new(0, 0).expect("lun");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let dev_stop = stop.clone();
