@@ -125,7 +125,7 @@ pub fn peek_backend_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
         if hdr.cmsg_level == libc::SOL_SOCKET && hdr.cmsg_type == libc::SCM_RIGHTS {
             // SAFETY: the data of that header, within the buffer.
             let data = unsafe { libc::CMSG_DATA(cmsg) };
-            let len = hdr.cmsg_len - (data.addr() - cmsg.addr());
+            let len = hdr.cmsg_len.saturating_sub(data.addr() - cmsg.addr());
             for i in 0..len / std::mem::size_of::<RawFd>() {
                 let at = data.wrapping_add(i * std::mem::size_of::<RawFd>());
                 // SAFETY: the i-th descriptor of the header's data.
