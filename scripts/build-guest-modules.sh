@@ -15,6 +15,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
+source scripts/lib/packages.sh
 log() { echo "build-guest-modules: $*" >&2; }
 
 # The guest kernel: as tests/guest/build-initramfs.sh picks it.
@@ -34,17 +35,7 @@ if [ -d "$out" ] && [ -s "$out/virtio_scsi.ko" ]; then
     exit 0
 fi
 
-need=("linux-headers-$kver" make gcc xz-utils)
-missing=()
-for pkg in "${need[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || { log "missing ${missing[*]}"; exit 1; }
-    log "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
-        --no-install-recommends "${missing[@]}" >/dev/null
-fi
+ensure_packages build-guest-modules "linux-headers-$kver" make gcc xz-utils
 
 log "building the guest modules for $kver ($version, key $key)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/sqcq-kmod.XXXXXX")"

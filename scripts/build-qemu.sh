@@ -12,6 +12,8 @@
 #   scripts/build-qemu.sh      prints the path of qemu-system-x86_64
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=scripts/lib/packages.sh
+source "$repo/scripts/lib/packages.sh"
 cd "$repo"
 log() { echo "build-qemu: $*" >&2; }
 
@@ -26,18 +28,8 @@ if [ -x "$bin" ]; then
     exit 0
 fi
 
-deps=(dpkg-dev meson ninja-build pkg-config python3-venv libglib2.0-dev
-      libpixman-1-dev zlib1g-dev libfdt-dev patch)
-missing=()
-for pkg in "${deps[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || { log "missing build dependencies ${missing[*]}"; exit 1; }
-    log "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
-        --no-install-recommends "${missing[@]}" >/dev/null
-fi
+ensure_packages build-qemu dpkg-dev meson ninja-build pkg-config python3-venv \
+    libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev patch
 scripts/enable-deb-src.sh
 
 log "building QEMU $version with patches/qemu (key $key)"

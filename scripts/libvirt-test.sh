@@ -20,6 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
+source scripts/lib/packages.sh
 
 keep=0
 case "${1:-}" in
@@ -37,23 +38,9 @@ t_shutdown="${SQCQ_LIBVIRT_TIMEOUT_SHUTDOWN:-30}"
 # ------------------------------------------------------------ packages
 # the guest's (as guest-test.sh), libvirt's daemon, QEMU driver and virsh,
 # and xmllint for virt-xml-validate
-packages=(qemu-system-x86 qemu-system-data linux-image-amd64 busybox-static
-          sg3-utils fio e2fsprogs cpio kmod
-          libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils)
-missing=()
-for pkg in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    if [ "$(id -u)" != 0 ]; then
-        say "missing packages ${missing[*]} (run as root, or apt-get install them)" >&2
-        exit 1
-    fi
-    say "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}" >/dev/null
-fi
+ensure_packages libvirt-test qemu-system-x86 qemu-system-data linux-image-amd64 \
+    busybox-static sg3-utils fio e2fsprogs cpio kmod \
+    libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils
 
 bin="${SQCQD:-}"
 # the newer of the two builds
