@@ -121,12 +121,8 @@ as_user test -r "$kernel" || { say "$kernel is not readable by the session's use
 # --------------------------------------------------------------- sqcqd
 # two blk devices, as guest-test.sh --blk: vda read-write with 512-byte
 # blocks, vdb read-only with 4096
-disk_toml() { # index read-only block-size
-    printf '[[device]]\ntype = "blk"\nsocket-path = "%s/blk%s.sock"\nnum-queues = 2\n' "$work" "$1"
-    printf '[[device.lun]]\nkind = "ram"\nsize = "64M"\nblock-size = %s\nread-only = %s\nserial = "sqcq-vd%s"\n' \
-        "$3" "$2" "$(echo "$1" | tr 01 ab)"
-}
-{ disk_toml 0 false 512; disk_toml 1 true 4096; } > "$work/blk.toml"
+source tests/guest/blk-toml.sh
+blk_toml "$work" 2 > "$work/blk.toml"
 start_daemon() {
     setsid "$bin" --config "$work/blk.toml" --admin-socket "$work/admin.sock" \
         > "$work/daemon.log" 2>&1 < /dev/null &

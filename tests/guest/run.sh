@@ -198,11 +198,9 @@ if [ "$blk" = 1 ]; then
     P=b
     # the last socket the daemon creates: QEMU starts once it is there
     sock="$work/blk1.sock"
-    disk_toml() { # name ro block-size
-        printf '[[device]]\ntype = "blk"\nsocket-path = "%s/blk%s.sock"\nnum-queues = %s\n' "$work" "$1" "$nq"
-        printf '[[device.lun]]\nkind = "ram"\nsize = "64M"\nblock-size = %s\nread-only = %s\nserial = "sqcq-vd%s"\n' "$3" "$2" "$(echo "$1" | tr 01 ab)"
-    }
-    { disk_toml 0 false 512; disk_toml 1 true 4096; } > "$work/blk.toml"
+    # shellcheck source=tests/guest/blk-toml.sh
+    source "$here/blk-toml.sh"
+    blk_toml "$work" "$nq" > "$work/blk.toml"
 fi
 qemu_pid="" daemon_pid=""
 kill_group() { # pid: TERM its process group, then KILL

@@ -14,34 +14,19 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const BENCH: &str = env!("CARGO_BIN_EXE_sqcq-bench");
+use common::BENCH;
 
 /// Runs the bench against `target` started from `bin`; returns its output
 /// and its JSON report, asserting it succeeded.
 fn bench(target: &str, bin: &Path, args: &[&str]) -> (Output, Value) {
-    let out = Command::new(BENCH)
-        .args(["--device-type", "blk", "--target", target, "--target-bin"])
-        .arg(bin)
-        .args([
-            "--io-timeout",
-            "20",
-            "--eta",
-            "never",
-            "--output-format",
-            "json",
-        ])
-        .args(args)
-        .output()
-        .expect("sqcq-bench runs");
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{target} {args:?}: {out:?}");
-    let json = serde_json::from_slice(&out.stdout).expect("JSON output");
-    (out, json)
+    let start = ["--device-type", "blk", "--target", target, "--target-bin"].map(OsStr::new);
+    common::bench_json(&[&start[..], &[bin.as_os_str()]].concat(), args)
 }
 
 /// A verify run of `jobs` jobs over 2 MiB each in 8 KiB I/Os at QD8;

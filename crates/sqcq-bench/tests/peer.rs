@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BENCH: &str = env!("CARGO_BIN_EXE_sqcq-bench");
+use common::BENCH;
 
 fn bench(peer: &Path, args: &[&str]) -> Output {
     let out = Command::new(BENCH)

@@ -12,32 +12,16 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const BENCH: &str = env!("CARGO_BIN_EXE_sqcq-bench");
+use common::BENCH;
 
 fn bench(sqcqd: &Path, args: &[&str]) -> (Output, Value) {
-    let out = Command::new(BENCH)
-        .arg("--target-bin")
-        .arg(sqcqd)
-        .args([
-            "--io-timeout",
-            "20",
-            "--eta",
-            "never",
-            "--output-format",
-            "json",
-        ])
-        .args(args)
-        .output()
-        .expect("sqcq-bench runs");
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{args:?}: {out:?}");
-    let json = serde_json::from_slice(&out.stdout).expect("JSON output");
-    (out, json)
+    common::bench_json(&[OsStr::new("--target-bin"), sqcqd.as_os_str()], args)
 }
 
 fn ios(job: &Value) -> u64 {

@@ -5,7 +5,36 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub const BENCH: &str = env!("CARGO_BIN_EXE_sqcq-bench");
+
+/// Runs sqcq-bench with `target` (what to start, and from where) then
+/// `args`, a 20 s I/O timeout and JSON output; returns its output and its
+/// report, asserting it succeeded.
+pub fn bench_json(target: &[&OsStr], args: &[&str]) -> (Output, Value) {
+    let out = Command::new(BENCH)
+        .args(target)
+        .args([
+            "--io-timeout",
+            "20",
+            "--eta",
+            "never",
+            "--output-format",
+            "json",
+        ])
+        .args(args)
+        .output()
+        .expect("sqcq-bench runs");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{target:?} {args:?}: {out:?}");
+    let json = serde_json::from_slice(&out.stdout).expect("JSON output");
+    (out, json)
+}
 
 /// `why` a target is missing: a skip, or a failure under
 /// `SQCQ_REQUIRE_PEERS`.
