@@ -1,0 +1,405 @@
+#!/usr/bin/env bash
+# Restart and live migration under guest I/O (issue 12), with the guest of
+# the QEMU suite: docs/guest-tests.md#restart-and-live-migration.
+# Entry point: scripts/guest-test.sh --restart | --migrate.
+#
+#   --restart  one QEMU with vhost-user-blk-pci on a chardev with
+#              reconnect=1; while fio verifies in the guest, the host
+#              kill -9s sqcqd and starts it again on the same socket and
+#              file (--restarts times). QEMU reconnects, the daemon
+#              resubmits what was in flight (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
+#   --migrate  two QEMUs, each with its own sqcqd on one shared file; while
+#              fio verifies in the guest, the host migrates it from the
+#              first to the second (QMP migrate over a unix socket); the
+#              guest finishes on the destination (VHOST_F_LOG_ALL,
+#              VHOST_USER_PROTOCOL_F_LOG_SHMFD).
+# The last line is "live: N passed, M failed, K skipped"; exit status 1
+# when anything failed.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cd "$repo"
+
+usage() {
+    cat <<'EOF'
+usage: scripts/guest-test.sh --restart|--migrate [options]
+  --restart             kill -9 and restart sqcqd under fio (vhost-user-blk,
+                        chardev reconnect=1)
+  --migrate             migrate the guest to a second QEMU under fio
+  --restarts N          daemon restarts during fio (default 3; --restart)
+  --mib M               MiB fio writes and verifies (default 32)
+  --scsi                vhost-user-scsi-pci instead of vhost-user-blk-pci
+                        (--migrate only: QEMU 7.2 does not reconnect
+                        vhost-user-scsi)
+  --sqcq                the VIRTIO_F_SQCQ_POLL guest and QEMU (as for the
+                        suite: patches/linux, patches/qemu; implies --scsi)
+  --daemon-extra ARGS   more sqcqd options (e.g. '--poll ring')
+  --spin-max-us N       longest spin window of both sides' pollers, µs
+                        (default with --sqcq: 5000)
+  --qemu PATH           the QEMU binary (default qemu-system-x86_64, or the
+                        patched one with --sqcq)
+  --keep                keep the scratch directory (logs, image)
+Env: SQCQD (path of sqcqd), SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_SHUTDOWN
+     (seconds: 90/300/30), SQCQ_GUEST_APPEND (as for the suite)
+EOF
+}
+
+kind="" restarts=3 mib=32 dev=blk sqcq=0 daemon_extra="" spin_max_us="" qemu="" keep=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --restart) kind=restart ;;
+    --migrate) kind=migrate ;;
+    --restarts) restarts="$2"; shift ;;
+    --mib) mib="$2"; shift ;;
+    --scsi) dev=scsi ;;
+    --sqcq) sqcq=1 dev=scsi ;;
+    --daemon-extra) daemon_extra="$2"; shift ;;
+    --spin-max-us) spin_max_us="$2"; shift ;;
+    --qemu) qemu="$2"; shift ;;
+    --keep) keep=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "live: unknown option $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+say() { echo "live: $*"; }
+[ -n "$kind" ] || { usage >&2; exit 2; }
+if [ "$kind" = restart ] && [ "$dev" = scsi ]; then
+    say "--restart needs vhost-user-blk (QEMU 7.2 reconnects only vhost-user-blk)"; exit 2
+fi
+t_boot="${SQCQ_GUEST_TIMEOUT_BOOT:-90}"
+t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-300}"
+t_shutdown="${SQCQ_GUEST_TIMEOUT_SHUTDOWN:-30}"
+t0=$(date +%s)
+
+bin="${SQCQD:-}"
+# shellcheck disable=SC2012 # two fixed paths
+[ -n "$bin" ] || bin="$(ls -t target/release/sqcqd target/debug/sqcqd 2>/dev/null | head -n 1 || true)"
+if [ -z "$bin" ] || [ ! -x "$bin" ]; then
+    say "SKIP: sqcqd is not built (cargo build -p sqcq-target), nothing to test"
+    exit 0
+fi
+
+# What the queues must run as, and the guest's side of bit 42.
+expect_sqcq=off queue_mode=kick dev_opts="" modules_dir="" guest_spin=""
+case " $daemon_extra " in *" --poll ring "*|*" --poll=ring "*) queue_mode=ring-poll ;; esac
+if [ "$sqcq" = 1 ]; then
+    [ -n "$qemu" ] || qemu="$(scripts/build-qemu.sh)" || { say "building the patched QEMU failed"; exit 1; }
+    modules_dir="$(scripts/build-guest-modules.sh)" || { say "building the guest modules failed"; exit 1; }
+    dev_opts=",sqcq_poll=on"
+    : "${spin_max_us:=5000}"
+    case " $daemon_extra " in *" --no-sqcq "*) ;; *) expect_sqcq=on queue_mode=sqcq ;; esac
+fi
+[ -n "$qemu" ] || qemu="qemu-system-x86_64"
+daemon_spin=""
+if [ -n "$spin_max_us" ]; then
+    daemon_spin="--spin-us 1,$spin_max_us"
+    [ "$sqcq" = 0 ] || guest_spin="virtio_scsi.sqcq_spin_max_ns=$((spin_max_us * 1000))"
+fi
+
+# ------------------------------------------------- scratch, lock, cleanup
+mkdir -p target/guest
+# one guest harness (hence one QEMU) at a time (the suite's lock)
+exec 9> target/guest/qemu.lock
+if ! flock -w 900 9; then say "another guest test held target/guest/qemu.lock for 900 s"; exit 1; fi
+work="$(mktemp -d /tmp/sqcq-live.XXXXXX)"
+declare -A daemon_pid=()   # name -> pid (the leader of its process group)
+vm_pids=()
+kill_group() { # pid: TERM its process group, then KILL
+    local p="$1"
+    [ -n "$p" ] || return 0
+    kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+}
+cleanup() {
+    local p
+    for p in "${vm_pids[@]}"; do kill_group "$p"; done
+    for p in "${daemon_pid[@]}"; do kill_group "$p"; done
+    if [ "$keep" = 1 ]; then say "kept $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM HUP
+
+# ------------------------------------------------------------- the guest
+kernel="" initrd=""
+# shellcheck disable=SC2086 # no second argument without modules
+while read -r k v; do
+    case "$k" in kernel) kernel="$v" ;; initrd) initrd="$v" ;; esac
+done < <(timeout 600 "$here/build-initramfs.sh" "$repo/target/guest" $modules_dir)
+if [ -z "$kernel" ] || [ -z "$initrd" ]; then say "building the guest failed"; exit 1; fi
+
+results="$work/results"   # "name STATUS reason" lines
+: > "$results"
+check() { echo "$1 $2 ${*:3}" >> "$results"; }
+
+# ------------------------------------------------------------- daemons
+# One 64 MiB file is the disk of every daemon, every instance.
+truncate -s 64M "$work/disk.img"
+# start_daemon NAME [LOG]: sqcqd on NAME.sock (log LOG, default NAME.log;
+# statistics NAME.stats.json), in a process group of its own
+start_daemon() {
+    local name="$1" log="$work/${2:-$1}.log" args
+    args=(--socket-path "$work/$name.sock" --num-queues 2
+        --stats-file "$work/$name.stats.json" --stats-interval 1)
+    if [ "$dev" = blk ]; then
+        args+=(--device-type blk --lun "kind=file,path=$work/disk.img,serial=sqcq-vda")
+    else
+        args+=(--lun "kind=file,path=$work/disk.img")
+    fi
+    # shellcheck disable=SC2206 # options, split on purpose
+    args+=($daemon_extra $daemon_spin)
+    rm -f "$work/$name.sock"
+    echo "== live: $(date +%T.%N | cut -c1-12) $bin ${args[*]}" >> "$log"
+    NO_COLOR=1 setsid "$bin" "${args[@]}" >> "$log" 2>&1 < /dev/null &
+    daemon_pid[$name]=$!
+    for _ in $(seq 100); do
+        [ -S "$work/$name.sock" ] && return 0
+        kill -0 "${daemon_pid[$name]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    say "sqcqd ($name) did not create its socket within 10 s:"
+    tail -n 20 "$log" | sed 's/^/    /'
+    return 1
+}
+daemon_alive() { kill -0 "${daemon_pid[$1]}" 2>/dev/null; }
+
+# -------------------------------------------------------------- QEMU
+append="console=ttyS0 panic=-1"
+case "${SQCQ_GUEST_APPEND:-}" in
+    *verbose*) append="$append loglevel=7 ${SQCQ_GUEST_APPEND/verbose/}" ;;
+    *) append="$append quiet loglevel=3 ${SQCQ_GUEST_APPEND:-}" ;;
+esac
+nonce=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
+append="$append sqcq_mode=live sqcq_live=$kind sqcq_live_mib=$mib sqcq_disks=1 sqcq_bs=512"
+append="$append sqcq_expect=$expect_sqcq sqcq_dev=$dev sqcq_mq=2 sqcq_nonce=$nonce sqcq_timeout=60 $guest_spin"
+n_live=1; [ "$kind" = restart ] && n_live="$restarts"
+append="$append sqcq_live_n=$n_live"
+hard=$(( t_boot + t_checks + t_shutdown + 60 ))
+# start_vm NAME DAEMON [ARGS...]: a QEMU (console NAME.console.log, QMP
+# NAME.qmp, stderr NAME.qemu.log) on DAEMON's socket
+start_vm() {
+    local name="$1" daemon="$2"; shift 2
+    # shellcheck disable=SC2054 # commas inside QEMU options
+    local args=("$qemu" -accel tcg -cpu max -m 512M -smp 2
+        -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem
+        -nodefaults -no-user-config -display none -nic none -monitor none
+        -qmp "unix:$work/$name.qmp,server=on,wait=off"
+        -serial "file:$work/$name.console.log"
+        -kernel "$kernel" -initrd "$initrd" -append "$append" -no-reboot)
+    [ -r /usr/share/qemu/qboot.rom ] && args+=(-bios /usr/share/qemu/qboot.rom)
+    if [ "$dev" = blk ]; then
+        args+=(-chardev "socket,id=vu0,path=$work/$daemon.sock${reconnect:-}"
+            -device "vhost-user-blk-pci,chardev=vu0,num-queues=2$dev_opts")
+    else
+        args+=(-chardev "socket,id=vu0,path=$work/$daemon.sock"
+            -device "vhost-user-scsi-pci,chardev=vu0,num_queues=2$dev_opts")
+    fi
+    args+=("$@")
+    : > "$work/$name.console.log"
+    echo "${args[*]}" > "$work/$name.cmdline"
+    setsid timeout -k 5 "$hard" "${args[@]}" > "$work/$name.qemu.log" 2>&1 < /dev/null &
+    vm_pids+=($!)
+    vm_pid=$!
+}
+qmp() { python3 "$here/qmp.py" "$work/$1.qmp" "${@:2}"; }
+
+# the guest's console so far, across QEMUs (the destination's continues
+# the source's)
+console() { cat "$work"/vm*.console.log 2>/dev/null | tr -d '\r'; }
+
+# ---------------------------------------------------------- disturbances
+restarted=0 reconnected=0
+# restart K: kill -9 the daemon while requests are in flight, start it
+# again on the same socket and file (log d.K.log), wait until QEMU has
+# reconnected (its memory table is set: the device runs again)
+host_restart() {
+    local p="${daemon_pid[d]}" t
+    kill -KILL -- "-$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+    echo "== live: $(date +%T.%N | cut -c1-12) kill -9 (restart $1)" >> "$work/d.$(( $1 - 1 )).log"
+    # QEMU sees the socket close and tries again every second (reconnect=1)
+    sleep 0.5
+    start_daemon d "d.$1" || return 0
+    restarted=$((restarted + 1))
+    t=$(date +%s)
+    while [ $(( $(date +%s) - t )) -lt 15 ]; do
+        if grep -q "memory table set" "$work/d.$1.log"; then
+            reconnected=$((reconnected + 1))
+            say "restart $1: QEMU reconnected after $(( $(date +%s) - t )) s"
+            return 0
+        fi
+        sleep 0.2
+    done
+    say "restart $1: QEMU did not reconnect within 15 s"
+}
+migrated=""
+# migrate: vm1 -> vm2 over a unix socket, then vm1 quits
+host_migrate() {
+    local out
+    out=$(qmp vm1 --migrate "unix:$work/migrate.sock" 180 2>&1) || true
+    echo "$out" > "$work/migrate.json"
+    if ! echo "$out" | grep -q '"status": "completed"'; then
+        check migrate/completed FAIL "$(echo "$out" | head -c 400)"
+        return
+    fi
+    check migrate/completed PASS "$(echo "$out" | python3 -c 'import json, sys
+m = json.load(sys.stdin); r = m.get("ram", {})
+print("total %s ms, downtime %s ms, setup %s ms, RAM %d MiB in %s pass(es)" % (m.get("total-time"),
+      m.get("downtime"), m.get("setup-time"), r.get("transferred", 0) >> 20, r.get("dirty-sync-count")))')"
+    migrated=1
+    qmp vm1 quit > /dev/null 2>&1 || true
+    for _ in $(seq 50); do kill -0 "$vm1_pid" 2>/dev/null || break; sleep 0.2; done
+    kill_group "$vm1_pid"
+    current=vm2 current_pid="$vm2_pid" current_daemon=dst
+}
+host_action() { # the guest's SQCQ-HOST line
+    say "guest: $*"
+    case "$1" in
+        live-restart) host_restart "$2" ;;
+        live-migrate) host_migrate ;;
+        *) say "the guest asked for '$1'" ;;
+    esac
+}
+
+# supervise: the guest's stages, each with a deadline, until the current
+# QEMU exits; the guest's SQCQ-HOST requests
+supervise() {
+    local start now stage limit changed state last="" inits dones asks seen=0 line
+    start=$(date +%s); changed=$start
+    verdict=""
+    while kill -0 "$current_pid" 2>/dev/null; do
+        sleep 0.5
+        now=$(date +%s)
+        asks=$(console | grep -c "^SQCQ-HOST " || true)
+        while [ "$seen" -lt "$asks" ]; do
+            seen=$((seen + 1))
+            line=$(console | grep "^SQCQ-HOST " | sed -n "${seen}p" | cut -d' ' -f2-)
+            # shellcheck disable=SC2086 # words of the request
+            host_action $line
+        done
+        inits=$(console | grep -c SQCQ-INIT || true)
+        dones=$(console | grep -c SQCQ-DONE || true)
+        state="$inits/$dones"
+        [ "$state" != "$last" ] && { last="$state"; changed=$now; }
+        if [ "$inits" -gt 1 ]; then verdict="FAIL unexpected boot $inits"; break; fi
+        if [ "$inits" -eq 0 ]; then stage=boot limit=$t_boot
+        elif [ "$dones" -eq 0 ]; then stage=checks limit=$t_checks
+        else stage=shutdown limit=$t_shutdown; fi
+        if [ "$stage" != shutdown ] && ! daemon_alive "$current_daemon"; then
+            verdict="FAIL sqcqd ($current_daemon) died during stage $stage"; break
+        fi
+        if [ $((now - changed)) -gt "$limit" ]; then verdict="FAIL stage $stage exceeded $limit s"; break; fi
+    done
+    now=$(date +%s)
+    if [ -n "$verdict" ]; then
+        kill_group "$current_pid"
+    else
+        local rc=0; wait "$current_pid" || rc=$?
+        if [ "$rc" != 0 ]; then verdict="FAIL $current exited with status $rc: $(tail -n 3 "$work/$current.qemu.log" | tr '\n' ' ')"
+        elif [ "$(console | grep -c SQCQ-DONE || true)" -lt 1 ]; then verdict="FAIL $current exited before the guest finished"
+        else verdict="PASS booted, fio under $kind, powered off in $((now - start)) s"; fi
+    fi
+    say "$current: $verdict"
+    # shellcheck disable=SC2086 # "STATUS reason..."
+    check "$kind/qemu" $verdict
+}
+
+# queue_modes NAME: the modes sqcqd NAME served its request queues in, and
+# what they completed
+queue_modes() {
+    python3 -c 'import json, sys
+try:
+    q = json.load(open(sys.argv[1]))["queues"]  # request queues only
+    print(",".join(sorted({e["mode"] for e in q})) or "none", sum(e["completions"] for e in q))
+except (OSError, ValueError, KeyError):
+    print("none 0")' "$work/$1.stats.json"
+}
+
+# ------------------------------------------------------------------ run
+say "$kind, vhost-user-$dev, QEMU $($qemu --version | head -n 1 | sed 's/.*version //'), sqcqd $bin $daemon_extra"
+say "guest: $kernel + $initrd"
+if [ "$kind" = restart ]; then
+    reconnect=",reconnect=1"
+    if start_daemon d d.0; then
+        start_vm vm1 d
+        current=vm1 current_pid=$vm_pid current_daemon=d
+        supervise
+        if [ "$restarted" = "$restarts" ] && [ "$reconnected" = "$restarts" ]; then
+            check restart/reconnect PASS "$restarts times kill -9, a new sqcqd on the same socket and file, QEMU reconnected (memory table set)"
+        else
+            check restart/reconnect FAIL "$restarted of $restarts restarts, $reconnected reconnections of QEMU"
+        fi
+        # what each restarted instance says about resubmission
+        r="" any=0
+        for i in $(seq "$restarts"); do
+            n=$(grep -ci resubmit "$work/d.$i.log" 2>/dev/null || true)
+            r="$r${r:+, }#$i: ${n:-0}"
+            [ "${n:-0}" -gt 0 ] && any=1
+        done
+        if [ "$any" = 1 ]; then
+            check restart/resubmit PASS "log lines mentioning resubmission, per restarted sqcqd: $r"
+        else
+            check restart/resubmit FAIL "no restarted sqcqd logged a resubmission ($r)"
+        fi
+    else
+        check daemon/start FAIL "sqcqd did not start: $(tail -n 1 "$work/d.0.log")"
+    fi
+else
+    if start_daemon src && start_daemon dst; then
+        start_vm vm2 dst -incoming "unix:$work/migrate.sock"
+        vm2_pid=$vm_pid
+        start_vm vm1 src
+        vm1_pid=$vm_pid
+        current=vm1 current_pid=$vm1_pid current_daemon=src
+        supervise
+        if [ "$migrated" = 1 ]; then
+            # what the guest printed after the migration
+            if tr -d '\r' < "$work/vm2.console.log" | grep -q "^CHECK disk0/live_fio "; then
+                check migrate/destination PASS "the guest finished fio on the destination ($(tr -d '\r' < "$work/vm2.console.log" | grep -c '^CHECK ') check lines there)"
+            else
+                check migrate/destination FAIL "the destination's console has no fio result"
+            fi
+            read -r m c < <(queue_modes dst)
+            read -r ms cs < <(queue_modes src)
+            if [ "$m" = "$queue_mode" ] && [ "$c" -gt 0 ]; then
+                check migrate/queue_mode PASS "destination sqcqd: request queues in $m, $c requests completed (source: $ms, $cs)"
+            else
+                check migrate/queue_mode FAIL "destination sqcqd: modes '$m', $c requests completed; expected $queue_mode (source: $ms, $cs)"
+            fi
+        elif ! grep -q "^migrate/completed" "$results"; then
+            check migrate/completed FAIL "the guest never asked for the migration"
+        fi
+    else
+        check daemon/start FAIL "sqcqd did not start: $(tail -n 1 "$work/src.log" "$work/dst.log" 2>/dev/null)"
+    fi
+fi
+
+# the guest's checks, from every console
+console | sed -n 's/^CHECK //p' > "$work/got"
+while read -r ck; do
+    line="$(awk -v n="$ck" '$1 == n { print; exit }' "$work/got")"
+    if [ -n "$line" ]; then echo "guest/$line" >> "$results"
+    else check "guest/$ck" FAIL "not reported (the guest stopped before it)"; fi
+done < <(awk '/^#/ || NF < 3 || $1 != "live" { next }
+              $2 == "global" { print $3 } $2 == "disk0" { print "disk0/" $3 }' "$here/checks.list")
+
+# ---------------------------------------------------------------- report
+echo
+awk '{ printf "  %-4s %-24s %s\n", $2, $1, substr($0, length($1) + length($2) + 3) }' "$results"
+npass=$(awk '$2 == "PASS"' "$results" | wc -l)
+nfail=$(awk '$2 == "FAIL"' "$results" | wc -l)
+nskip=$(awk '$2 == "SKIP"' "$results" | wc -l)
+if [ "$nfail" -gt 0 ]; then
+    echo; echo "---- tail of the console ----"; console | tail -n 60
+    for f in "$work"/vm*.qemu.log "$work"/*.log; do
+        [ -s "$f" ] || continue
+        echo; echo "---- tail of $(basename "$f") ----"; tail -n 30 "$f"
+    done
+    keep=1
+fi
+echo
+say "total $(( $(date +%s) - t0 )) s"
+echo "live: $npass passed, $nfail failed, $nskip skipped"
+[ "$nfail" -eq 0 ]
