@@ -166,6 +166,13 @@ impl LogicalUnit {
         self.with_admin(|a| a.ua.add_nexus(nexus));
     }
 
+    /// `nexus` continues an I_T nexus of an earlier run of the process
+    /// (see `UnitAttentions::continue_nexus`): its power-on unit attention
+    /// goes.
+    pub fn continue_nexus(&self, nexus: NexusId) {
+        self.with_admin(|a| a.ua.continue_nexus(nexus));
+    }
+
     /// The I_T nexus is gone: its unit attentions are dropped.
     /// Registrations persist (they are persistent reservations).
     pub fn nexus_loss(&self, nexus: NexusId) {

@@ -78,6 +78,16 @@ impl UnitAttentions {
         self.pending.insert(nexus, vec![UnitAttention::PowerOn]);
     }
 
+    /// A nexus that continues one the logical unit knew before the
+    /// process restarted (the frontend handed back its in-flight
+    /// requests): no power-on condition, since for the initiator nothing
+    /// was powered off.
+    pub(crate) fn continue_nexus(&mut self, nexus: NexusId) {
+        if let Some(q) = self.pending.get_mut(&nexus) {
+            q.retain(|ua| *ua != UnitAttention::PowerOn);
+        }
+    }
+
     /// The nexus is gone; forget its conditions.
     pub(crate) fn remove_nexus(&mut self, nexus: NexusId) {
         self.pending.remove(&nexus);

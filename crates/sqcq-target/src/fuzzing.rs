@@ -289,6 +289,7 @@ impl ChainHarness {
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
             handler,
+            tracking: None,
         })
         .expect("queue");
         ChainHarness {

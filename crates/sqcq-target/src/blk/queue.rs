@@ -28,11 +28,10 @@ use sqcq_wire::blk::{
     Status, WRITE_ZEROES_FLAG_UNMAP,
 };
 use tracing::{debug, error, warn};
-use virtio_queue::DescriptorChain;
 
 use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::guest_warn;
-use crate::runtime::chain::{ChainBuffers, Segment as Buf};
+use crate::runtime::chain::{Chain, ChainBuffers, Segment as Buf};
 use crate::runtime::guest;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
@@ -378,7 +377,7 @@ fn finish(
 }
 
 impl RequestHandler for BlkQueue {
-    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: DescriptorChain<&GuestMem>) {
+    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: Chain<'_>) {
         let slots = &self.slots;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             slots[usize::from(h)].busy

@@ -83,6 +83,7 @@ pub struct QueueMetrics {
     publishes: AtomicU64,
     calls: AtomicU64,
     kicks: AtomicU64,
+    resubmitted: AtomicU64,
     spins: AtomicU64,
     sleeps: AtomicU64,
     ema_ns: AtomicU64,
@@ -137,6 +138,12 @@ impl QueueMetrics {
         add(&self.kicks, n);
     }
 
+    /// A request an earlier run of the queue had in flight was handed to
+    /// the device again (in-flight tracking, after a reconnect).
+    pub fn resubmitted(&self) {
+        add(&self.resubmitted, 1);
+    }
+
     /// Takes in the poll loop's figures: the counters that grew since
     /// `flushed` (what was taken in last time, from the same poller) and
     /// the gauges as they are; `flushed` becomes `now`.
@@ -172,6 +179,7 @@ impl QueueMetrics {
             publishes: get(&self.publishes),
             calls: get(&self.calls),
             kicks: get(&self.kicks),
+            resubmitted: get(&self.resubmitted),
             spins: get(&self.spins),
             sleeps: get(&self.sleeps),
             ema_lat_ns: get(&self.ema_ns),
@@ -204,6 +212,9 @@ pub struct QueueSnapshot {
     pub calls: u64,
     /// Kicks received.
     pub kicks: u64,
+    /// Requests of an earlier run handed to the device again after a
+    /// reconnect (in-flight tracking).
+    pub resubmitted: u64,
     /// Polls that found nothing new (polled queues).
     pub spins: u64,
     /// Times the queue's poller slept with NEED_WAKEUP set.

@@ -22,15 +22,16 @@ use std::time::{Duration, Instant};
 use sqcq_protocol::SpinPolicy;
 use thiserror::Error;
 use tracing::{error, info};
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
 use crate::guest_warn;
-use crate::runtime::chain::{self, ChainBuffers, ChainError};
+use crate::runtime::chain::{self, Chain, ChainBuffers, ChainError};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
 use crate::runtime::ratelimit::RateLimiter;
+use crate::runtime::tracking::{Recovery, TrackedQueue};
 use crate::runtime::used::UsedRing;
 
 mod poll;
@@ -111,7 +112,7 @@ pub struct DeviceInfo {
 pub trait RequestHandler {
     /// A chain taken from the available ring (its head index is within
     /// the ring).
-    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: DescriptorChain<&GuestMem>);
+    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: Chain<'_>);
 
     /// Submits to the backstores what [`Self::handle`] queued (once per
     /// batch).
@@ -197,6 +198,9 @@ pub struct QueueStart {
     pub spin: SpinPolicy,
     /// The device's handler of the queue's requests.
     pub handler: MakeHandler,
+    /// The queue's in-flight record (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD),
+    /// if the frontend gave an area.
+    pub tracking: Option<TrackedQueue>,
 }
 
 impl std::fmt::Debug for QueueStart {
@@ -259,6 +263,8 @@ pub struct Vring {
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
     poll: Option<Box<QueuePoll>>,
+    /// The in-flight record, if the frontend keeps one.
+    tracking: Option<TrackedQueue>,
     broken: bool,
     requests: u64,
 }
@@ -290,10 +296,29 @@ impl std::fmt::Debug for ServedQueue {
 }
 
 impl ServedQueue {
-    /// Validates the ring and builds the device's handler.
+    /// Validates the ring and builds the device's handler; with an
+    /// in-flight record of an earlier run, continues where that run's
+    /// requests leave the ring and resubmits the ones it had in flight.
     pub fn start(s: QueueStart) -> Result<Self, QueueError> {
-        let ring = s.ring;
-        let (queue, used) = open_ring(&ring, &s.mem.memory())?;
+        let mut ring = s.ring;
+        let (mut queue, used) = open_ring(&ring, &s.mem.memory())?;
+        let mut tracking = s.tracking;
+        let mut resubmit = Vec::new();
+        if let Some(Recovery::Resumed {
+            heads,
+            next_avail,
+            ignored,
+        }) = tracking.as_mut().map(|t| t.recover(used.next_used()))
+        {
+            if next_avail != ring.next_avail || !heads.is_empty() || ignored > 0 {
+                info!(device = %s.device.name, vq = s.key.vq, in_flight = heads.len(), ignored,
+                    base = ring.next_avail, next_avail,
+                    "in-flight record of an earlier run: resubmitting its requests");
+            }
+            ring.next_avail = next_avail;
+            queue.set_next_avail(next_avail);
+            resubmit = heads;
+        }
         let handler = (s.handler)(&ring)?;
         let mut ring_state = Vring {
             key: s.key,
@@ -308,6 +333,7 @@ impl ServedQueue {
             err: s.err,
             source: s.source,
             poll: None,
+            tracking,
             broken: false,
             requests: 0,
         };
@@ -315,10 +341,35 @@ impl ServedQueue {
             m.started(ring_state.mode());
         }
         ring_state.open_poll(&ring, s.spin);
-        Ok(ServedQueue {
+        let mut served = ServedQueue {
             ring: ring_state,
             handler,
-        })
+        };
+        served.resubmit(&resubmit);
+        Ok(served)
+    }
+
+    /// Hands the requests an earlier run had in flight to the handler
+    /// again, in the order that run took them; they are still recorded in
+    /// flight.
+    fn resubmit(&mut self, heads: &[u16]) {
+        if heads.is_empty() || self.ring.broken {
+            return;
+        }
+        let mem = self.ring.mem.memory().into_inner();
+        let (table, size) = (
+            GuestAddress(self.ring.queue.desc_table()),
+            self.ring.queue.size(),
+        );
+        for &head in heads {
+            self.ring.requests += 1;
+            if let Some(m) = self.ring.metrics() {
+                m.resubmitted();
+            }
+            let walk = chain::HeadWalk::new(&mem, table, size, head);
+            self.handler.handle(&mut self.ring, &mem, Chain::Head(walk));
+        }
+        self.complete_batch(&mem);
     }
 
     /// Which queue this is.
@@ -525,7 +576,12 @@ impl ServedQueue {
                 continue;
             }
             ring.requests += 1;
-            self.handler.handle(ring, mem, chain);
+            if let Some(t) = ring.tracking.as_mut() {
+                // Before the request goes anywhere; a head recorded in
+                // flight already is a duplicate the handler ignores.
+                t.taken(head);
+            }
+            self.handler.handle(ring, mem, Chain::Ring(chain));
         }
         true
     }
@@ -564,6 +620,7 @@ impl ServedQueue {
                 "{left} requests still in flight at the stop deadline; abandoning them");
         }
         self.ring.publish(&mem);
+        self.ring.park_poll();
         info!(device = %device.name, vq, requests = self.ring.requests, "queue stopped");
         self.ring.flush_poll_figures();
         if let Some(m) = self.ring.metrics() {
@@ -598,7 +655,7 @@ impl Vring {
     /// wrong order or outside memory.
     pub fn accept(
         &self,
-        chain: DescriptorChain<&GuestMem>,
+        chain: Chain<'_>,
         mem: &GuestMem,
         max_segments: usize,
         out: &mut ChainBuffers,
@@ -648,9 +705,24 @@ impl Vring {
     /// Puts a completed request on the used ring (published with the
     /// batch). A used ring that cannot be written is logged.
     pub fn complete(&mut self, mem: &GuestMem, head: u16, len: u32) {
-        if let Err(e) = self.used.push(mem, head, len) {
-            guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-                "cannot complete head {head}: {e}");
+        match self.used.push(mem, head, len) {
+            Ok(()) => {
+                if let Some(t) = self.tracking.as_mut() {
+                    t.completed(head);
+                }
+            }
+            Err(e) => {
+                guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                    "cannot complete head {head}: {e}");
+            }
+        }
+    }
+
+    /// The used index now covers `batch` more requests: their in-flight
+    /// records go.
+    fn published(&mut self, batch: u16) {
+        if let Some(t) = self.tracking.as_mut() {
+            t.published(batch, self.used.next_used());
         }
     }
 
@@ -674,6 +746,9 @@ impl Vring {
         }
         let batch = self.used.pending();
         let result = self.used.publish(mem);
+        if batch > 0 && result.is_ok() {
+            self.published(batch);
+        }
         if batch > 0 {
             self.count_batch(batch);
         }

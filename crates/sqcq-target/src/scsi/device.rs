@@ -247,4 +247,8 @@ impl DeviceSession for ScsiSession {
     fn disconnect(&mut self) {
         self.dev.target.disconnect(self.nexus);
     }
+
+    fn resumed(&mut self) {
+        self.dev.target.continue_nexus(self.nexus);
+    }
 }

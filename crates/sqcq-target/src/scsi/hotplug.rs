@@ -130,6 +130,15 @@ impl LunTable {
         s.nexuses.push(nexus);
     }
 
+    /// `nexus` continues the nexus of an earlier run: no power-on unit
+    /// attention on any current LU.
+    pub fn continue_nexus(&self, nexus: NexusId) {
+        let s = self.lock();
+        for e in s.current.luns() {
+            e.unit.continue_nexus(nexus);
+        }
+    }
+
     /// The I_T nexus is gone.
     pub fn disconnect(&self, nexus: NexusId) {
         let mut s = self.lock();

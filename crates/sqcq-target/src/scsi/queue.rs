@@ -143,7 +143,7 @@ impl RequestHandler for ScsiQueue {
         &mut self,
         ring: &mut Vring,
         mem: &Arc<GuestMem>,
-        chain: virtio_queue::DescriptorChain<&GuestMem>,
+        chain: crate::runtime::chain::Chain<'_>,
     ) {
         self.handle_chain(ring, mem, chain);
     }

@@ -23,10 +23,9 @@ use sqcq_scsi::{
     Completion, MAX_DESCRIPTOR_SENSE_LEN, MediumOp, ScsiError, SenseFormat, Status, execute_absent,
     report_luns, takes_parameter_data,
 };
-use virtio_queue::DescriptorChain;
 
 use crate::guest_warn;
-use crate::runtime::chain::Segment;
+use crate::runtime::chain::{Chain, Segment};
 use crate::runtime::guest;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
@@ -113,12 +112,7 @@ impl ScsiQueue {
     /// Handles one chain popped from the available ring: parse, execute
     /// (emulated commands complete at once, medium commands are submitted
     /// to the backstore and complete when reaped).
-    pub(crate) fn handle_chain(
-        &mut self,
-        ring: &mut Vring,
-        mem: &Arc<GuestMem>,
-        chain: DescriptorChain<&GuestMem>,
-    ) {
+    pub(crate) fn handle_chain(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: Chain<'_>) {
         let inflight = &self.inflight;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             inflight.is_busy(h)

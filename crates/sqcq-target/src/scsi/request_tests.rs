@@ -65,6 +65,7 @@ impl Fixture {
             spin: sqcq_protocol::SpinPolicy::default(),
             // A nexus the unit does not know has no unit attention.
             handler: make_handler(scsi, NexusId(1), 32, 96, 0),
+            tracking: None,
         })
         .unwrap();
         Fixture {

@@ -159,4 +159,9 @@ pub trait DeviceSession: Send {
 
     /// The connection ends (after every queue stopped).
     fn disconnect(&mut self);
+
+    /// The frontend handed back the in-flight area of an earlier
+    /// connection: this connection continues that one's device (for SCSI,
+    /// its I_T nexus: no power-on unit attention).
+    fn resumed(&mut self) {}
 }

@@ -24,8 +24,10 @@ use virtio_bindings::bindings::virtio_ring::{
 };
 
 use crate::runtime::eventfd::{FdRole, PeerEventFd};
+use crate::runtime::tracking::{InflightArea, queue_region_size};
 use crate::transport::backend_channel::BackendChannel;
 use crate::transport::session::Session;
+use crate::transport::shared_map::{SharedMap, sealed_memfd};
 
 /// Virtio features every device offers (the device type's own bits, and
 /// VIRTIO_F_SQCQ_POLL unless withheld, come on top:
@@ -42,6 +44,7 @@ pub fn offered_protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::RESET_DEVICE
         | VhostUserProtocolFeatures::BACKEND_REQ
+        | VhostUserProtocolFeatures::INFLIGHT_SHMFD
 }
 
 fn not_supported<T>() -> Result<T> {
@@ -59,7 +62,50 @@ fn eventfd(session: &Session, file: Option<File>, role: FdRole) -> Result<Option
         })
 }
 
+/// The largest in-flight area a frontend may hand over (every vring of
+/// the largest queue size fits in far less).
+const MAX_INFLIGHT_AREA: u64 = 64 << 20;
+
 impl Session {
+    /// The number of queues and the queue size of an in-flight area, if
+    /// the device can have them.
+    fn inflight_shape(&self, m: &VhostUserInflight) -> Result<(u16, u16)> {
+        if m.num_queues == 0
+            || usize::from(m.num_queues) > self.max_vrings()
+            || m.queue_size == 0
+            || m.queue_size > 32768
+        {
+            return Err(Error::InvalidParam);
+        }
+        Ok((m.num_queues, m.queue_size))
+    }
+
+    /// Maps `len` bytes of `file` at `offset` as the in-flight area of
+    /// this connection; queues started from now on keep their records
+    /// there.
+    fn adopt_inflight(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: u64,
+        num_queues: u16,
+        queue_size: u16,
+    ) -> Result<()> {
+        let refuse = |what: &dyn std::fmt::Display| {
+            warn!(device = %self.dev.info.name, "in-flight area refused: {what}");
+            Error::InvalidParam
+        };
+        let map = SharedMap::map(file, offset, len, self.dev.memory_fault.as_raw_fd())
+            .map_err(|e| refuse(&crate::runtime::error_chain(&e)))?;
+        let (ptr, size) = (map.ptr(), map.len());
+        // SAFETY: the mapping is `size` bytes, page-aligned, and lives as
+        // long as the area (it is the area's keeper).
+        let area = unsafe { InflightArea::new(ptr, size, num_queues, queue_size, Box::new(map)) }
+            .map_err(|e| refuse(&e))?;
+        self.inflight = Some(std::sync::Arc::new(area));
+        Ok(())
+    }
+
     fn index(&mut self, index: u32) -> Result<usize> {
         let i = usize::try_from(index).map_err(|_| Error::InvalidParam)?;
         self.vring(i).ok_or(Error::InvalidParam)?;
@@ -89,12 +135,17 @@ impl VhostUserBackendReqHandlerMut for Session {
         self.owned = false;
         self.acked_protocol = 0;
         self.backend_channel = None;
+        self.inflight = None;
         Ok(())
     }
 
     fn reset_device(&mut self) -> Result<()> {
         info!(device = %self.dev.info.name, "device reset");
         self.reset_rings();
+        // What the driver had in flight died with its reset.
+        if let Some(a) = &self.inflight {
+            a.clear();
+        }
         Ok(())
     }
 
@@ -295,13 +346,38 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn get_inflight_fd(
         &mut self,
-        _inflight: &VhostUserInflight,
+        inflight: &VhostUserInflight,
     ) -> Result<(VhostUserInflight, File)> {
-        not_supported()
+        let (num_queues, queue_size) = self.inflight_shape(inflight)?;
+        let len = u64::try_from(queue_region_size(queue_size) * usize::from(num_queues))
+            .map_err(|_| Error::InvalidParam)?;
+        let file = sealed_memfd(c"sqcq-inflight", len).map_err(|e| {
+            warn!(device = %self.dev.info.name, "in-flight area: {}", crate::runtime::error_chain(&e));
+            Error::BackendInternalError
+        })?;
+        self.adopt_inflight(&file, 0, len, num_queues, queue_size)?;
+        info!(device = %self.dev.info.name, num_queues, queue_size, "in-flight area created");
+        Ok((VhostUserInflight::new(len, 0, num_queues, queue_size), file))
     }
 
-    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> Result<()> {
-        not_supported()
+    fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, file: File) -> Result<()> {
+        let (num_queues, queue_size) = self.inflight_shape(inflight)?;
+        if inflight.mmap_size > MAX_INFLIGHT_AREA {
+            return Err(Error::InvalidParam);
+        }
+        self.adopt_inflight(
+            &file,
+            inflight.mmap_offset,
+            inflight.mmap_size,
+            num_queues,
+            queue_size,
+        )?;
+        let resumed = self.inflight.as_ref().is_some_and(|a| a.used_before());
+        info!(device = %self.dev.info.name, num_queues, queue_size, resumed, "in-flight area set");
+        if resumed {
+            self.device.resumed();
+        }
+        Ok(())
     }
 
     fn get_max_mem_slots(&mut self) -> Result<u64> {

@@ -23,8 +23,7 @@
 //! an address range that was unmapped and could be reused.
 
 use std::fs::File;
-use std::io;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -34,6 +33,7 @@ use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress};
 
 use crate::runtime::guest::{GuestMem, GuestRegion};
+use crate::transport::shared_map::{SharedMapError, check_file};
 use crate::transport::sigbus::{GuardError, Registration};
 
 /// A guest memory region as the frontend maps it.
@@ -58,34 +58,14 @@ pub enum MemoryError {
         /// What is wrong.
         what: &'static str,
     },
-    /// The descriptor is not a regular file.
-    #[error("region {index}: not a regular file or memfd (file type {kind:#o})")]
-    NotAFile {
-        /// Position in the table.
-        index: usize,
-        /// `st_mode & S_IFMT`.
-        kind: u32,
-    },
-    /// The file is smaller than the region says.
-    #[error("region {index}: {size} bytes at offset {offset} of a {file_size}-byte file")]
-    PastEof {
-        /// Position in the table.
-        index: usize,
-        /// Region size.
-        size: u64,
-        /// Offset in the file.
-        offset: u64,
-        /// File size.
-        file_size: u64,
-    },
-    /// The file could not be inspected.
-    #[error("region {index}: cannot inspect the file")]
-    Stat {
+    /// The file cannot back the region.
+    #[error("region {index}")]
+    File {
         /// Position in the table.
         index: usize,
         /// Why.
         #[source]
-        source: io::Error,
+        source: SharedMapError,
     },
     /// mmap failed.
     #[error("region {index}: cannot map it")]
@@ -189,42 +169,19 @@ fn map_region(
     notify: RawFd,
 ) -> Result<GuardedRegion, MemoryError> {
     let invalid = |what| MemoryError::Invalid { index, what };
-    let stat_err = |source| MemoryError::Stat { index, source };
     let (size, offset) = (r.memory_size, r.mmap_offset);
-    if size == 0 {
-        return Err(invalid("zero size"));
-    }
-    let end = offset
-        .checked_add(size)
-        .ok_or(invalid("file offset + size overflows"))?;
     r.guest_phys_addr
         .checked_add(size)
         .ok_or(invalid("guest address + size overflows"))?;
     r.user_addr
         .checked_add(size)
         .ok_or(invalid("frontend address + size overflows"))?;
+    let page =
+        check_file(&file, offset, size).map_err(|source| MemoryError::File { index, source })?;
     let len = usize::try_from(size)
         .ok()
         .filter(|&l| isize::try_from(l).is_ok())
         .ok_or(invalid("size exceeds the address space"))?;
-    let st = crate::runtime::eventfd::fstat(file.as_fd()).map_err(stat_err)?;
-    let kind = st.st_mode & libc::S_IFMT;
-    if kind != libc::S_IFREG {
-        return Err(MemoryError::NotAFile { index, kind });
-    }
-    let page = page_size(&file, &st).map_err(stat_err)?;
-    if offset % page != 0 {
-        return Err(invalid("file offset is not a multiple of the page size"));
-    }
-    let file_size = u64::try_from(st.st_size).unwrap_or(0);
-    if end > file_size {
-        return Err(MemoryError::PastEof {
-            index,
-            size,
-            offset,
-            file_size,
-        });
-    }
     log_seals(index, &file);
     // Dirty logging starts off (see `runtime::guest`).
     let mmap = MmapRegionBuilder::new_with_bitmap(len, None)
@@ -241,22 +198,6 @@ fn map_region(
         _registration: registration,
         region: Arc::new(region),
     })
-}
-
-/// The page size of the mapping: the huge page size on hugetlbfs.
-fn page_size(file: &File, st: &libc::stat) -> io::Result<u64> {
-    // SAFETY: an all-zero statfs is a valid out buffer.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid descriptor and out pointer.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &raw mut fs) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if fs.f_type == libc::HUGETLBFS_MAGIC {
-        return Ok(u64::try_from(st.st_blksize).unwrap_or(1 << 21));
-    }
-    // SAFETY: sysconf takes no pointer.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Ok(u64::try_from(page).unwrap_or(4096))
 }
 
 fn log_seals(index: usize, file: &File) {
@@ -305,8 +246,11 @@ mod tests {
         assert!(
             matches!(
                 e,
-                MemoryError::PastEof {
-                    file_size: 0x1000,
+                MemoryError::File {
+                    source: SharedMapError::PastEof {
+                        file_size: 0x1000,
+                        ..
+                    },
                     ..
                 }
             ),
@@ -319,7 +263,13 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(e, MemoryError::PastEof { offset: 0x1000, .. }),
+            matches!(
+                e,
+                MemoryError::File {
+                    source: SharedMapError::PastEof { offset: 0x1000, .. },
+                    ..
+                }
+            ),
             "{e}"
         );
     }
@@ -334,7 +284,17 @@ mod tests {
             region(0, 0x1000, 0x1000, 0x10),
         ] {
             let e = map(&[r], vec![memfd(0x4000)], -1).unwrap_err();
-            assert!(matches!(e, MemoryError::Invalid { .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    MemoryError::Invalid { .. }
+                        | MemoryError::File {
+                            source: SharedMapError::Invalid(_),
+                            ..
+                        }
+                ),
+                "{e}"
+            );
         }
     }
 
@@ -342,7 +302,16 @@ mod tests {
     fn files_that_are_not_regular_are_refused() {
         let dir = File::open("/").unwrap();
         let e = map(&[region(0, 0x1000, 0x1000, 0)], vec![dir], -1).unwrap_err();
-        assert!(matches!(e, MemoryError::NotAFile { .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                MemoryError::File {
+                    source: SharedMapError::Invalid(_),
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]

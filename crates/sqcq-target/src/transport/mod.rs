@@ -11,5 +11,6 @@ pub(crate) mod handler;
 pub(crate) mod listen;
 pub(crate) mod memory;
 pub(crate) mod session;
+pub(crate) mod shared_map;
 pub(crate) mod sigbus;
 pub(crate) mod vhost_socket;

@@ -20,6 +20,7 @@ use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::options::RingMode;
 use crate::runtime::queue::{DeviceInfo, QueueKey, QueueStart, RingConfig, SubmissionSource};
+use crate::runtime::tracking::InflightArea;
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 use crate::transport::backend_channel::BackendChannel;
 use crate::transport::device::DeviceShared;
@@ -101,6 +102,9 @@ pub struct Session {
     /// A duplicate of the descriptor the message being handled carries,
     /// if it is SET_BACKEND_REQ_FD (see [`crate::transport::backend_channel`]).
     pub(crate) peeked_backend_fd: Option<std::os::fd::OwnedFd>,
+    /// The in-flight area (GET_INFLIGHT_FD / SET_INFLIGHT_FD), kept across
+    /// queue restarts; the frontend keeps it across reconnects.
+    pub(crate) inflight: Option<Arc<InflightArea>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -134,6 +138,7 @@ impl Session {
             vrings,
             backend_channel: None,
             peeked_backend_fd: None,
+            inflight: None,
             dev,
             pool,
         })
@@ -153,6 +158,11 @@ impl Session {
             0
         };
         crate::transport::handler::OFFERED_FEATURES | self.dev.device.features() | sqcq
+    }
+
+    /// Vrings a frontend may set up.
+    pub(crate) fn max_vrings(&self) -> usize {
+        self.max_vrings
     }
 
     /// Vrings announced to the frontend (GET_QUEUE_NUM).
@@ -282,6 +292,10 @@ impl Session {
             source: self.submission_source(),
             spin: self.pool.options().spin_policy(),
             handler: self.device.request_handler(),
+            tracking: self
+                .inflight
+                .as_ref()
+                .and_then(|a| a.queue(index, ring.size)),
         };
         let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
         let result = self.pool.call(

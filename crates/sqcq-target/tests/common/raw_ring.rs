@@ -185,6 +185,43 @@ impl Vq {
         fe.set_vring_enable(self.index, true).unwrap();
     }
 
+    /// Hands the ring, as it is, to a device that resumes at `base` (a
+    /// new connection after the daemon died, as QEMU reconnects: the base
+    /// is the used index).
+    pub fn resume(&mut self, fe: &mut Frontend, g: &Guest, base: u16) {
+        fe.set_vring_err(self.index, &self.err).unwrap();
+        fe.set_vring_num(self.index, self.size).unwrap();
+        fe.set_vring_addr(
+            self.index,
+            &VringConfigData {
+                queue_max_size: self.size,
+                queue_size: self.size,
+                flags: 0,
+                desc_table_addr: g.va(self.desc),
+                used_ring_addr: g.va(self.used),
+                avail_ring_addr: g.va(self.avail),
+                log_addr: None,
+            },
+        )
+        .unwrap();
+        fe.set_vring_base(self.index, base).unwrap();
+        fe.set_vring_call(self.index, &self.call).unwrap();
+        fe.set_vring_kick(self.index, &self.kick).unwrap();
+        fe.set_vring_enable(self.index, true).unwrap();
+    }
+
+    /// Publishes the available index without a kick.
+    pub fn publish(&self, g: &Guest) {
+        fence(Ordering::Release);
+        g.mem
+            .store(
+                self.next_avail.to_le(),
+                GuestAddress(self.avail + 2),
+                Ordering::Release,
+            )
+            .unwrap();
+    }
+
     /// Writes descriptor `i`.
     pub fn write_desc(&self, g: &Guest, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
         let mut d = [0u8; 16];
@@ -307,9 +344,33 @@ pub fn connect_device(
     event_idx: bool,
     device: u64,
 ) -> Frontend {
+    connect_full(
+        path,
+        g,
+        vqs,
+        event_idx,
+        device,
+        VhostUserProtocolFeatures::empty(),
+        &mut |_| {},
+    )
+}
+
+/// Connects as [`connect_device`] does, also acking the protocol features
+/// in `proto` and calling `before_rings` once memory is set, before the
+/// vrings are (where QEMU sends GET/SET_INFLIGHT_FD).
+pub fn connect_full(
+    path: &Path,
+    g: &Guest,
+    vqs: &mut [Vq],
+    event_idx: bool,
+    device: u64,
+    proto: VhostUserProtocolFeatures,
+    before_rings: &mut dyn FnMut(&mut Frontend),
+) -> Frontend {
     let deadline = Instant::now() + WAIT;
     let mut fe = loop {
-        match Frontend::connect(path, vqs.len() as u64) {
+        // Room for vrings set up later (`Vq::resume`).
+        match Frontend::connect(path, vqs.len().max(8) as u64) {
             Ok(f) => break f,
             Err(e) => {
                 assert!(Instant::now() < deadline, "cannot connect: {e}");
@@ -326,17 +387,19 @@ pub fn connect_device(
     }
     wanted |= device;
     assert_eq!(offered & wanted, wanted, "device must offer {wanted:#x}");
-    let proto = fe.get_protocol_features().unwrap();
     let want_proto = VhostUserProtocolFeatures::MQ
         | VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::REPLY_ACK
-        | VhostUserProtocolFeatures::RESET_DEVICE;
-    assert!(proto.contains(want_proto));
+        | VhostUserProtocolFeatures::RESET_DEVICE
+        | proto;
+    let offered_proto = fe.get_protocol_features().unwrap();
+    assert!(offered_proto.contains(want_proto));
     fe.set_protocol_features(want_proto).unwrap();
     // Every set_* waits for the device's REPLY_ACK from now on.
     fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
     fe.set_features(wanted).unwrap();
     fe.set_mem_table(&[g.region()]).unwrap();
+    before_rings(&mut fe);
     for vq in vqs.iter_mut() {
         vq.setup(&mut fe, g);
     }

@@ -115,14 +115,24 @@ impl QueuePoll {
         }
     }
 
+    /// The poll state of a queue starting at `ring` whose used ring stands
+    /// at `next_used`, and whether the driver is owed a call.
+    ///
+    /// With doorbells this is the start of spec section 7.3: `cq.idx` is
+    /// brought to the used index (the previous device may have died
+    /// between the two stores) and a driver poller that sleeps is called,
+    /// since the previous device may have died before it did; then
+    /// NEED_WAKEUP in `sq.flags` is cleared and the ring is looked at from
+    /// the ring base whatever `sq.idx` says.
     fn open(
         source: SubmissionSource,
         ring: &RingConfig,
+        next_used: u16,
         map: Arc<GuestMem>,
         spin: SpinPolicy,
         vq: u16,
-    ) -> Result<Self, PollError> {
-        let (watch, cq) = if source == SubmissionSource::Doorbell {
+    ) -> Result<(Self, bool), PollError> {
+        let (watch, cq, owed) = if source == SubmissionSource::Doorbell {
             let addrs = RingAddrs {
                 desc: ring.desc,
                 avail: ring.avail,
@@ -133,23 +143,35 @@ impl QueuePoll {
             // Starts from the ring base: a doorbell written before the
             // queue started reads as new work (spec 7.1); clears a stale
             // NEED_WAKEUP.
+            let mut producer = CqProducer::new(cq);
+            let owed = producer.publish(next_used) == Wake::Owed;
             let watch = SqWatch::Doorbell(SqConsumer::new(sq, ring.next_avail));
-            let cq = CqDoorbell {
-                producer: CqProducer::new(cq),
-                location,
-            };
-            (watch, Some(cq))
+            let cq = CqDoorbell { producer, location };
+            (watch, Some(cq), owed)
         } else {
             let watch = RingWatch::new(ring, Arc::clone(&map)).map_err(PollError::Ring)?;
-            (SqWatch::Ring(watch), None)
+            (SqWatch::Ring(watch), None, false)
         };
-        Ok(QueuePoll {
+        let p = QueuePoll {
             poller: Poller::new(watch, spin, vq),
             cq,
             map,
             asleep: false,
             flushed: QueueStats::default(),
-        })
+        };
+        p.log_doorbells();
+        Ok((p, owed))
+    }
+
+    /// Stop, spec section 7.3: nobody polls the SQ doorbell from now on,
+    /// so NEED_WAKEUP goes up in `sq.flags` (a driver that submits while
+    /// the queue is stopped kicks, and the kick waits in the eventfd for
+    /// the next device); logged like every doorbell write.
+    fn park(&mut self) {
+        if let SqWatch::Doorbell(c) = self.poller.watch_mut() {
+            c.park();
+            self.log_doorbells();
+        }
     }
 
     /// Points the watch at `current` if the memory table changed.
@@ -190,9 +212,30 @@ impl Vring {
             return;
         }
         let map = self.mem.memory().into_inner();
-        match QueuePoll::open(self.source, ring, map, spin, self.key.vq) {
-            Ok(p) => self.poll = Some(Box::new(p)),
+        match QueuePoll::open(
+            self.source,
+            ring,
+            self.used.next_used(),
+            map,
+            spin,
+            self.key.vq,
+        ) {
+            Ok((p, owed)) => {
+                self.poll = Some(Box::new(p));
+                if owed {
+                    self.signal_call();
+                }
+            }
             Err(e) => self.poll_broken(&e),
+        }
+    }
+
+    /// The queue stops: parks the SQ doorbell (see `QueuePoll::park`).
+    pub(crate) fn park_poll(&mut self) {
+        if !self.broken
+            && let Some(p) = self.poll.as_mut()
+        {
+            p.park();
         }
     }
 
@@ -249,6 +292,9 @@ impl Vring {
             // store, fence(SeqCst), `cq.flags` load.
             Ok(batch) => {
                 let owed = cq.producer.publish(self.used.next_used()) == Wake::Owed;
+                if let Some(t) = self.tracking.as_mut() {
+                    t.published(batch, self.used.next_used());
+                }
                 if let Some(p) = &self.poll {
                     p.log_doorbells();
                 }
