@@ -39,6 +39,9 @@ echo "== guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk
 echo "== libvirt: the blk guest as a libvirt domain with two <disk type='vhostuser'>"
 SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
+echo "== guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1)"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --daemon-extra "--poll ring"
 echo "== guest: an unmodified guest against device-side ring polling"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll ring" \
     --spin-max-us 5000 --measure --label ring-poll --only-run1

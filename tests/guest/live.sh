@@ -182,7 +182,7 @@ truncate -s 64M "$work/disk.img"
 start_daemon() {
     local name="$1" log="$work/${2:-$1}.log" args
     args=(--socket-path "$work/$name.sock" --num-queues 2
-        --stats-file "$work/$name.stats.json" --stats-interval 1)
+        --stats-file "$work/$name.stats.json" --stats-interval 1 --admin-socket "$work/$name.admin")
     if [ "$dev" = blk ]; then
         args+=(--device-type blk --lun "kind=file,path=$work/disk.img,serial=sqcq-vda")
     else
@@ -190,7 +190,7 @@ start_daemon() {
     fi
     # shellcheck disable=SC2206 # options, split on purpose
     args+=($daemon_extra $daemon_spin)
-    rm -f "$work/$name.sock"
+    rm -f "$work/$name.sock" "$work/$name.admin"
     echo "== live: $(date +%T.%N | cut -c1-12) $bin ${args[*]}" >> "$log"
     if [ -n "$cg" ]; then
         # shellcheck disable=SC2016 # $$ of that shell
@@ -439,6 +439,13 @@ else
         check daemon/start FAIL "sqcqd did not start: $(tail -n 1 "$work/src.log" "$work/dst.log" 2>/dev/null)"
     fi
 fi
+
+# the device counters of the daemons still running (errors, refused
+# requests), for the record
+for name in "${!daemon_pid[@]}"; do
+    daemon_alive "$name" || continue
+    "$bin" admin --admin-socket "$work/$name.admin" stats > "$work/$name.admin-stats" 2>&1 || true
+done
 
 # the guest's checks, from every console
 console | sed -n 's/^CHECK //p' > "$work/got"
