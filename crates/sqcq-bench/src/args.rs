@@ -119,6 +119,12 @@ pub struct Args {
     /// Bound on every wait for the device, in seconds.
     #[arg(long = "io-timeout", default_value = "30", value_parser = parse_time)]
     pub io_timeout: Duration,
+    /// Survive restarts of the device: negotiate in-flight tracking, and
+    /// when the device hangs up, connect again (retrying for this many
+    /// seconds) and go on with the I/Os in flight, which the restarted
+    /// device resubmits.
+    #[arg(long = "reconnect", value_parser = parse_time)]
+    pub reconnect: Option<Duration>,
     /// Output format.
     #[arg(long = "output-format", value_enum, default_value = "normal")]
     pub output_format: OutputFormat,

@@ -2,6 +2,7 @@
 //! queues, identify the LUN (virtio-scsi) or the disk (virtio-blk); and
 //! taking it down cleanly.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqcq_driver::blk::{self, BlkConfig, BlkQueue, ID_BYTES, Request, SECTOR_SIZE};
@@ -24,6 +25,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::error::BenchError;
 use crate::io::IoQueue;
+use crate::link::Link;
 
 /// Size of the control and event queues.
 const SMALL_QUEUE: u16 = 16;
@@ -64,6 +66,9 @@ pub struct DeviceSpec {
     pub cdb: CdbSize,
     /// FUA on writes (virtio-scsi).
     pub fua: bool,
+    /// Follow the device across restarts, retrying a connection this long
+    /// (see [`crate::link`]).
+    pub reconnect: Option<Duration>,
 }
 
 /// One job's request queue and its data buffers.
@@ -103,7 +108,8 @@ pub struct ModeFallback {
 /// A device ready to run jobs.
 #[derive(Debug)]
 pub struct Device {
-    frontend: Frontend,
+    /// The connection, shared with the jobs.
+    pub link: Arc<Link>,
     /// The driver poll threads of the sqcq mode.
     poll: Option<PollGroup>,
     /// The figures of the request queues' driver-side pollers (poll
@@ -113,8 +119,6 @@ pub struct Device {
     pub mode: NotifyMode,
     /// Set when the mode asked for was not available.
     pub fallback: Option<ModeFallback>,
-    /// Kept for the run: it holds the memfd the device maps.
-    _mem: DriverMemory,
     /// virtio-scsi's control queue, kept running for task management,
     /// and its event queue; not used by the jobs.
     _control: Option<(ControlQueue, Virtqueue)>,
@@ -129,7 +133,7 @@ pub struct Device {
 impl Device {
     /// Connects to `socket` and sets everything up.
     pub fn open(socket: &std::path::Path, spec: &DeviceSpec) -> Result<Self, BenchError> {
-        let mut frontend = Frontend::connect(&FrontendConfig {
+        let frontend_config = FrontendConfig {
             socket: socket.to_owned(),
             device: spec.device,
             event_idx: spec.event_idx,
@@ -140,7 +144,9 @@ impl Device {
                     DeviceType::Blk => blk::FEATURES,
                 },
             timeout: spec.timeout,
-        })?;
+            inflight: spec.reconnect.is_some(),
+        };
+        let mut frontend = Frontend::connect(&frontend_config)?;
         let neg = frontend.negotiated().clone();
         let missing = spec.mode.required_features() & !neg.acked;
         let (mode, fallback) = if missing == 0 {
@@ -260,6 +266,17 @@ impl Device {
         let scratch = mem.alloc(SCRATCH, 4096)?;
 
         frontend.set_mem_table(&mem)?;
+        let record = match spec.reconnect {
+            Some(timeout) => {
+                let vrings = u16::try_from(neg.vrings).unwrap_or(u16::MAX);
+                let record = frontend.track_inflight(vrings, spec.queue_size)?;
+                for q in &mut queues {
+                    q.queue.survive_hangup(true);
+                }
+                Some((frontend_config, timeout, record))
+            }
+            None => None,
+        };
         if let Some((control, event)) = &control {
             frontend.start_queue(&mem, control.virtqueue())?;
             frontend.start_queue(&mem, event)?;
@@ -283,12 +300,11 @@ impl Device {
             }
         };
         Ok(Self {
-            frontend,
+            link: Arc::new(Link::new(frontend, mem, record)),
             poll,
             stats: (!stats.is_empty()).then_some(stats),
             mode,
             fallback,
-            _mem: mem,
             _control: control,
             guest,
             queues,
@@ -298,7 +314,7 @@ impl Device {
 
     /// What was negotiated.
     pub fn negotiated(&self) -> &Negotiated {
-        self.frontend.negotiated()
+        self.link.negotiated()
     }
 
     /// The statistics of the request queues' driver-side pollers (the
@@ -311,7 +327,7 @@ impl Device {
     /// Takes the vrings back and disconnects, then stops the driver poll
     /// threads (the device no longer touches the doorbells).
     pub fn close(self) -> Result<(), BenchError> {
-        let stopped = self.frontend.stop();
+        let stopped = self.link.close();
         if let Some(poll) = self.poll {
             poll.stop();
         }

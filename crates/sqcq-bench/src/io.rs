@@ -173,6 +173,23 @@ impl IoQueue {
         }
     }
 
+    /// Keep the requests in flight when the device hangs up (see
+    /// `crate::link`).
+    pub fn survive_hangup(&mut self, on: bool) {
+        match self {
+            Self::Scsi { queue, .. } => queue.survive_hangup(on),
+            Self::Blk { queue, .. } => queue.survive_hangup(on),
+        }
+    }
+
+    /// Follows a new connection to the device.
+    pub fn reattach(&mut self, hangup: std::os::fd::OwnedFd) {
+        match self {
+            Self::Scsi { queue, .. } => queue.reattach(hangup),
+            Self::Blk { queue, .. } => queue.reattach(hangup),
+        }
+    }
+
     /// The virtqueue underneath.
     pub fn virtqueue(&self) -> &Virtqueue {
         match self {

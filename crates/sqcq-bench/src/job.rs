@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sqcq_driver::{Buffer, NotifyCounters};
+use sqcq_driver::{Buffer, NotifyCounters, NotifyError, QueueFailure};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 use crate::device::JobQueue;
 use crate::error::BenchError;
 use crate::io::{IoDone, IoQueue};
+use crate::link::Link;
 use crate::stats::JobStats;
 use crate::target::{CpuTime, thread_cpu_time};
 use crate::verify;
@@ -107,11 +108,21 @@ pub struct Job {
     stats: JobStats,
     /// Units the verify write pass issued, which the check pass reads.
     checked_limit: u64,
+    /// The device connection (followed across restarts with
+    /// `--reconnect`).
+    link: Arc<Link>,
+    /// The connection the job's queue is on.
+    generation: u64,
 }
 
 impl Job {
     /// A job over `q`'s queue and buffers.
-    pub fn new(spec: JobSpec, q: JobQueue, guest: GuestMemoryMmap) -> Result<Self, BenchError> {
+    pub fn new(
+        spec: JobSpec,
+        q: JobQueue,
+        guest: GuestMemoryMmap,
+        link: Arc<Link>,
+    ) -> Result<Self, BenchError> {
         let depth = q.buffers.len();
         let depth16 =
             u16::try_from(depth).map_err(|_| BenchError::Usage("--iodepth too large".into()))?;
@@ -127,6 +138,8 @@ impl Job {
             scratch: vec![0; bs],
             stats: JobStats::default(),
             checked_limit: 0,
+            generation: link.generation(),
+            link,
         })
     }
 
@@ -233,7 +246,17 @@ impl Job {
             }
             let waited = self.q.queue.wait_and_reap(|c| done.push(c));
             let completed = self.complete(Instant::now(), progress);
-            waited?;
+            match waited {
+                Err(QueueFailure::Notify(NotifyError::Hangup)) if self.link.reconnects() => {
+                    // The requests in flight stay; the device resubmits
+                    // the ones it had taken.
+                    self.link.follow(&mut self.generation, &mut self.q.queue)?;
+                    self.stats.reconnects += 1;
+                }
+                other => {
+                    other?;
+                }
+            }
             completed?;
         }
         if pass == Pass::Write {

@@ -15,6 +15,7 @@ mod device;
 mod error;
 mod io;
 mod job;
+mod link;
 mod progress;
 mod report;
 mod stats;
@@ -171,6 +172,7 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         lun,
         cdb: args.cdb.into(),
         fua: args.fua,
+        reconnect: args.reconnect,
     };
     for note in target.iter().flat_map(|t| t.notes()) {
         eprintln!("sqcq-bench: warning: {note}");
@@ -229,7 +231,12 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
             bursts: args.bursts.max(1),
             idle_timeout: args.io_timeout,
         };
-        jobs.push(Job::new(spec, q, device.guest.clone())?);
+        jobs.push(Job::new(
+            spec,
+            q,
+            device.guest.clone(),
+            Arc::clone(&device.link),
+        )?);
     }
 
     let progress: Vec<Arc<Progress>> = jobs.iter().map(|_| Arc::default()).collect();

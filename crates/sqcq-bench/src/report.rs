@@ -241,6 +241,7 @@ impl Report {
                 "publishes": n.publishes,
                 "sleeps": n.sleeps,
                 "idle_gaps_asleep": stats.idle_gaps,
+                "reconnects": stats.reconnects,
                 "kicks_per_io": per_io(n.kicks as f64, ios),
                 "calls_per_io": per_io(n.calls as f64, ios),
                 "cpu_us_per_io": per_io(stats.cpu.total() * 1e6, ios),

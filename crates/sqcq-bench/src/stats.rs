@@ -114,6 +114,9 @@ pub struct JobStats {
     /// Gaps between bursts after which both sides' poll threads were seen
     /// asleep with NEED_WAKEUP set.
     pub idle_gaps: u64,
+    /// Times the job followed the device to a new connection after it
+    /// hung up (`--reconnect`).
+    pub reconnects: u64,
 }
 
 impl JobStats {
@@ -134,6 +137,7 @@ impl JobStats {
         self.cpu.user += other.cpu.user;
         self.cpu.system += other.cpu.system;
         self.idle_gaps += other.idle_gaps;
+        self.reconnects += other.reconnects;
     }
 }
 

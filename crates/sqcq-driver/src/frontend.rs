@@ -15,13 +15,14 @@
 //! every message); protocol bits the crate does not know are dropped. The
 //! socket has read and write timeouts, so no reply is waited for forever.
 
+use std::fs::File;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserInflight};
 use vhost::vhost_user::{
     Frontend as VhostFrontend, VhostUserFrontend, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
@@ -99,6 +100,9 @@ pub struct FrontendConfig {
     pub extra_features: u64,
     /// Bound on every vhost-user reply.
     pub timeout: Duration,
+    /// Ask for in-flight tracking (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD),
+    /// to survive a restart of the device ([`Frontend::track_inflight`]).
+    pub inflight: bool,
 }
 
 impl FrontendConfig {
@@ -112,7 +116,27 @@ impl FrontendConfig {
             indirect: true,
             extra_features: 0,
             timeout: Duration::from_secs(10),
+            inflight: false,
         }
+    }
+}
+
+/// The in-flight area of a device (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD):
+/// the device records there the requests it has taken and not completed;
+/// the frontend keeps it and hands it to the next connection after the
+/// device died, which resubmits them. The frontend never reads it.
+pub struct InflightRecord {
+    info: VhostUserInflight,
+    file: File,
+}
+
+impl std::fmt::Debug for InflightRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InflightRecord")
+            .field("mmap_size", &self.info.mmap_size)
+            .field("num_queues", &self.info.num_queues)
+            .field("queue_size", &self.info.queue_size)
+            .finish_non_exhaustive()
     }
 }
 
@@ -305,10 +329,13 @@ impl Frontend {
             protocol_offered = inner
                 .get_protocol_features()
                 .map_err(request("GET_PROTOCOL_FEATURES"))?;
-            protocol_acked = protocol_offered
-                & (VhostUserProtocolFeatures::MQ
-                    | VhostUserProtocolFeatures::CONFIG
-                    | VhostUserProtocolFeatures::REPLY_ACK);
+            let mut wanted = VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::REPLY_ACK;
+            if config.inflight {
+                wanted |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
+            }
+            protocol_acked = protocol_offered & wanted;
             inner
                 .set_protocol_features(protocol_acked)
                 .map_err(request("SET_PROTOCOL_FEATURES"))?;
@@ -371,6 +398,42 @@ impl Frontend {
     pub fn hangup_fd(&self) -> Result<OwnedFd, FrontendError> {
         let dup = self.socket.try_clone().map_err(FrontendError::Socket)?;
         Ok(OwnedFd::from(dup))
+    }
+
+    /// Sets up in-flight tracking for `queues` vrings of up to
+    /// `queue_size` entries, as QEMU does at a device's first start:
+    /// GET_INFLIGHT_FD (the device creates the area), then SET_INFLIGHT_FD.
+    /// Call before starting the queues; keep the record for
+    /// [`Self::resume_inflight`].
+    pub fn track_inflight(
+        &mut self,
+        queues: u16,
+        queue_size: u16,
+    ) -> Result<InflightRecord, FrontendError> {
+        if !self
+            .negotiated
+            .protocol_acked
+            .contains(VhostUserProtocolFeatures::INFLIGHT_SHMFD)
+        {
+            return Err(FrontendError::MissingFeature(
+                "VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD",
+            ));
+        }
+        let (info, file) = self
+            .inner
+            .get_inflight_fd(&VhostUserInflight::new(0, 0, queues, queue_size))
+            .map_err(request("GET_INFLIGHT_FD"))?;
+        let record = InflightRecord { info, file };
+        self.resume_inflight(&record)?;
+        Ok(record)
+    }
+
+    /// SET_INFLIGHT_FD with the area of an earlier connection: the device
+    /// resubmits what it records in flight when each queue starts.
+    pub fn resume_inflight(&mut self, record: &InflightRecord) -> Result<(), FrontendError> {
+        self.inner
+            .set_inflight_fd(&record.info, record.file.as_raw_fd())
+            .map_err(request("SET_INFLIGHT_FD"))
     }
 
     /// SET_MEM_TABLE: shares `mem`'s memfd with the device.

@@ -42,7 +42,9 @@ mod test_rig;
 pub mod virtqueue;
 pub mod vring;
 
-pub use frontend::{DeviceConfig, DeviceType, Frontend, FrontendConfig, FrontendError, Negotiated};
+pub use frontend::{
+    DeviceConfig, DeviceType, Frontend, FrontendConfig, FrontendError, InflightRecord, Negotiated,
+};
 pub use memory::{DriverMemory, MemoryConfig, MemoryError};
 pub use notify::{
     DoorbellState, IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents,

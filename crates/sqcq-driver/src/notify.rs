@@ -227,6 +227,12 @@ impl QueueEvents {
         })
     }
 
+    /// Replaces the socket whose hangup ends every wait (a new connection
+    /// after the device restarted).
+    pub fn set_hangup(&mut self, hangup: Option<OwnedFd>) {
+        self.hangup = hangup;
+    }
+
     /// The kick eventfd (for `SET_VRING_KICK`).
     pub fn kick_fd(&self) -> &EventFd {
         &self.kick

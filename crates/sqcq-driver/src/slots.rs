@@ -66,6 +66,9 @@ pub(crate) struct Slots<T> {
     info: Box<[T]>,
     free: Vec<u16>,
     failed: bool,
+    /// A hangup of the device leaves the requests in flight (the frontend
+    /// reconnects and the device resubmits them).
+    survive_hangup: bool,
 }
 
 impl<T: Copy + Default> Slots<T> {
@@ -77,7 +80,18 @@ impl<T: Copy + Default> Slots<T> {
             info: vec![T::default(); usize::from(n)].into_boxed_slice(),
             free: (0..n).rev().collect(),
             failed: false,
+            survive_hangup: false,
         }
+    }
+
+    /// See `ScsiQueue::survive_hangup`.
+    pub(crate) fn survive_hangup(&mut self, on: bool) {
+        self.survive_hangup = on;
+    }
+
+    /// See `ScsiQueue::reattach`.
+    pub(crate) fn reattach(&mut self, hangup: std::os::fd::OwnedFd) {
+        self.vq.reattach(hangup);
     }
 
     pub(crate) fn virtqueue(&self) -> &Virtqueue {
@@ -206,8 +220,12 @@ impl<T: Copy + Default> Slots<T> {
         if self.in_flight() == 0 {
             return Ok(0);
         }
-        if let Err(e) = self.vq.wait() {
-            return Err(self.fail(QueueFailure::Notify(e), &mut handle));
+        match self.vq.wait() {
+            Ok(()) => {}
+            Err(NotifyError::Hangup) if self.survive_hangup => {
+                return Err(QueueFailure::Notify(NotifyError::Hangup));
+            }
+            Err(e) => return Err(self.fail(QueueFailure::Notify(e), &mut handle)),
         }
         self.reap(handle)
     }

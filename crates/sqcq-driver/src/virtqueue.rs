@@ -1,6 +1,7 @@
 //! One virtqueue as the frontend runs it: the driver-side ring, its
 //! eventfds and its notification strategy, bound together once at set-up.
 
+use std::os::fd::OwnedFd;
 use std::time::Instant;
 
 use vm_memory::GuestAddress;
@@ -84,6 +85,12 @@ impl Virtqueue {
     /// The eventfds.
     pub fn events(&self) -> &QueueEvents {
         &self.events
+    }
+
+    /// Follows a new connection to the device: its socket's hangup ends
+    /// the waits from now on.
+    pub fn reattach(&mut self, hangup: OwnedFd) {
+        self.events.set_hangup(Some(hangup));
     }
 
     /// Guest-physical addresses of the descriptor table, avail and used

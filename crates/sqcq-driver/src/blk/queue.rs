@@ -214,6 +214,22 @@ impl BlkQueue {
         })
     }
 
+    /// Whether a hangup of the device leaves the requests in flight
+    /// instead of failing them: the caller reconnects (with in-flight
+    /// tracking, [`crate::Frontend::track_inflight`]), hands the queue to
+    /// the new connection and calls [`Self::reattach`]; the device
+    /// resubmits what it had taken. The wait that saw the hangup returns
+    /// `QueueFailure::Notify(NotifyError::Hangup)`.
+    pub fn survive_hangup(&mut self, on: bool) {
+        self.slots.survive_hangup(on);
+    }
+
+    /// Follows the new connection after a hangup (see
+    /// [`Self::survive_hangup`]).
+    pub fn reattach(&mut self, hangup: std::os::fd::OwnedFd) {
+        self.slots.reattach(hangup);
+    }
+
     /// The virtqueue underneath (for the frontend's set-up and counters).
     pub fn virtqueue(&self) -> &Virtqueue {
         self.slots.virtqueue()

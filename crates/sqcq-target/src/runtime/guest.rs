@@ -16,17 +16,164 @@
 //! `cq.idx` by [`mark_doorbell`]. While dirty logging is off the slot is
 //! `None` and marking costs a branch.
 
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use thiserror::Error;
-use vm_memory::bitmap::{AtomicBitmap, Bitmap};
+use vm_memory::bitmap::{Bitmap, WithBitmapSlice};
 use vm_memory::{
     Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
 };
 
 use crate::runtime::chain::Segment;
 
+/// The page size of the vhost dirty log: one bit per 4 KiB of guest
+/// physical memory, whatever the host's page size (`VHOST_LOG_PAGE`).
+pub const LOG_PAGE: u64 = 0x1000;
+
+/// The frontend's dirty log (VHOST_USER_PROTOCOL_F_LOG_SHMFD,
+/// SET_LOG_BASE): bit `n % 8` of byte `n / 8` stands for guest page `n`
+/// (QEMU reads it as little-endian 64-bit words, which is the same
+/// thing). The device sets bits with atomic ORs; the frontend reads and
+/// clears them while it migrates. A page beyond the log's end (a log
+/// smaller than guest memory) cannot be marked and is counted.
+pub struct DirtyLog {
+    ptr: NonNull<u8>,
+    len: usize,
+    beyond: std::sync::atomic::AtomicU64,
+    _keep: Box<dyn Send + Sync>,
+}
+
+// SAFETY: the log is shared memory accessed only through atomics.
+unsafe impl Send for DirtyLog {}
+// SAFETY: as above.
+unsafe impl Sync for DirtyLog {}
+
+impl std::fmt::Debug for DirtyLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirtyLog")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DirtyLog {
+    /// The log of `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as
+    /// long as `keep` lives.
+    pub unsafe fn new(ptr: NonNull<u8>, len: usize, keep: Box<dyn Send + Sync>) -> Self {
+        DirtyLog {
+            ptr,
+            len,
+            beyond: std::sync::atomic::AtomicU64::new(0),
+            _keep: keep,
+        }
+    }
+
+    fn byte(&self, page: u64) -> Option<&AtomicU8> {
+        let at = usize::try_from(page / 8).ok().filter(|&b| b < self.len)?;
+        // SAFETY: `at` is within the log (checked above), which lives as
+        // long as `self`.
+        Some(unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().wrapping_add(at)) })
+    }
+
+    /// Marks the guest pages of `gpa..gpa + len` as written.
+    pub fn mark(&self, gpa: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let first = gpa / LOG_PAGE;
+        let last = gpa.saturating_add(len - 1) / LOG_PAGE;
+        for page in first..=last {
+            match self.byte(page) {
+                // Relaxed: the frontend reads the log after the device
+                // stopped, or again at a later pass; the page write came
+                // before in program order (marks follow writes).
+                Some(b) => {
+                    b.fetch_or(1 << (page % 8), Ordering::Relaxed);
+                }
+                None => {
+                    self.beyond.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether guest page of `gpa` is marked.
+    pub fn is_marked(&self, gpa: u64) -> bool {
+        let page = gpa / LOG_PAGE;
+        self.byte(page)
+            .is_some_and(|b| b.load(Ordering::Relaxed) & (1 << (page % 8)) != 0)
+    }
+
+    /// Clears every mark, as the frontend does when it reads the log (for
+    /// tests).
+    #[cfg(test)]
+    pub fn clear(&self) {
+        for at in 0..self.len {
+            // SAFETY: within the log.
+            unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().wrapping_add(at)) }
+                .store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks that fell beyond the end of the log.
+    pub fn beyond(&self) -> u64 {
+        self.beyond.load(Ordering::Relaxed)
+    }
+}
+
+/// The dirty bitmap of one region while dirty logging is on: the
+/// region's place in the frontend's [`DirtyLog`]. vm-memory's accessors
+/// call it for every write they make, so copies and used-ring stores are
+/// logged with no code of ours on their path.
+#[derive(Clone, Debug)]
+pub struct LogBitmap {
+    log: Arc<DirtyLog>,
+    /// Guest physical address of the region's first byte.
+    base: u64,
+}
+
+impl LogBitmap {
+    /// The bitmap of the region at guest address `base`.
+    pub fn new(log: Arc<DirtyLog>, base: GuestAddress) -> Self {
+        LogBitmap { log, base: base.0 }
+    }
+}
+
+impl LogBitmap {
+    /// The log it marks.
+    pub fn log(&self) -> &DirtyLog {
+        &self.log
+    }
+}
+
+impl<'a> WithBitmapSlice<'a> for LogBitmap {
+    type S = vm_memory::bitmap::RefSlice<'a, LogBitmap>;
+}
+
+impl Bitmap for LogBitmap {
+    fn mark_dirty(&self, offset: usize, len: usize) {
+        self.log
+            .mark(self.base.wrapping_add(offset as u64), len as u64);
+    }
+
+    fn dirty_at(&self, offset: usize) -> bool {
+        self.log.is_marked(self.base.wrapping_add(offset as u64))
+    }
+
+    fn slice_at(&self, offset: usize) -> <Self as WithBitmapSlice<'_>>::S {
+        vm_memory::bitmap::RefSlice::new(self, offset)
+    }
+}
+
 /// The dirty-page bitmap of one region of guest memory: `None` while dirty
-/// logging is off, vm-memory's `AtomicBitmap` while it is on.
-pub type DirtyBitmap = Option<AtomicBitmap>;
+/// logging is off, the region's view of the frontend's log while it is on.
+pub type DirtyBitmap = Option<LogBitmap>;
 
 /// Guest memory as the device maps it.
 pub type GuestMem = GuestMemoryMmap<DirtyBitmap>;
@@ -197,11 +344,11 @@ pub fn mark_doorbell(mem: &GuestMem, addr: GuestAddress) {
 /// (for tests and fuzzing: the daemon maps the frontend's files).
 #[cfg(any(test, feature = "fuzzing"))]
 pub fn memory_over(ranges: &[(GuestAddress, usize)], logged: bool) -> GuestMem {
-    let page = std::num::NonZeroUsize::new(4096).unwrap_or(std::num::NonZeroUsize::MIN);
+    let log = logged.then(|| Arc::new(heap_log(1 << 16)));
     let regions = ranges
         .iter()
         .map(|&(addr, size)| {
-            let bitmap = logged.then(|| AtomicBitmap::new(size, page));
+            let bitmap = log.as_ref().map(|l| LogBitmap::new(Arc::clone(l), addr));
             let map = vm_memory::mmap::MmapRegionBuilder::new_with_bitmap(size, bitmap)
                 .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
                 .with_mmap_flags(libc::MAP_ANONYMOUS | libc::MAP_PRIVATE | libc::MAP_NORESERVE)
@@ -211,6 +358,16 @@ pub fn memory_over(ranges: &[(GuestAddress, usize)], logged: bool) -> GuestMem {
         })
         .collect();
     GuestMem::from_regions(regions).expect("non-overlapping ranges")
+}
+
+/// A dirty log of `len` bytes in memory of its own (for tests; the
+/// daemon maps the frontend's).
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn heap_log(len: usize) -> DirtyLog {
+    let buf: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
+    let ptr = NonNull::new(buf.as_mut_ptr()).unwrap_or(NonNull::dangling());
+    // SAFETY: the leaked buffer lives for ever.
+    unsafe { DirtyLog::new(ptr, len, Box::new(())) }
 }
 
 /// [`memory_over`] without dirty logging.

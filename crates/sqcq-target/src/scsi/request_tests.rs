@@ -116,7 +116,7 @@ impl Fixture {
             // The region's own bitmap (`GuestMemoryRegion::bitmap` gives a
             // slice of it).
             if let Some(b) = std::ops::Deref::deref(r).bitmap() {
-                b.reset();
+                b.log().clear();
             }
         }
         self.queue.process();

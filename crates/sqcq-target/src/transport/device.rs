@@ -349,6 +349,15 @@ impl ControlThread {
                 .unwrap_or_else(PoisonError::into_inner)
                 .peeked_backend_fd = None;
         }
+        let fatal = session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .fatal
+            .take();
+        if let Some(why) = fatal {
+            DeviceMetrics::bump(&self.shared.info.metrics.failed_messages);
+            return Some(self.drop_connection(format_args!("{why}")));
+        }
         match handled {
             Ok(()) => *errors = 0,
             Err(

@@ -4,7 +4,10 @@
 //!
 //! Negotiation is strict: SET_FEATURES and SET_PROTOCOL_FEATURES with a
 //! bit that was not offered fail. Messages for features not offered
-//! (memory slots, inflight fds, logging, device state) are refused.
+//! (memory slots, device state, shared objects) are refused. In-flight
+//! tracking is [`crate::runtime::tracking`]; dirty logging (VHOST_F_LOG_ALL
+//! with SET_LOG_BASE) marks through the memory map's bitmaps
+//! ([`crate::runtime::guest::DirtyLog`]).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -24,6 +27,7 @@ use virtio_bindings::bindings::virtio_ring::{
 };
 
 use crate::runtime::eventfd::{FdRole, PeerEventFd};
+use crate::runtime::guest::DirtyLog;
 use crate::runtime::tracking::{InflightArea, queue_region_size};
 use crate::transport::backend_channel::BackendChannel;
 use crate::transport::session::Session;
@@ -35,7 +39,8 @@ use crate::transport::shared_map::{SharedMap, sealed_memfd};
 pub const OFFERED_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
-    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    | VhostUserVirtioFeatures::LOG_ALL.bits();
 
 /// vhost-user protocol features the device offers.
 pub fn offered_protocol_features() -> VhostUserProtocolFeatures {
@@ -45,6 +50,7 @@ pub fn offered_protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::RESET_DEVICE
         | VhostUserProtocolFeatures::BACKEND_REQ
         | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+        | VhostUserProtocolFeatures::LOG_SHMFD
 }
 
 fn not_supported<T>() -> Result<T> {
@@ -61,6 +67,10 @@ fn eventfd(session: &Session, file: Option<File>, role: FdRole) -> Result<Option
             Error::InvalidParam
         })
 }
+
+/// The largest dirty log a frontend may hand over: one bit per 4 KiB
+/// page of 8 TiB of guest memory.
+const MAX_DIRTY_LOG: u64 = 256 << 20;
 
 /// The largest in-flight area a frontend may hand over (every vring of
 /// the largest queue size fits in far less).
@@ -136,6 +146,7 @@ impl VhostUserBackendReqHandlerMut for Session {
         self.acked_protocol = 0;
         self.backend_channel = None;
         self.inflight = None;
+        self.log = None;
         Ok(())
     }
 
@@ -166,6 +177,11 @@ impl VhostUserBackendReqHandlerMut for Session {
         }
         self.acked_features = features;
         debug!(device = %self.dev.info.name, "features {features:#x}");
+        // VHOST_F_LOG_ALL on or off (QEMU at the start and the end of a
+        // migration).
+        if !self.sync_logging() {
+            return Err(Error::BackendInternalError);
+        }
         if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
             // Without VHOST_USER_F_PROTOCOL_FEATURES rings start enabled.
             for i in 0..self.vrings.len() {
@@ -204,6 +220,9 @@ impl VhostUserBackendReqHandlerMut for Session {
         // they sleep again.
         self.pool.nudge_all();
         info!(device = %self.dev.info.name, regions = ctx.len(), "memory table set");
+        if self.logging() && !self.remap() {
+            return Err(Error::BackendInternalError);
+        }
         for i in 0..self.vrings.len() {
             self.update(i);
         }
@@ -414,7 +433,35 @@ impl VhostUserBackendReqHandlerMut for Session {
         not_supported()
     }
 
-    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
-        not_supported()
+    fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> Result<()> {
+        // The frontend waits for a reply, which a refusal does not send,
+        // and a migration without the device's marks would lose data: a
+        // log that cannot be used ends the connection.
+        let mut refuse = |why: String| {
+            self.fatal = Some(format!("dirty log refused: {why}"));
+            Error::InvalidParam
+        };
+        if log.mmap_size > MAX_DIRTY_LOG {
+            return Err(refuse(format!("{} bytes is too large", log.mmap_size)));
+        }
+        let map = SharedMap::map(
+            &file,
+            log.mmap_offset,
+            log.mmap_size,
+            self.dev.memory_fault.as_raw_fd(),
+        )
+        .map_err(|e| refuse(crate::runtime::error_chain(&e)))?;
+        let (ptr, len) = (map.ptr(), map.len());
+        // SAFETY: the mapping is `len` bytes and lives as long as the log
+        // (it is the log's keeper).
+        let dirty = unsafe { DirtyLog::new(ptr, len, Box::new(map)) };
+        self.log = Some(std::sync::Arc::new(dirty));
+        info!(device = %self.dev.info.name, size = len, "dirty log set");
+        // A log replaced while logging (QEMU resizes it when memory
+        // grows): the map points at the new one.
+        if self.logging() && !self.remap() {
+            return Err(Error::BackendInternalError);
+        }
+        Ok(())
     }
 }

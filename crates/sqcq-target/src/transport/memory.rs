@@ -32,9 +32,10 @@ use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress};
 
-use crate::runtime::guest::{GuestMem, GuestRegion};
+use crate::runtime::guest::{DirtyLog, GuestMem, GuestRegion, LogBitmap};
 use crate::transport::shared_map::{SharedMapError, check_file};
 use crate::transport::sigbus::{GuardError, Registration};
+use vm_memory::GuestMemoryRegion;
 
 /// A guest memory region as the frontend maps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,14 +91,72 @@ pub struct GuardedRegion {
     // Declared first: dropped (unregistered) before the mapping below.
     _registration: Registration,
     region: Arc<GuestRegion>,
+    /// Other views of the same mapping (with a dirty log), which do not
+    /// own it.
+    views: Vec<Arc<GuestRegion>>,
 }
 
 impl GuardedRegion {
     /// Whether a memory map still uses the mapping (a worker's request in
-    /// flight, the current table): it must not be unmapped yet.
+    /// flight, the current table), through the region or one of its views:
+    /// it must not be unmapped yet.
     pub fn in_use(&self) -> bool {
-        Arc::strong_count(&self.region) > 1
+        Arc::strong_count(&self.region) > 1 || self.views.iter().any(|v| Arc::strong_count(v) > 1)
     }
+
+    /// The region as seen with dirty logging into `log`: the same mapping
+    /// and guest address, with a bitmap that marks the log. The view does
+    /// not own the mapping; this region keeps it (and keeps it mapped
+    /// while the view is in use).
+    fn logged_view(&mut self, log: &Arc<DirtyLog>) -> Result<Arc<GuestRegion>, MemoryError> {
+        let r = &self.region;
+        let invalid = |_| MemoryError::Invalid {
+            index: 0,
+            what: "cannot view the mapping with a dirty log",
+        };
+        let len = usize::try_from(r.len()).map_err(|_| MemoryError::Invalid {
+            index: 0,
+            what: "size exceeds the address space",
+        })?;
+        let builder = MmapRegionBuilder::new_with_bitmap(
+            len,
+            Some(LogBitmap::new(Arc::clone(log), r.start_addr())),
+        );
+        // SAFETY: the pointer is this region's mapping, `len` bytes long,
+        // kept mapped by `self` for as long as the view is in use (see
+        // `in_use`); the view never unmaps it (not owned).
+        let builder = unsafe { builder.with_raw_mmap_pointer(r.as_ptr()) };
+        let mmap = builder
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(libc::MAP_NORESERVE | libc::MAP_SHARED)
+            .build()
+            .map_err(invalid)?;
+        let view = Arc::new(GuestRegion::new(mmap, r.start_addr()).ok_or(
+            MemoryError::Invalid {
+                index: 0,
+                what: "guest address + size overflows",
+            },
+        )?);
+        self.views.retain(|v| Arc::strong_count(v) > 1);
+        self.views.push(Arc::clone(&view));
+        Ok(view)
+    }
+}
+
+/// The memory map over `regions`, with dirty logging into `log` if given
+/// (each region's writes marked in it), without otherwise.
+pub fn memory_map(
+    regions: &mut [GuardedRegion],
+    log: Option<&Arc<DirtyLog>>,
+) -> Result<GuestMem, MemoryError> {
+    let list = regions
+        .iter_mut()
+        .map(|g| match log {
+            Some(l) => g.logged_view(l),
+            None => Ok(Arc::clone(&g.region)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    GuestMem::from_arc_regions(list).map_err(|_| MemoryError::Overlap("guest physical addresses"))
 }
 
 /// A frontend's memory table, mapped.
@@ -197,6 +256,7 @@ fn map_region(
     Ok(GuardedRegion {
         _registration: registration,
         region: Arc::new(region),
+        views: Vec::new(),
     })
 }
 

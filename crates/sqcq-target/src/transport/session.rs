@@ -13,10 +13,11 @@
 use std::sync::Arc;
 
 use tracing::{error, info, warn};
+use vhost::vhost_user::VhostUserVirtioFeatures;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::runtime::eventfd::PeerEventFd;
-use crate::runtime::guest::GuestMem;
+use crate::runtime::guest::{DirtyLog, GuestMem};
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::options::RingMode;
 use crate::runtime::queue::{DeviceInfo, QueueKey, QueueStart, RingConfig, SubmissionSource};
@@ -105,6 +106,13 @@ pub struct Session {
     /// The in-flight area (GET_INFLIGHT_FD / SET_INFLIGHT_FD), kept across
     /// queue restarts; the frontend keeps it across reconnects.
     pub(crate) inflight: Option<Arc<InflightArea>>,
+    /// The frontend's dirty log (SET_LOG_BASE); marked while
+    /// VHOST_F_LOG_ALL is negotiated.
+    pub(crate) log: Option<Arc<DirtyLog>>,
+    /// Set by a message the connection cannot survive (the frontend waits
+    /// for a reply that a refusal does not send, and going on would
+    /// break a promise): the control thread ends the connection.
+    pub(crate) fatal: Option<String>,
 }
 
 impl std::fmt::Debug for Session {
@@ -139,6 +147,8 @@ impl Session {
             backend_channel: None,
             peeked_backend_fd: None,
             inflight: None,
+            log: None,
+            fatal: None,
             dev,
             pool,
         })
@@ -158,6 +168,50 @@ impl Session {
             0
         };
         crate::transport::handler::OFFERED_FEATURES | self.dev.device.features() | sqcq
+    }
+
+    /// Whether the device marks what it writes in the frontend's dirty
+    /// log: VHOST_F_LOG_ALL negotiated and a log given.
+    pub(crate) fn logging(&self) -> bool {
+        self.acked_features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0 && self.log.is_some()
+    }
+
+    /// Builds the memory map of the current table again, with the dirty
+    /// log if logging is on, without it otherwise, and hands it to the
+    /// workers (each takes it at its next pass; requests in flight finish
+    /// on the map they started with and are marked at completion through
+    /// the current one).
+    pub(crate) fn remap(&mut self) -> bool {
+        if self.regions.is_empty() {
+            return true;
+        }
+        let log = if self.logging() {
+            self.log.clone()
+        } else {
+            None
+        };
+        let map = match crate::transport::memory::memory_map(&mut self.regions, log.as_ref()) {
+            Ok(m) => m,
+            Err(e) => {
+                error!(device = %self.dev.info.name, "cannot switch dirty logging: {e}");
+                return false;
+            }
+        };
+        match self.mem.lock() {
+            Ok(m) => m.replace(map),
+            Err(_) => return false,
+        }
+        self.pool.nudge_all();
+        info!(device = %self.dev.info.name, logging = log.is_some(), "memory map rebuilt");
+        true
+    }
+
+    /// Rebuilds the memory map if it logs and logging is off, or the
+    /// other way round; false if it could not.
+    pub(crate) fn sync_logging(&mut self) -> bool {
+        let logged =
+            crate::runtime::guest::logging(&vm_memory::GuestAddressSpace::memory(&self.mem));
+        logged == self.logging() || self.remap()
     }
 
     /// Vrings a frontend may set up.

@@ -52,6 +52,7 @@ impl BlkDriver {
             indirect: false,
             extra_features: blk::FEATURES | mode.required_features(),
             timeout: WAIT,
+            inflight: false,
             ..FrontendConfig::new(socket)
         };
         let mut frontend = super::driver::connect_retrying(&config);

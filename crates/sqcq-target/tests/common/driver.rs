@@ -100,6 +100,7 @@ impl Driver {
             indirect: opts.indirect,
             extra_features: opts.device_features | opts.mode.required_features(),
             timeout: WAIT,
+            inflight: false,
             ..FrontendConfig::new(socket)
         };
         let mut frontend = connect_retrying(&config);

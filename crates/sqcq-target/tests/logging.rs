@@ -1,0 +1,181 @@
+//! Dirty logging for live migration (VHOST_F_LOG_ALL with
+//! VHOST_USER_PROTOCOL_F_LOG_SHMFD): while the frontend asks for it, every
+//! guest page the device writes is marked in the frontend's log, and
+//! nothing else is.
+
+mod common;
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+
+use common::raw_ring::*;
+use common::*;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::{VhostBackend, VhostUserDirtyLogRegion};
+
+const RQ: usize = 2;
+/// One log byte per 8 guest pages: 4096 bytes cover 128 MiB.
+const LOG_LEN: u64 = 4096;
+
+fn memfd(len: u64) -> File {
+    // SAFETY: a valid NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"log-test".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a new descriptor owned by nobody else.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(len).unwrap();
+    f
+}
+
+/// Whether guest page of `gpa` is marked in `log`.
+fn marked(log: &File, gpa: u64) -> bool {
+    let page = gpa / 4096;
+    let mut b = [0u8; 1];
+    log.read_exact_at(&mut b, page / 8).unwrap();
+    b[0] & (1 << (page % 8)) != 0
+}
+
+fn clear(log: &File) {
+    log.write_all_at(&[0u8; 4096], 0).unwrap();
+}
+
+#[test]
+fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
+    let dir = TempDir::new("logging");
+    let (_daemon, socket) = start(&dir, 1);
+    let mut g = Guest::new();
+    let mut vqs = vqs();
+    let features = (1u64 << 32)
+        | (1 << 28)
+        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        | (1 << 1)
+        | (1 << 2);
+    let fe = connect_full(
+        &socket,
+        &g,
+        &mut vqs,
+        false,
+        (1 << 1) | (1 << 2),
+        VhostUserProtocolFeatures::LOG_SHMFD,
+        &mut |_| {},
+    );
+    clear_unit_attention(&mut vqs[RQ], &mut g, 0);
+    // Data for LBA 0 on the LUN.
+    let block: Vec<u8> = (0..=255u8).cycle().step_by(7).take(512).collect();
+    let (r, _) = command(
+        &mut vqs[RQ],
+        &mut g,
+        lun_field(0, 0),
+        &write10(0, 1),
+        &block,
+        0,
+    );
+    assert_eq!(r.status, 0);
+
+    // Migration starts: the log, then VHOST_F_LOG_ALL.
+    let log = memfd(LOG_LEN);
+    fe.set_log_base(
+        0,
+        Some(VhostUserDirtyLogRegion {
+            mmap_size: LOG_LEN,
+            mmap_offset: 0,
+            mmap_handle: log.as_raw_fd(),
+        }),
+    )
+    .unwrap();
+    fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
+        .unwrap();
+    // A read: its data page, its response page and the used ring are
+    // written by the device.
+    let untouched = GUEST_SIZE - 4096;
+    let p = submit(
+        &mut vqs[RQ],
+        &mut g,
+        lun_field(0, 0),
+        &read10(0, 1),
+        &[],
+        512,
+    );
+    vqs[RQ].kick(&g);
+    assert_eq!(vqs[RQ].wait_used(&g).0, p.head);
+    assert_eq!(g.read(p.data_in, 512), block);
+    assert!(marked(&log, p.data_in), "data-in page");
+    assert!(marked(&log, p.resp), "response page");
+    assert!(marked(&log, vqs[RQ].used), "used ring page");
+    assert!(!marked(&log, untouched), "a page nobody wrote");
+    assert!(
+        !marked(&log, vqs[RQ].desc),
+        "the descriptor table is only read"
+    );
+
+    // Migration ends: no more marks.
+    fe.set_features(features).unwrap();
+    clear(&log);
+    let (r, data) = command(
+        &mut vqs[RQ],
+        &mut g,
+        lun_field(0, 0),
+        &read10(0, 1),
+        &[],
+        512,
+    );
+    assert_eq!((r.status, data), (0, block));
+    assert!(!marked(&log, vqs[RQ].used), "logging is off");
+
+    // Logging again, then the queue stops (GET_VRING_BASE, the source's
+    // last step): what it completed by then is in the log.
+    fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
+        .unwrap();
+    clear(&log);
+    let p = submit(
+        &mut vqs[RQ],
+        &mut g,
+        lun_field(0, 0),
+        &read10(0, 1),
+        &[],
+        512,
+    );
+    vqs[RQ].kick(&g);
+    let base = fe.get_vring_base(RQ).unwrap();
+    assert_eq!(
+        vqs[RQ].used_idx(&g),
+        vqs[RQ].next_avail,
+        "completed by the stop"
+    );
+    assert_eq!(base, u32::from(vqs[RQ].next_avail));
+    assert!(marked(&log, p.data_in) && marked(&log, vqs[RQ].used));
+}
+
+#[test]
+fn a_log_that_cannot_be_mapped_ends_the_connection() {
+    let dir = TempDir::new("logging-bad");
+    let (daemon, socket) = start(&dir, 1);
+    let small = memfd(100);
+    for (size, offset) in [(LOG_LEN, 0), (0, 0), (16, 4095), (1 << 40, 0)] {
+        let g = Guest::new();
+        let mut vqs = vqs();
+        let fe = connect_full(
+            &socket,
+            &g,
+            &mut vqs,
+            false,
+            (1 << 1) | (1 << 2),
+            VhostUserProtocolFeatures::LOG_SHMFD,
+            &mut |_| {},
+        );
+        let failed = counter(&daemon, "failed_messages");
+        // No reply comes: the daemon hangs up instead (the frontend sees
+        // the socket close rather than wait for ever).
+        let r = fe.set_log_base(
+            0,
+            Some(VhostUserDirtyLogRegion {
+                mmap_size: size,
+                mmap_offset: offset,
+                mmap_handle: small.as_raw_fd(),
+            }),
+        );
+        assert!(r.is_err(), "log {size}@{offset} refused");
+        assert_eq!(counter(&daemon, "failed_messages"), failed + 1);
+    }
+}
