@@ -3,7 +3,8 @@
 # proofs (loom with each fence removed, spin on the Promela model), every
 # unit and integration test, every fuzz target for a while, and Linux
 # guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
-# (patches/linux, patches/qemu).
+# (patches/linux, patches/qemu); sqcqd killed and restarted, and the guest
+# migrated, under a verified fio load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +43,10 @@ SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
 echo "== guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --daemon-extra "--poll ring"
+echo "== guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: classic, ring-poll; the SQCQ_POLL guest over scsi)"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll ring"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq
 echo "== guest: an unmodified guest against device-side ring polling"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll ring" \
     --spin-max-us 5000 --measure --label ring-poll --only-run1

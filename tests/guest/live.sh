@@ -40,7 +40,7 @@ usage: scripts/guest-test.sh --restart|--migrate [options]
                         patched one with --sqcq)
   --keep                keep the scratch directory (logs, image)
 Env: SQCQD (path of sqcqd), SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_SHUTDOWN
-     (seconds: 90/300/30), SQCQ_GUEST_APPEND (as for the suite)
+     (seconds: 90/180/30), SQCQ_GUEST_APPEND (as for the suite)
 EOF
 }
 
@@ -68,7 +68,7 @@ if [ "$kind" = restart ] && [ "$dev" = scsi ]; then
     say "--restart needs vhost-user-blk (QEMU 7.2 reconnects only vhost-user-blk)"; exit 2
 fi
 t_boot="${SQCQ_GUEST_TIMEOUT_BOOT:-90}"
-t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-300}"
+t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-180}"
 t_shutdown="${SQCQ_GUEST_TIMEOUT_SHUTDOWN:-30}"
 t0=$(date +%s)
 
@@ -139,13 +139,16 @@ check() { echo "$1 $2 ${*:3}" >> "$results"; }
 # The TCG guest is far slower than the device: left alone, the daemon
 # seldom holds a request at a given moment. So the host limits the
 # daemons' I/O on the disk under the image file (their own blkio cgroup:
-# v1 blkio.throttle, or v2 io.max) when it matters: for a restart, to one
-# request a second for a second before the kill -9, so that what the
-# guest submits meanwhile is in the daemon's hands (the killed process
-# exits once its io_uring requests completed: the limit is lifted right
-# after the kill); for a migration, to 50 requests a second while it runs,
-# so that the source holds requests when QEMU stops it. Without a cgroup
-# (no blkio controller, an image on tmpfs) this is left to chance.
+# v1 blkio.throttle, or v2 io.max) when it matters. For a restart, writes
+# to one a second for a second before the kill -9: the writes the guest
+# submits meanwhile are in the daemon's hands, while reads taken after
+# them complete (completions out of the order the requests were taken in,
+# which a restart that only rewinds to the used index gets wrong); the
+# killed process exits once its io_uring requests completed, and the limit
+# is lifted right after the kill. For a migration, reads and writes to 50
+# a second while it runs, so that the source holds requests when QEMU
+# stops it. Without a cgroup (no blkio controller, an image on tmpfs) this
+# is left to chance.
 throttle_setup() {
     local mm
     mm=$(findmnt -no MAJ:MIN -T "$work" 2>/dev/null | tr -d ' ')
@@ -162,15 +165,19 @@ throttle_setup() {
     mkdir "$cg" 2>/dev/null || { cg=""; return 0; }
     cg_disk=$mm
 }
-# throttle N|off: the daemons' reads and writes limited to N a second, or not
+# throttle N|off [writes]: the daemons' writes, and reads unless "writes",
+# limited to N a second; or no limit
 throttle() {
+    local r
     if [ "$cg_kind" = v1 ]; then
         local n=0; [ "$1" = off ] || n=$1
-        echo "$cg_disk $n" > "$cg/blkio.throttle.read_iops_device"
+        r=$n; [ "${2:-}" != writes ] || r=0
+        echo "$cg_disk $r" > "$cg/blkio.throttle.read_iops_device"
         echo "$cg_disk $n" > "$cg/blkio.throttle.write_iops_device"
     else
         local n=max; [ "$1" = off ] || n=$1
-        echo "$cg_disk riops=$n wiops=$n" > "$cg/io.max"
+        r=$n; [ "${2:-}" != writes ] || r=max
+        echo "$cg_disk riops=$r wiops=$n" > "$cg/io.max"
     fi
 }
 
@@ -262,7 +269,7 @@ restarted=0 reconnected=0
 # QEMU has reconnected (its memory table is set: the device runs again)
 host_restart() {
     local p="${daemon_pid[d]}" t
-    if [ -n "$cg" ]; then throttle 1; sleep 1; fi
+    if [ -n "$cg" ]; then throttle 1 writes; sleep 1; fi
     kill -KILL -- "-$p" 2>/dev/null || true
     [ -z "$cg" ] || throttle off
     wait "$p" 2>/dev/null || true
@@ -424,6 +431,15 @@ else
                 check migrate/destination PASS "the guest finished fio on the destination ($(tr -d '\r' < "$work/vm2.console.log" | grep -c '^CHECK ') check lines there)"
             else
                 check migrate/destination FAIL "the destination's console has no fio result"
+            fi
+            # what the source said about the log QEMU gave it (SET_LOG_BASE,
+            # VHOST_F_LOG_ALL); loosely: any line about a dirty log
+            dl=$(grep -i "dirty log\|logging=true" "$work/src.log" |
+                sed 's/^[^ ]* *[A-Z]* *[a-z_:]*: //; s/ device=[^ ]*//' | head -n 2 | tr '\n' ';')
+            if [ -n "$dl" ]; then
+                check migrate/dirty_log PASS "source sqcqd: ${dl%;}"
+            else
+                check migrate/dirty_log FAIL "the source sqcqd logged nothing about a dirty log"
             fi
             read -r m c < <(queue_modes dst)
             read -r ms cs < <(queue_modes src)
