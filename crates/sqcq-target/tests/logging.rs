@@ -123,8 +123,11 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     assert_eq!((r.status, data), (0, block));
     assert!(!marked(&log, vqs[RQ].used), "logging is off");
 
-    // Logging again, then the queue stops (GET_VRING_BASE, the source's
-    // last step): what it completed by then is in the log.
+    // Logging again, with a log eventfd (SET_LOG_FD), then the queue
+    // stops (GET_VRING_BASE, the source's last step): what it completed
+    // by then is in the log, and the eventfd says so.
+    let log_fd = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    fe.set_log_fd(log_fd.as_raw_fd()).unwrap();
     fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
         .unwrap();
     clear(&log);
@@ -145,6 +148,7 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     );
     assert_eq!(base, u32::from(vqs[RQ].next_avail));
     assert!(marked(&log, p.data_in) && marked(&log, vqs[RQ].used));
+    assert!(log_fd.read().is_ok(), "the log eventfd was signalled");
 }
 
 #[test]
