@@ -2,10 +2,11 @@
 # Model-check the spin models in models/.
 #
 #   need_wakeup.pml  the NEED_WAKEUP handshake (spec section 4)
+#   restart.pml      stop, crash and restart of a queue (spec section 7.3)
 #
 # Each full model must verify with 0 errors (safety: assertions and invalid
 # end states; liveness: every request is eventually harvested, under weak
-# fairness). Each variant that leaves out a fence must produce a
+# fairness). Each variant that leaves out a fence or a rule must produce a
 # counterexample. Exits non-zero otherwise. Runs up to CHECK_MODELS_JOBS
 # checks at once (default: the number of CPUs). Works from any directory;
 # builds pan in a temporary directory.
@@ -130,8 +131,16 @@ check_variant() {
 # The checks, longest first so that parallel runs end together. Each runs
 # in the background into its own log; the logs are printed in this order.
 checks=(
+    "check_full restart.pml liveness"
     "check_full need_wakeup.pml liveness"
+    "check_full restart.pml safety"
     "check_full need_wakeup.pml safety"
+    "check_variant restart.pml NO_START_RECONCILE 'R1: a published batch still counted in flight'"
+    "check_variant restart.pml LAST_HEAD_ONLY 'R1/I2: only the last request of a published batch known'"
+    "check_variant restart.pml NO_START_CQ_IDX 'R2: cq.idx not rewritten from used.idx'"
+    "check_variant restart.pml NO_START_FENCE 'R2: no fence between the cq.idx store and the cq.flags load'"
+    "check_variant restart.pml NO_START_CALL 'R2: no call when cq.flags has NEED_WAKEUP'"
+    "check_variant restart.pml NO_START_RESCAN 'R3: waits for sq.idx to change'"
     "check_variant need_wakeup.pml NO_FENCE_SQ_PRODUCER 'fence 1, driver: sq.idx store -> sq.flags load'"
     "check_variant need_wakeup.pml NO_FENCE_SQ_CONSUMER 'fence 2, device: sq.flags store -> sq.idx load'"
     "check_variant need_wakeup.pml NO_FENCE_CQ_PRODUCER 'fence 3, device: cq.idx store -> cq.flags load'"
@@ -150,7 +159,7 @@ wait
 passed=0
 failed=0
 # Per model: safety, liveness, then the variants in the order above.
-for model in need_wakeup.pml; do
+for model in need_wakeup.pml restart.pml; do
     for prefix in "check_full $model safety" "check_full $model liveness" "check_variant $model "; do
         for i in "${!checks[@]}"; do
             case ${checks[$i]} in "$prefix"*) ;; *) continue ;; esac
