@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Model-check models/need_wakeup.pml with spin.
+# Model-check the spin models in models/.
 #
-# The full model must verify with 0 errors (safety: assertions and invalid
+#   need_wakeup.pml  the NEED_WAKEUP handshake (spec section 4)
+#   restart.pml      stop, crash and restart of a queue (spec section 7.3)
+#
+# Each full model must verify with 0 errors (safety: assertions and invalid
 # end states; liveness: every request is eventually harvested, under weak
-# fairness). Each of the four variants without one of the fence(SeqCst)
-# points must produce a counterexample. Exits non-zero otherwise.
-# Works from any directory; builds pan in a temporary directory.
+# fairness). Each variant that leaves out a fence or a rule must produce a
+# counterexample. Exits non-zero otherwise. Runs up to CHECK_MODELS_JOBS
+# checks at once (default: the number of CPUs). Works from any directory;
+# builds pan in a temporary directory.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-model="$root/models/need_wakeup.pml"
-pml="$(basename "$model")"
+models="$root/models"
 
 install_pkg() { # command package
     command -v "$1" >/dev/null 2>&1 && return 0
@@ -27,22 +30,24 @@ install_pkg gcc gcc
 work="$(mktemp -d "${TMPDIR:-/tmp}/check-models.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
-passed=0
-failed=0
-# pan: -m depth bound far above the model's (~600), -n no unreached report.
-PAN_CFLAGS=(-O2 -w -DVECTORSZ=1024)
+jobs_max=${CHECK_MODELS_JOBS:-$(nproc 2>/dev/null || echo 1)}
+# pan: -m depth bound far above the models' (~800), -n no unreached report.
+# A variant stops at its first counterexample, mostly within a second or
+# two: compiling pan without optimisation saves more than it costs there.
+PAN_CFLAGS=(-w -DVECTORSZ=1024)
 PAN_DEPTH=-m1000000
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
 
-# build DIR SPIN_DEFINES... : spin -a and gcc in DIR
+# build DIR MODEL GCC_FLAGS SPIN_DEFINES... : spin -a and gcc in DIR
 build() {
-    local dir=$1
-    shift
-    mkdir -p "$dir" && cp "$model" "$dir/" || return 1
-    (cd "$dir" && spin "$@" -a "$pml" >spin.out 2>&1 &&
-        gcc "${PAN_CFLAGS[@]}" -o pan pan.c >gcc.out 2>&1)
+    local dir=$1 model=$2 cflags=$3
+    shift 3
+    mkdir -p "$dir" && cp "$models"/*.pml "$dir/" || return 1
+    # shellcheck disable=SC2086 # cflags is a list of gcc flags
+    (cd "$dir" && spin "$@" -a "$model" >spin.out 2>&1 &&
+        gcc "${PAN_CFLAGS[@]}" $cflags -o pan pan.c >gcc.out 2>&1)
 }
 
 # errors FILE : the error count pan reported, empty if none was reported
@@ -53,78 +58,120 @@ exhaustive() { ! grep -q 'max search depth too small' "$1"; }
 
 states() { awk '/states, stored/ { print $1; exit }' "$1"; }
 
-verdict() { # PASS|FAIL text
-    if [ "$1" = PASS ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    printf '%s  %s\n' "$1" "$2"
-}
+# verdict PASS|FAIL text : one result line (the caller's log)
+verdict() { printf '%s  %s\n' "$1" "$2"; }
 
+# check_full MODEL safety|liveness : the full model must verify
 check_full() {
-    local start dir e1 e2
+    local model=$1 kind=$2 start dir e cflags="-O2 -DSAFETY" sdefs=() flags=()
     start=$(now)
-    dir="$work/full"
-    if ! build "$dir/safety"; then
-        verdict FAIL "full model: build failed ($(tail -n 1 "$dir"/safety/*.out))"
+    dir="$work/$model-$kind"
+    if [ "$kind" = liveness ]; then
+        cflags=-O2
+        sdefs=(-DLIVENESS)
+        flags=(-a -f)
+    fi
+    if ! build "$dir" "$model" "$cflags" "${sdefs[@]}"; then
+        verdict FAIL "$model, $kind: build failed ($(tail -n 1 "$dir"/*.out))"
         return
     fi
-    (cd "$dir/safety" && ./pan $PAN_DEPTH -n >pan.out 2>&1)
-    e1=$(errors "$dir/safety/pan.out")
-    if [ "$e1" != 0 ] || ! exhaustive "$dir/safety/pan.out"; then
-        verdict FAIL "full model: safety errors=${e1:-?} ($(since "$start"))"
-        grep -E '^pan:|max search depth' "$dir/safety/pan.out" | head -n 3 | sed 's/^/      /'
+    (cd "$dir" && ./pan $PAN_DEPTH -n "${flags[@]}" >pan.out 2>&1)
+    e=$(errors "$dir/pan.out")
+    if [ "$e" != 0 ] || ! exhaustive "$dir/pan.out"; then
+        verdict FAIL "$model, $kind: errors=${e:-?} ($(since "$start"))"
+        grep -E '^pan:|max search depth' "$dir/pan.out" | head -n 3 | sed 's/^/      /'
         return
     fi
-    if ! build "$dir/liveness" -DLIVENESS; then
-        verdict FAIL "full model: liveness build failed"
-        return
+    if [ "$kind" = liveness ]; then
+        verdict PASS "$model, liveness under weak fairness: 0 errors, exhaustive, $(states "$dir/pan.out") states ($(since "$start"))"
+    else
+        verdict PASS "$model, safety: 0 errors, exhaustive, $(states "$dir/pan.out") states ($(since "$start"))"
     fi
-    (cd "$dir/liveness" && ./pan $PAN_DEPTH -n -a -f >pan.out 2>&1)
-    e2=$(errors "$dir/liveness/pan.out")
-    if [ "$e2" != 0 ] || ! exhaustive "$dir/liveness/pan.out"; then
-        verdict FAIL "full model: liveness errors=${e2:-?} ($(since "$start"))"
-        grep -E '^pan:|max search depth' "$dir/liveness/pan.out" | head -n 3 | sed 's/^/      /'
-        return
-    fi
-    verdict PASS "full model: 0 errors, safety ($(states "$dir/safety/pan.out") states) and liveness under weak fairness, exhaustive ($(since "$start"))"
 }
 
-# check_variant MACRO description: the model without that fence must fail
+# check_variant MODEL MACRO description: the model without it must fail
 check_variant() {
-    local macro=$1 what=$2 start dir e
+    local model=$1 macro=$2 what=$3 start dir e loc
     start=$(now)
-    dir="$work/$macro"
-    if ! build "$dir" "-D$macro"; then
-        verdict FAIL "-D$macro: build failed ($(tail -n 1 "$dir"/*.out))"
+    dir="$work/$model-$macro"
+    if ! build "$dir" "$model" "-O0 -DSAFETY" "-D$macro"; then
+        verdict FAIL "$model -D$macro: build failed ($(tail -n 1 "$dir"/*.out))"
         return
     fi
     # Stops at the first counterexample (the trail is not the shortest: a
     # breadth-first pan, gcc -DBFS, finds that, in seconds to minutes).
     (cd "$dir" && ./pan $PAN_DEPTH -n >pan.out 2>&1)
     e=$(errors "$dir/pan.out")
-    if [ -z "$e" ] || [ "$e" = 0 ] || [ ! -f "$dir/$pml.trail" ]; then
-        verdict FAIL "-D$macro ($what): no counterexample, but one was expected ($(since "$start"))"
+    if [ -z "$e" ] || [ "$e" = 0 ] || [ ! -f "$dir/$model.trail" ]; then
+        verdict FAIL "$model -D$macro ($what): no counterexample, but one was expected ($(since "$start"))"
         return
     fi
-    verdict PASS "-D$macro ($what): counterexample found, as expected ($(since "$start"))"
-    (cd "$dir" && spin -T -t "-D$macro" "$pml" >replay.out 2>&1)
+    verdict PASS "$model -D$macro ($what): counterexample found, as expected ($(since "$start"))"
+    (cd "$dir" && spin -T -t "-D$macro" "$model" >replay.out 2>&1)
     printf '      %s, trail of %s steps\n' \
         "$(grep -m 1 '^pan:1:' "$dir/pan.out")" \
         "$(sed -n 's/^spin: trail ends after \([0-9]*\) steps.*/\1/p' "$dir/replay.out")"
-    # The processes left blocked outside an end state, and where.
+    # An assertion: where. A deadlock: the processes left blocked outside an
+    # end state, and where.
+    if grep -q '^pan:1: assertion violated' "$dir/pan.out"; then
+        loc=$(sed -n 's/^spin: \([^ ]*\), Error: assertion violated.*/\1/p' "$dir/replay.out" | head -n 1)
+        printf '      assertion at %s: %s\n' "$loc" \
+            "$(sed -n "${loc##*:}p" "$models/${loc%%:*}" | sed 's/^[[:space:]]*//; s/[[:space:]][[:space:]]*/ /g')"
+        return
+    fi
     grep -E '^ *[0-9]+:[[:space:]]+proc ' "$dir/replay.out" | grep -v 'valid end state' |
         while read -r _ _ _ name loc _; do
             name=${name#(}
-            line=${loc##*:}
-            printf '      %s blocked forever at line %s: %s\n' "${name%%:*}" "$line" \
-                "$(sed -n "${line}p" "$model" | sed 's/^[[:space:]]*//; s/[[:space:]][[:space:]]*/ /g')"
+            printf '      %s blocked forever at %s: %s\n' "${name%%:*}" "$loc" \
+                "$(sed -n "${loc##*:}p" "$models/${loc%%:*}" |
+                    sed 's/^[[:space:]]*//; s/[[:space:]][[:space:]]*/ /g')"
         done
 }
 
+# The checks, longest first so that parallel runs end together. Each runs
+# in the background into its own log; the logs are printed in this order.
+checks=(
+    "check_full restart.pml liveness"
+    "check_full need_wakeup.pml liveness"
+    "check_full restart.pml safety"
+    "check_full need_wakeup.pml safety"
+    "check_variant restart.pml NO_START_RECONCILE 'R1: a published batch still counted in flight'"
+    "check_variant restart.pml LAST_HEAD_ONLY 'R1/I2: only the last request of a published batch known'"
+    "check_variant restart.pml NO_START_CQ_IDX 'R2: cq.idx not rewritten from used.idx'"
+    "check_variant restart.pml NO_START_FENCE 'R2: no fence between the cq.idx store and the cq.flags load'"
+    "check_variant restart.pml NO_START_CALL 'R2: no call when cq.flags has NEED_WAKEUP'"
+    "check_variant restart.pml NO_START_RESCAN 'R3: waits for sq.idx to change'"
+    "check_variant need_wakeup.pml NO_FENCE_SQ_PRODUCER 'fence 1, driver: sq.idx store -> sq.flags load'"
+    "check_variant need_wakeup.pml NO_FENCE_SQ_CONSUMER 'fence 2, device: sq.flags store -> sq.idx load'"
+    "check_variant need_wakeup.pml NO_FENCE_CQ_PRODUCER 'fence 3, device: cq.idx store -> cq.flags load'"
+    "check_variant need_wakeup.pml NO_FENCE_CQ_CONSUMER 'fence 4, driver: cq.flags store -> cq.idx load'"
+)
+
 begin=$(now)
-check_full
-check_variant NO_FENCE_SQ_PRODUCER "fence 1, driver: sq.idx store -> sq.flags load"
-check_variant NO_FENCE_SQ_CONSUMER "fence 2, device: sq.flags store -> sq.idx load"
-check_variant NO_FENCE_CQ_PRODUCER "fence 3, device: cq.idx store -> cq.flags load"
-check_variant NO_FENCE_CQ_CONSUMER "fence 4, driver: cq.flags store -> cq.idx load"
-echo "total $(since "$begin")"
+for i in "${!checks[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+        wait -n
+    done
+    eval "${checks[$i]}" >"$work/$i.log" 2>&1 &
+done
+wait
+
+passed=0
+failed=0
+# Per model: safety, liveness, then the variants in the order above.
+for model in need_wakeup.pml restart.pml; do
+    for prefix in "check_full $model safety" "check_full $model liveness" "check_variant $model "; do
+        for i in "${!checks[@]}"; do
+            case ${checks[$i]} in "$prefix"*) ;; *) continue ;; esac
+            cat "$work/$i.log"
+            if grep -q '^PASS ' "$work/$i.log"; then
+                passed=$((passed + 1))
+            else
+                failed=$((failed + 1))
+            fi
+        done
+    done
+done
+echo "total $(since "$begin"), $jobs_max checks at a time"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (README, `.ci/run`): formatting, lints, the
-# proofs (loom with each fence removed, spin on the Promela model), every
+# proofs (loom with each fence removed, spin on the Promela models), every
 # unit and integration test, every fuzz target for a while, and Linux
 # guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
 # (patches/linux, patches/qemu); sqcqd killed and restarted, and the guest
@@ -22,7 +22,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo clippy -p sqcq-target --features fuzzing --quiet -- -D warnings
 echo "== loom: each fence of the handshake removed in turn must lose a wakeup"
 scripts/check-fences.sh
-echo "== spin: the Promela model of NEED_WAKEUP and its fence-less variants"
+echo "== spin: the Promela models (NEED_WAKEUP; stop, crash and restart) and their failing variants"
 scripts/check-models.sh
 echo "== cargo test (every peer installed above: none may be skipped)"
 SQCQ_REQUIRE_PEERS=1 cargo test --workspace

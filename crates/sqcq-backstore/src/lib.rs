@@ -33,6 +33,7 @@ pub use error::BackstoreError;
 pub use file::{FileBackstore, FileOptions};
 pub use null::NullBackstore;
 pub use ram::RamBackstore;
+pub use slots::MAX_SEGMENTS;
 
 /// Size and capabilities of a backstore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

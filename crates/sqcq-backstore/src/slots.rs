@@ -4,9 +4,9 @@ use std::collections::VecDeque;
 
 use crate::{BackstoreError, BackstoreQueue, Completion, IoOp, iov_len};
 
-/// Most data segments one request may carry. The target advertises a
-/// virtio-scsi `seg_max` below this.
-pub(crate) const MAX_SEGMENTS: usize = 128;
+/// Most data segments (iovecs) one request may carry. Devices advertise a
+/// `seg_max` below this ([`crate::MAX_SEGMENTS`]).
+pub const MAX_SEGMENTS: usize = 128;
 
 /// Completions of a backstore that finishes requests inside `submit`
 /// (null, RAM): kept in submission order until reaped.

@@ -147,26 +147,24 @@ fn killed_under_load(
     json
 }
 
+/// Every notification mode, with the daemon options it needs.
+const MODES: [(&str, &[&str]); 4] = [
+    ("notify", &[]),
+    ("ring-poll", &["--poll", "ring"]),
+    ("sqcq", &[]),
+    ("sqcq-inline", &[]),
+];
+
 #[test]
 fn blk_survives_kill_9_in_every_mode() {
-    for (mode, daemon_args) in [
-        ("notify", &[][..]),
-        ("ring-poll", &["--poll", "ring"][..]),
-        ("sqcq", &[][..]),
-        ("sqcq-inline", &[][..]),
-    ] {
+    for (mode, daemon_args) in MODES {
         killed_under_load(&format!("blk-{mode}"), "blk", mode, daemon_args, &[], 3);
     }
 }
 
 #[test]
 fn scsi_fua_writes_survive_kill_9_in_every_mode() {
-    for (mode, daemon_args) in [
-        ("notify", &[][..]),
-        ("ring-poll", &["--poll", "ring"][..]),
-        ("sqcq", &[][..]),
-        ("sqcq-inline", &[][..]),
-    ] {
+    for (mode, daemon_args) in MODES {
         killed_under_load(
             &format!("scsi-{mode}"),
             "scsi",

@@ -363,6 +363,77 @@ impl ChainHarness {
     }
 }
 
+/// An in-flight record (`runtime::tracking`) whose area holds arbitrary
+/// bytes, as a frontend may hand back: recovered, driven through `ops`
+/// (take, complete, publish), recovered again. Panics if what comes back
+/// breaks a promise: a head beyond the ring, a head twice, or a resumed
+/// available index other than the used index plus the heads.
+///
+/// Input: `[queue_size_log2][ring_log2][used_idx: u16 le][ops_len: u8]
+/// [ops..][area bytes..]`; an op is `[kind: u8][head: u8]`.
+pub fn inflight_record(data: &[u8]) {
+    use crate::runtime::tracking::{InflightArea, Recovery, queue_region_size};
+    let [qs_log2, ring_log2, u0, u1, ops_len, rest @ ..] = data else {
+        return;
+    };
+    let queue_size = 1u16 << (qs_log2 % 9);
+    let ring_size = 1u16 << (ring_log2 % 9);
+    let mut used = u16::from_le_bytes([*u0, *u1]);
+    let (ops, bytes) = rest.split_at(usize::from(*ops_len).min(rest.len()) & !1);
+    let len = queue_region_size(queue_size);
+    let mut padded = bytes.iter().copied().take(len).collect::<Vec<u8>>();
+    padded.resize(len, 0);
+    let mut words: Box<[u64]> = padded
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let ptr = std::ptr::NonNull::new(words.as_mut_ptr().cast::<u8>()).expect("a live allocation");
+    // SAFETY: `words` lives (moved into the keeper) as long as the area.
+    let area = unsafe { InflightArea::new(ptr, len, 1, queue_size, Box::new(words)) };
+    let Ok(area) = area.map(Arc::new) else {
+        return;
+    };
+    let check = |r: Recovery, used: u16| {
+        if let Recovery::Resumed {
+            heads, next_avail, ..
+        } = r
+        {
+            let mut seen = std::collections::HashSet::new();
+            for &h in &heads {
+                assert!(h < ring_size, "head {h} beyond the ring");
+                assert!(seen.insert(h), "head {h} twice");
+            }
+            let n = u16::try_from(heads.len()).expect("at most a ring's worth");
+            assert_eq!(next_avail, used.wrapping_add(n));
+        }
+    };
+    let Some(mut q) = area.queue(0, ring_size) else {
+        return;
+    };
+    check(q.recover(used), used);
+    let mut batch = 0u16;
+    for op in ops.chunks_exact(2) {
+        let head = u16::from(op[1]);
+        match op[0] % 3 {
+            0 => {
+                q.taken(head);
+            }
+            1 => {
+                q.completed(head);
+                batch = batch.wrapping_add(1);
+            }
+            _ => {
+                used = used.wrapping_add(batch);
+                q.published(batch, used);
+                batch = 0;
+            }
+        }
+    }
+    if let Some(mut again) = area.queue(0, ring_size) {
+        check(again.recover(used), used);
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation)]
 mod tests {

@@ -28,6 +28,30 @@ fn memfd(len: u64) -> File {
     f
 }
 
+/// Connects as a SCSI frontend with LOG_SHMFD; the vrings set up.
+fn connect_logging(
+    socket: &std::path::Path,
+    g: &Guest,
+    vqs: &mut [Vq],
+) -> vhost::vhost_user::Frontend {
+    connect_full(
+        socket,
+        g,
+        vqs,
+        false,
+        (1 << 1) | (1 << 2),
+        VhostUserProtocolFeatures::LOG_SHMFD,
+        &mut |_| {},
+    )
+}
+
+/// Submits a READ(10) of LBA 0 and kicks.
+fn read_lba0(vq: &mut Vq, g: &mut Guest) -> Pending {
+    let p = submit(vq, g, lun_field(0, 0), &read10(0, 1), &[], 512);
+    vq.kick(g);
+    p
+}
+
 /// Whether guest page of `gpa` is marked in `log`.
 fn marked(log: &File, gpa: u64) -> bool {
     let page = gpa / 4096;
@@ -51,15 +75,7 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
         | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
         | (1 << 1)
         | (1 << 2);
-    let fe = connect_full(
-        &socket,
-        &g,
-        &mut vqs,
-        false,
-        (1 << 1) | (1 << 2),
-        VhostUserProtocolFeatures::LOG_SHMFD,
-        &mut |_| {},
-    );
+    let fe = connect_logging(&socket, &g, &mut vqs);
     clear_unit_attention(&mut vqs[RQ], &mut g, 0);
     // Data for LBA 0 on the LUN.
     let block: Vec<u8> = (0..=255u8).cycle().step_by(7).take(512).collect();
@@ -89,15 +105,7 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     // A read: its data page, its response page and the used ring are
     // written by the device.
     let untouched = GUEST_SIZE - 4096;
-    let p = submit(
-        &mut vqs[RQ],
-        &mut g,
-        lun_field(0, 0),
-        &read10(0, 1),
-        &[],
-        512,
-    );
-    vqs[RQ].kick(&g);
+    let p = read_lba0(&mut vqs[RQ], &mut g);
     assert_eq!(vqs[RQ].wait_used(&g).0, p.head);
     assert_eq!(g.read(p.data_in, 512), block);
     assert!(marked(&log, p.data_in), "data-in page");
@@ -123,20 +131,15 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     assert_eq!((r.status, data), (0, block));
     assert!(!marked(&log, vqs[RQ].used), "logging is off");
 
-    // Logging again, then the queue stops (GET_VRING_BASE, the source's
-    // last step): what it completed by then is in the log.
+    // Logging again, with a log eventfd (SET_LOG_FD), then the queue
+    // stops (GET_VRING_BASE, the source's last step): what it completed
+    // by then is in the log, and the eventfd says so.
+    let log_fd = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    fe.set_log_fd(log_fd.as_raw_fd()).unwrap();
     fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
         .unwrap();
     clear(&log);
-    let p = submit(
-        &mut vqs[RQ],
-        &mut g,
-        lun_field(0, 0),
-        &read10(0, 1),
-        &[],
-        512,
-    );
-    vqs[RQ].kick(&g);
+    let p = read_lba0(&mut vqs[RQ], &mut g);
     let base = fe.get_vring_base(RQ).unwrap();
     assert_eq!(
         vqs[RQ].used_idx(&g),
@@ -145,6 +148,7 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     );
     assert_eq!(base, u32::from(vqs[RQ].next_avail));
     assert!(marked(&log, p.data_in) && marked(&log, vqs[RQ].used));
+    assert!(log_fd.read().is_ok(), "the log eventfd was signalled");
 }
 
 #[test]
@@ -155,15 +159,7 @@ fn a_log_that_cannot_be_mapped_ends_the_connection() {
     for (size, offset) in [(LOG_LEN, 0), (0, 0), (16, 4095), (1 << 40, 0)] {
         let g = Guest::new();
         let mut vqs = vqs();
-        let fe = connect_full(
-            &socket,
-            &g,
-            &mut vqs,
-            false,
-            (1 << 1) | (1 << 2),
-            VhostUserProtocolFeatures::LOG_SHMFD,
-            &mut |_| {},
-        );
+        let fe = connect_logging(&socket, &g, &mut vqs);
         let failed = counter(&daemon, "failed_messages");
         // No reply comes: the daemon hangs up instead (the frontend sees
         // the socket close rather than wait for ever).

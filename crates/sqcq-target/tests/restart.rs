@@ -17,6 +17,7 @@ use std::os::unix::fs::FileExt;
 use common::raw_ring::*;
 use common::*;
 use sqcq_protocol::NEED_WAKEUP;
+use sqcq_target::runtime::metrics::QueueSnapshot;
 use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 
@@ -100,24 +101,22 @@ fn connect_tracked(
     (fe, made.unwrap())
 }
 
-fn queue_running(d: &sqcq_target::Daemon, vq: u16) -> bool {
+/// Vring `vq`'s figures in the daemon's first device.
+fn snapshot(d: &sqcq_target::Daemon, vq: u16) -> Option<QueueSnapshot> {
     d.devices()[0]
         .shared()
         .info
         .metrics
         .queue(vq)
         .and_then(|m| m.snapshot(0, vq))
-        .is_some_and(|s| s.running)
+}
+
+fn queue_running(d: &sqcq_target::Daemon, vq: u16) -> bool {
+    snapshot(d, vq).is_some_and(|s| s.running)
 }
 
 fn resubmitted(d: &sqcq_target::Daemon, vq: u16) -> u64 {
-    d.devices()[0]
-        .shared()
-        .info
-        .metrics
-        .queue(vq)
-        .and_then(|m| m.snapshot(0, vq))
-        .map_or(0, |s| s.resubmitted)
+    snapshot(d, vq).map_or(0, |s| s.resubmitted)
 }
 
 #[test]

@@ -213,7 +213,7 @@ impl BlkSession {
         let discard = g.supports_unmap;
         BlkConfig {
             capacity: self.dev.sectors.load(Ordering::Relaxed),
-            seg_max: u32::from(self.params.queue_size).saturating_sub(2),
+            seg_max: crate::runtime::queue::advertised_seg_max(self.params.queue_size),
             blk_size: g.block_size,
             min_io_size: 1,
             num_queues: self.params.num_queues,

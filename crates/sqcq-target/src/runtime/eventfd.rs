@@ -52,6 +52,8 @@ pub enum FdRole {
     Call,
     /// SET_VRING_ERR.
     Err,
+    /// SET_LOG_FD.
+    Log,
 }
 
 impl std::fmt::Display for FdRole {
@@ -60,6 +62,7 @@ impl std::fmt::Display for FdRole {
             FdRole::Kick => "kick",
             FdRole::Call => "call",
             FdRole::Err => "error",
+            FdRole::Log => "log",
         })
     }
 }

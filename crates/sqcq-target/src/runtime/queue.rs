@@ -160,6 +160,16 @@ pub trait RequestHandler {
     fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError>;
 }
 
+/// The `seg_max` a device advertises for queues of up to `queue_size`
+/// entries: what a chain of the ring holds (less its header and status),
+/// and no more than a backstore request carries
+/// ([`sqcq_backstore::MAX_SEGMENTS`]), less two for buffers that cross a
+/// memory region boundary (each crossing costs an iovec).
+pub fn advertised_seg_max(queue_size: u16) -> u32 {
+    let backstore = u32::try_from(sqcq_backstore::MAX_SEGMENTS).unwrap_or(u32::MAX) - 2;
+    u32::from(queue_size).saturating_sub(2).min(backstore)
+}
+
 /// The most segments a request of a queue may have: what the device's
 /// configuration space promises (`seg_max` data segments, plus `extra`
 /// for headers and status), and never fewer than the ring holds. A driver

@@ -13,7 +13,9 @@
 //! DescStateSplit   { u8 inflight; u8 padding[5]; u16 next; u64 counter; }
 //! ```
 //!
-//! and the protocol is theirs, batched: a head is recorded (`counter`,
+//! and the protocol is theirs, batched (spec section 7.3.1, I1 to I3;
+//! libvhost-user's recovery clears only the last head of a batch, which is
+//! right only for batches of one): a head is recorded (`counter`,
 //! then `inflight = 1`) before its request goes to a backstore; each
 //! completed head is linked into the batch list (`next`,
 //! `last_batch_head`) before the used index that covers it is published;
@@ -418,16 +420,21 @@ mod tests {
 
     #[test]
     fn a_crash_between_the_used_index_and_the_clearing_loses_nothing() {
-        let a = area(1, 8);
-        let mut q = a.queue(0, 8).unwrap();
-        q.recover(0);
-        for head in 0..4 {
-            q.taken(head);
-        }
-        // Heads 2 and 0 complete; the used index (2) is published, and
-        // the daemon dies before `published`.
-        q.completed(2);
-        q.completed(0);
+        // Four heads taken; heads 2 and 0 complete and are linked into
+        // the batch list, and the daemon dies before `published`.
+        let killed = || {
+            let a = area(1, 8);
+            let mut q = a.queue(0, 8).unwrap();
+            q.recover(0);
+            for head in 0..4 {
+                q.taken(head);
+            }
+            q.completed(2);
+            q.completed(0);
+            a
+        };
+        // The used index (2) was published.
+        let a = killed();
         let mut q = a.queue(0, 8).unwrap();
         assert_eq!(
             q.recover(2),
@@ -439,14 +446,7 @@ mod tests {
         );
         // Dying before the used index was published instead: all four
         // are still in flight (the two completions are redone).
-        let a = area(1, 8);
-        let mut q = a.queue(0, 8).unwrap();
-        q.recover(0);
-        for head in 0..4 {
-            q.taken(head);
-        }
-        q.completed(2);
-        q.completed(0);
+        let a = killed();
         let mut q = a.queue(0, 8).unwrap();
         match q.recover(0) {
             Recovery::Resumed {

@@ -161,7 +161,7 @@ impl ScsiSession {
         let p = &self.params;
         ScsiConfig {
             num_queues: u32::from(p.num_queues),
-            seg_max: u32::from(p.queue_size) - 2,
+            seg_max: crate::runtime::queue::advertised_seg_max(p.queue_size),
             max_sectors: 0xffff,
             cmd_per_lun: u32::from(p.queue_size),
             event_info_size: EVENT_INFO_SIZE,

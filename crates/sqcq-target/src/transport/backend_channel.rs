@@ -18,14 +18,26 @@
 //! (counted), it cannot hold the control thread. QEMU answers the message
 //! with GET_CONFIG on the main socket, which the control thread serves
 //! next.
+//!
+//! The same `vhost` does not dispatch SET_LOG_FD at all (it would end the
+//! connection as an invalid message): [`take_log_fd`] takes that message
+//! off the socket first and acknowledges it.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use vhost::vhost_user::message::FrontendReq;
+
 use crate::transport::vhost_socket;
 
 /// SET_BACKEND_REQ_FD's request code on the main socket.
-const SET_BACKEND_REQ_FD: u32 = 21;
+const SET_BACKEND_REQ_FD: u32 = FrontendReq::SET_BACKEND_REQ_FD as u32;
+/// SET_LOG_FD's request code on the main socket.
+const SET_LOG_FD: u32 = FrontendReq::SET_LOG_FD as u32;
+/// Header flags: a reply.
+const REPLY: u32 = 0x4;
+/// Header flags: the frontend wants a reply (REPLY_ACK).
+const NEED_REPLY: u32 = 0x8;
 /// CONFIG_CHANGE_MSG's request code on the backend channel.
 const CONFIG_CHANGE_MSG: u32 = 2;
 /// Header flags: protocol version 1, no reply wanted.
@@ -90,10 +102,61 @@ impl BackendChannel {
 pub fn peek_backend_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
     let mut header = [0u8; HEADER_LEN];
     if !matches!(vhost_socket::peek(sock, &mut header), Ok(HEADER_LEN))
-        || u32::from_le_bytes([header[0], header[1], header[2], header[3]]) != SET_BACKEND_REQ_FD
+        || field(&header, 0) != SET_BACKEND_REQ_FD
     {
         return Ok(None);
     }
+    receive_header(sock, &mut header, libc::MSG_PEEK)
+}
+
+/// If the next message queued on `sock` is SET_LOG_FD (without a body, as
+/// the protocol defines it), takes it off the socket with its first
+/// descriptor, and acknowledges it when the frontend asked for a reply;
+/// `None` for any other message, which stays queued.
+pub fn take_log_fd(sock: RawFd) -> io::Result<Option<Option<OwnedFd>>> {
+    let mut header = [0u8; HEADER_LEN];
+    if !matches!(vhost_socket::peek(sock, &mut header), Ok(HEADER_LEN))
+        || field(&header, 0) != SET_LOG_FD
+        || field(&header, 8) != 0
+    {
+        return Ok(None);
+    }
+    let fd = receive_header(sock, &mut header, 0)?;
+    if field(&header, 4) & NEED_REPLY != 0 {
+        let mut reply = [0u8; HEADER_LEN + 8];
+        reply[0..4].copy_from_slice(&SET_LOG_FD.to_le_bytes());
+        reply[4..8].copy_from_slice(&(VERSION_1 | REPLY).to_le_bytes());
+        reply[8..12].copy_from_slice(&8u32.to_le_bytes());
+        // A u64 of 0: success. Never blocks (see `BackendChannel`).
+        // SAFETY: a live buffer of the length given.
+        let n = unsafe {
+            libc::send(
+                sock,
+                reply.as_ptr().cast(),
+                reply.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if usize::try_from(n).ok() != Some(reply.len()) {
+            return Err(io::Error::other("cannot acknowledge SET_LOG_FD"));
+        }
+    }
+    Ok(Some(fd))
+}
+
+/// A little-endian u32 of a message header at `at`.
+fn field(header: &[u8; HEADER_LEN], at: usize) -> u32 {
+    u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+}
+
+/// Receives the header of the next message into `header` (`flags`:
+/// `MSG_PEEK` to leave it queued) with its descriptors; returns the first
+/// and closes the others.
+fn receive_header(
+    sock: RawFd,
+    header: &mut [u8; HEADER_LEN],
+    flags: libc::c_int,
+) -> io::Result<Option<OwnedFd>> {
     let mut control = [0u64; cmsg_words()];
     let mut iov = libc::iovec {
         iov_base: header.as_mut_ptr().cast(),
@@ -110,7 +173,7 @@ pub fn peek_backend_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
         libc::recvmsg(
             sock,
             &raw mut msg,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            flags | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
         )
     };
     if n < 0 {

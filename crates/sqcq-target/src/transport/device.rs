@@ -328,6 +328,19 @@ impl ControlThread {
             Ok(_) => {}
             Err(e) => return Some(self.drop_connection(format_args!("socket: {e}"))),
         }
+        // SET_LOG_FD, which `vhost` does not dispatch: handled here.
+        match backend_channel::take_log_fd(fd) {
+            Ok(Some(log)) => {
+                *errors = 0;
+                session
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .set_log_fd(log);
+                return None;
+            }
+            Ok(None) => {}
+            Err(e) => return Some(self.drop_connection(format_args!("SET_LOG_FD: {e}"))),
+        }
         // SET_BACKEND_REQ_FD: keep a duplicate of its descriptor for the
         // handler to adopt (see `backend_channel`).
         let peeked = match backend_channel::peek_backend_fd(fd) {

@@ -109,6 +109,9 @@ pub struct Session {
     /// The frontend's dirty log (SET_LOG_BASE); marked while
     /// VHOST_F_LOG_ALL is negotiated.
     pub(crate) log: Option<Arc<DirtyLog>>,
+    /// SET_LOG_FD's eventfd: signalled when a queue stopped while logging
+    /// (its last writes are in the log).
+    pub(crate) log_fd: Option<PeerEventFd>,
     /// Set by a message the connection cannot survive (the frontend waits
     /// for a reply that a refusal does not send, and going on would
     /// break a promise): the control thread ends the connection.
@@ -148,6 +151,7 @@ impl Session {
             peeked_backend_fd: None,
             inflight: None,
             log: None,
+            log_fd: None,
             fatal: None,
             dev,
             pool,
@@ -204,6 +208,26 @@ impl Session {
         self.pool.nudge_all();
         info!(device = %self.dev.info.name, logging = log.is_some(), "memory map rebuilt");
         true
+    }
+
+    /// SET_LOG_FD: the eventfd to signal when the log has a stopped
+    /// queue's last writes; a descriptor that is not an eventfd is
+    /// refused (logged) and the previous one kept.
+    pub(crate) fn set_log_fd(&mut self, fd: Option<std::os::fd::OwnedFd>) {
+        let Some(fd) = fd else {
+            self.log_fd = None;
+            return;
+        };
+        match PeerEventFd::adopt(
+            std::fs::File::from(fd),
+            crate::runtime::eventfd::FdRole::Log,
+        ) {
+            Ok(e) => self.log_fd = Some(e),
+            Err(e) => {
+                DeviceMetrics::bump(&self.dev.info.metrics.failed_messages);
+                warn!(device = %self.dev.info.name, "{e}");
+            }
+        }
     }
 
     /// Rebuilds the memory map if it logs and logging is off, or the
@@ -401,6 +425,11 @@ impl Session {
             v.base = base;
         }
         v.running = Running::No;
+        if self.logging()
+            && let Some(l) = &self.log_fd
+        {
+            let _ = l.signal();
+        }
     }
 
     /// Passes a new call eventfd to wherever the vring runs.

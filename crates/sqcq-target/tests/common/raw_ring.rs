@@ -165,31 +165,11 @@ impl Vq {
         self.next_avail = 0;
         self.last_used = 0;
         self.next_desc = 0;
-        fe.set_vring_num(self.index, self.size).unwrap();
-        fe.set_vring_addr(
-            self.index,
-            &VringConfigData {
-                queue_max_size: self.size,
-                queue_size: self.size,
-                flags: 0,
-                desc_table_addr: g.va(self.desc),
-                used_ring_addr: g.va(self.used),
-                avail_ring_addr: g.va(self.avail),
-                log_addr: None,
-            },
-        )
-        .unwrap();
-        fe.set_vring_base(self.index, 0).unwrap();
-        fe.set_vring_call(self.index, &self.call).unwrap();
-        fe.set_vring_kick(self.index, &self.kick).unwrap();
-        fe.set_vring_enable(self.index, true).unwrap();
+        self.hand_over(fe, g, 0);
     }
 
-    /// Hands the ring, as it is, to a device that resumes at `base` (a
-    /// new connection after the daemon died, as QEMU reconnects: the base
-    /// is the used index).
-    pub fn resume(&mut self, fe: &mut Frontend, g: &Guest, base: u16) {
-        fe.set_vring_err(self.index, &self.err).unwrap();
+    /// SET_VRING_NUM, ADDR, BASE, CALL, KICK and ENABLE.
+    fn hand_over(&self, fe: &mut Frontend, g: &Guest, base: u16) {
         fe.set_vring_num(self.index, self.size).unwrap();
         fe.set_vring_addr(
             self.index,
@@ -210,8 +190,17 @@ impl Vq {
         fe.set_vring_enable(self.index, true).unwrap();
     }
 
+    /// Hands the ring, as it is, to a device that resumes at `base` (a
+    /// new connection after the daemon died, as QEMU reconnects: the base
+    /// is the used index).
+    pub fn resume(&mut self, fe: &mut Frontend, g: &Guest, base: u16) {
+        fe.set_vring_err(self.index, &self.err).unwrap();
+        self.hand_over(fe, g, base);
+    }
+
     /// Publishes the available index without a kick.
     pub fn publish(&self, g: &Guest) {
+        // Release: descriptors and ring entries before the index.
         fence(Ordering::Release);
         g.mem
             .store(
@@ -263,15 +252,7 @@ impl Vq {
 
     /// Publishes the available index and kicks.
     pub fn kick(&self, g: &Guest) {
-        // Release: descriptors and ring entries before the index.
-        fence(Ordering::Release);
-        g.mem
-            .store(
-                self.next_avail.to_le(),
-                GuestAddress(self.avail + 2),
-                Ordering::Release,
-            )
-            .unwrap();
+        self.publish(g);
         fence(Ordering::SeqCst);
         self.kick.write(1).unwrap();
     }

@@ -118,12 +118,13 @@ impl QueuePoll {
     /// The poll state of a queue starting at `ring` whose used ring stands
     /// at `next_used`, and whether the driver is owed a call.
     ///
-    /// With doorbells this is the start of spec section 7.3: `cq.idx` is
-    /// brought to the used index (the previous device may have died
-    /// between the two stores) and a driver poller that sleeps is called,
-    /// since the previous device may have died before it did; then
-    /// NEED_WAKEUP in `sq.flags` is cleared and the ring is looked at from
-    /// the ring base whatever `sq.idx` says.
+    /// With doorbells this is the start of spec section 7.3.3 (R1, the
+    /// ring base, is the caller's): R2, `cq.idx` is brought to the used
+    /// index (the previous device may have died between the two stores)
+    /// and a driver poller that sleeps is called, since the previous
+    /// device may have died before it did; R3, NEED_WAKEUP in `sq.flags` is
+    /// cleared and the ring is looked at from the ring base whatever
+    /// `sq.idx` says.
     fn open(
         source: SubmissionSource,
         ring: &RingConfig,
@@ -163,10 +164,10 @@ impl QueuePoll {
         Ok((p, owed))
     }
 
-    /// Stop, spec section 7.3: nobody polls the SQ doorbell from now on,
-    /// so NEED_WAKEUP goes up in `sq.flags` (a driver that submits while
-    /// the queue is stopped kicks, and the kick waits in the eventfd for
-    /// the next device); logged like every doorbell write.
+    /// Stop, spec section 7.3.2 S3 and S4: nobody polls the SQ doorbell
+    /// from now on, so NEED_WAKEUP goes up in `sq.flags` (a driver that
+    /// submits while the queue is stopped kicks, and the kick waits in the
+    /// eventfd for the next device); logged like every doorbell write.
     fn park(&mut self) {
         if let SqWatch::Doorbell(c) = self.poller.watch_mut() {
             c.park();
