@@ -321,8 +321,11 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     });
     let mode = device.mode;
     let fallback = device.fallback.clone();
+    let reconnects = device.link.reconnects();
     if let Err(e) = device.close() {
-        if ok {
+        // With --reconnect the device may be restarting as the run ends:
+        // every I/O completed already, so its results stand.
+        if ok && !reconnects {
             return Err(e);
         }
         eprintln!("sqcq-bench: warning: clean stop failed: {}", chain(&e));

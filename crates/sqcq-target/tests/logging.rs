@@ -110,7 +110,8 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     assert_eq!(g.read(p.data_in, 512), block);
     assert!(marked(&log, p.data_in), "data-in page");
     assert!(marked(&log, p.resp), "response page");
-    assert!(marked(&log, vqs[RQ].used), "used ring page");
+    // Marked right after the used index store the driver saw.
+    wait_until("used ring page marked", || marked(&log, vqs[RQ].used));
     assert!(!marked(&log, untouched), "a page nobody wrote");
     assert!(
         !marked(&log, vqs[RQ].desc),
@@ -139,15 +140,18 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
         .unwrap();
     clear(&log);
+    let before = vqs[RQ].used_idx(&g);
     let p = read_lba0(&mut vqs[RQ], &mut g);
+    // The stop may come before the worker saw the kick (the request then
+    // stays on the ring for the next device) or after it took the
+    // request: then it answers only once the request is completed,
+    // published and logged.
     let base = fe.get_vring_base(RQ).unwrap();
-    assert_eq!(
-        vqs[RQ].used_idx(&g),
-        vqs[RQ].next_avail,
-        "completed by the stop"
-    );
-    assert_eq!(base, u32::from(vqs[RQ].next_avail));
-    assert!(marked(&log, p.data_in) && marked(&log, vqs[RQ].used));
+    let used = vqs[RQ].used_idx(&g);
+    assert_eq!(base, u32::from(used), "nothing taken is left in flight");
+    if used != before {
+        assert!(marked(&log, p.data_in) && marked(&log, vqs[RQ].used));
+    }
     assert!(log_fd.read().is_ok(), "the log eventfd was signalled");
 }
 

@@ -132,7 +132,10 @@ fn requests_recorded_in_flight_are_resubmitted_in_their_order_and_once() {
     clear_unit_attention(rq, &mut g, 0);
     let used_before = rq.used_idx(&g);
     assert_eq!(area.version(RQ), 1, "the daemon initialised its record");
-    assert_eq!(area.used_idx(RQ), used_before);
+    // The record catches up right after the used index it follows.
+    wait_until("the record's used index", || {
+        area.used_idx(RQ) == used_before
+    });
 
     // The daemon "dies" with three writes of LBA 0 taken: the connection
     // ends, and the record says what a daemon killed then leaves.
@@ -177,8 +180,10 @@ fn requests_recorded_in_flight_are_resubmitted_in_their_order_and_once() {
     );
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert_eq!(rq.used_idx(&g), used_before.wrapping_add(4));
-    assert!(writes.iter().all(|p| !area.in_flight(RQ, p.head)));
-    assert_eq!(area.used_idx(RQ), used_before.wrapping_add(4));
+    wait_until("the record cleared", || {
+        writes.iter().all(|p| !area.in_flight(RQ, p.head))
+            && area.used_idx(RQ) == used_before.wrapping_add(4)
+    });
 }
 
 #[test]
@@ -219,7 +224,9 @@ fn a_batch_published_but_not_cleared_is_not_resubmitted() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert_eq!(rq.used_idx(&g), base.wrapping_add(2));
     assert_eq!(resubmitted(&daemon, RQ_VQ), 1);
-    assert!(!area.in_flight(RQ, a.head) && !area.in_flight(RQ, b.head));
+    wait_until("the record cleared", || {
+        !area.in_flight(RQ, a.head) && !area.in_flight(RQ, b.head)
+    });
 }
 
 #[test]
