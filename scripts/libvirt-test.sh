@@ -21,6 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
 source scripts/lib/packages.sh
+source tests/guest/lib.sh
 
 keep=0
 case "${1:-}" in
@@ -107,10 +108,7 @@ results="$work/results"   # "name STATUS reason" lines
 check() { echo "$1 $2 ${*:3}" >> "$results"; }
 
 # ------------------------------------------------------------- the guest
-kernel="" initrd=""
-while read -r k v; do
-    case "$k" in kernel) kernel="$v" ;; initrd) initrd="$v" ;; esac
-done < <(timeout 600 tests/guest/build-initramfs.sh "$repo/target/guest")
+build_guest
 if [ -z "$kernel" ] || [ -z "$initrd" ]; then say "building the guest failed"; exit 1; fi
 # QEMU runs as the session's user: it must be able to read both
 if ! as_user test -r "$initrd"; then
@@ -257,10 +255,7 @@ fi
 
 # ---------------------------------------------------------------- report
 echo
-awk '{ printf "  %-4s %-28s %s\n", $2, $1, substr($0, length($1) + length($2) + 3) }' "$results"
-npass=$(awk '$2 == "PASS"' "$results" | wc -l)
-nfail=$(awk '$2 == "FAIL"' "$results" | wc -l)
-nskip=$(awk '$2 == "SKIP"' "$results" | wc -l)
+print_results "$results" 28
 if [ "$nfail" -gt 0 ]; then
     for f in "$console" "$domlog" "$work/libvirtd.log" "$work/daemon.log"; do
         [ -s "$f" ] || continue

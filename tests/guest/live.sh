@@ -19,6 +19,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cd "$repo"
+source tests/guest/lib.sh
 
 usage() {
     cat <<'EOF'
@@ -105,14 +106,6 @@ if ! flock -w 900 9; then say "another guest test held target/guest/qemu.lock fo
 work="$(mktemp -d /tmp/sqcq-live.XXXXXX)"
 declare -A daemon_pid=()   # name -> pid (the leader of its process group)
 vm_pids=() cg=""
-kill_group() { # pid: TERM its process group, then KILL
-    local p="$1"
-    [ -n "$p" ] || return 0
-    kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null || true
-    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL -- "-$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
-}
 cleanup() {
     local p
     for p in "${vm_pids[@]}"; do kill_group "$p"; done
@@ -124,11 +117,7 @@ trap cleanup EXIT
 trap 'say "interrupted"; exit 130' INT TERM HUP
 
 # ------------------------------------------------------------- the guest
-kernel="" initrd=""
-# shellcheck disable=SC2086 # no second argument without modules
-while read -r k v; do
-    case "$k" in kernel) kernel="$v" ;; initrd) initrd="$v" ;; esac
-done < <(timeout 600 "$here/build-initramfs.sh" "$repo/target/guest" $modules_dir)
+build_guest "$modules_dir"
 if [ -z "$kernel" ] || [ -z "$initrd" ]; then say "building the guest failed"; exit 1; fi
 
 results="$work/results"   # "name STATUS reason" lines
@@ -474,10 +463,7 @@ done < <(awk '/^#/ || NF < 3 || $1 != "live" { next }
 
 # ---------------------------------------------------------------- report
 echo
-awk '{ printf "  %-4s %-24s %s\n", $2, $1, substr($0, length($1) + length($2) + 3) }' "$results"
-npass=$(awk '$2 == "PASS"' "$results" | wc -l)
-nfail=$(awk '$2 == "FAIL"' "$results" | wc -l)
-nskip=$(awk '$2 == "SKIP"' "$results" | wc -l)
+print_results "$results" 24
 if [ "$nfail" -gt 0 ]; then
     echo; echo "---- tail of the console ----"; console | tail -n 60
     for f in "$work"/vm*.qemu.log "$work"/*.log; do

@@ -15,6 +15,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cd "$repo"
+source tests/guest/lib.sh
 
 usage() {
     cat <<'EOF'
@@ -203,14 +204,6 @@ if [ "$blk" = 1 ]; then
     blk_toml "$work" "$nq" > "$work/blk.toml"
 fi
 qemu_pid="" daemon_pid=""
-kill_group() { # pid: TERM its process group, then KILL
-    local p="$1"
-    [ -n "$p" ] || return 0
-    kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null || true
-    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL -- "-$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
-}
 cleanup() {
     kill_group "$qemu_pid"; qemu_pid=""
     kill_group "$daemon_pid"; daemon_pid=""
@@ -220,10 +213,7 @@ trap cleanup EXIT
 trap 'say "interrupted"; exit 130' INT TERM HUP
 
 # ------------------------------------------------------------- the guest
-kernel="" initrd=""
-while read -r k v; do
-    case "$k" in kernel) kernel="$v" ;; initrd) initrd="$v" ;; esac
-done < <(timeout 600 "$here/build-initramfs.sh" "$repo/target/guest" $modules_dir)
+build_guest "$modules_dir"
 [ -n "$kernel" ] && [ -n "$initrd" ] || { say "building the guest failed"; exit 1; }
 t_build=$(( $(date +%s) - t0 ))
 
@@ -569,10 +559,7 @@ fi
 
 # ---------------------------------------------------------------- report
 echo
-awk '{ printf "  %-4s %-36s %s\n", $2, $1, substr($0, length($1) + length($2) + 3) }' "$results"
-npass=$(awk '$2=="PASS"' "$results" | wc -l)
-nfail=$(awk '$2=="FAIL"' "$results" | wc -l)
-nskip=$(awk '$2=="SKIP"' "$results" | wc -l)
+print_results "$results" 36
 if [ "$nfail" -gt 0 ]; then
     for f in "$work"/run*.console.log; do
         [ -e "$f" ] || continue
