@@ -25,6 +25,14 @@
 //! were taken and not completed: if `used_idx` lags the used ring's index,
 //! the last batch was published and only its clearing was lost.
 //!
+//! Nothing reads the record while this process writes it: the next
+//! reader is a later process (or the same one at the queue's next start).
+//! The orderings below are therefore not for a concurrent peer but for a
+//! process killed between two stores, which leaves exactly the stores made
+//! before the kill: each `fence(Release)` keeps the stores after it from
+//! becoming visible before the ones before it (compiler and CPU alike), so
+//! that every prefix of the sequence is a state `recover` understands.
+//!
 //! No library implements the device side of this (rust-vmm's
 //! `vhost-user-backend` has none), so it is ours. The record lives in
 //! shared memory written with plain atomic stores: no lock, no system call
@@ -247,6 +255,7 @@ impl TrackedQueue {
             self.u16_at(OFF_DESC_NUM).store(desc_num.to_le(), r);
             self.u16_at(OFF_USED_IDX).store(used_idx.to_le(), r);
             self.u16_at(OFF_LAST_BATCH_HEAD).store(0, r);
+            // The header is whole before the version says it is valid.
             fence(Ordering::Release);
             self.u16_at(OFF_VERSION).store(VERSION.to_le(), r);
             return Recovery::Fresh;
@@ -263,6 +272,7 @@ impl TrackedQueue {
                 head = u16::from_le(self.next(head).load(r));
                 left -= 1;
             }
+            // The batch is cleared before `used_idx` says it was.
             fence(Ordering::Release);
             self.u16_at(OFF_USED_IDX).store(used_idx.to_le(), r);
         }
@@ -333,6 +343,9 @@ impl TrackedQueue {
             head = u16::from_le(self.next(head).load(r));
             left -= 1;
         }
+        // I3: the batch is cleared before `used_idx` says it was; a kill
+        // in between leaves `used_idx` behind the used ring, and
+        // `recover` finishes the clearing.
         fence(Ordering::Release);
         self.u16_at(OFF_USED_IDX).store(used_idx.to_le(), r);
     }

@@ -108,14 +108,18 @@ impl GuardedRegion {
     /// and guest address, with a bitmap that marks the log. The view does
     /// not own the mapping; this region keeps it (and keeps it mapped
     /// while the view is in use).
-    fn logged_view(&mut self, log: &Arc<DirtyLog>) -> Result<Arc<GuestRegion>, MemoryError> {
+    fn logged_view(
+        &mut self,
+        index: usize,
+        log: &Arc<DirtyLog>,
+    ) -> Result<Arc<GuestRegion>, MemoryError> {
         let r = &self.region;
         let invalid = |_| MemoryError::Invalid {
-            index: 0,
+            index,
             what: "cannot view the mapping with a dirty log",
         };
         let len = usize::try_from(r.len()).map_err(|_| MemoryError::Invalid {
-            index: 0,
+            index,
             what: "size exceeds the address space",
         })?;
         let builder = MmapRegionBuilder::new_with_bitmap(
@@ -133,7 +137,7 @@ impl GuardedRegion {
             .map_err(invalid)?;
         let view = Arc::new(GuestRegion::new(mmap, r.start_addr()).ok_or(
             MemoryError::Invalid {
-                index: 0,
+                index,
                 what: "guest address + size overflows",
             },
         )?);
@@ -151,8 +155,9 @@ pub fn memory_map(
 ) -> Result<GuestMem, MemoryError> {
     let list = regions
         .iter_mut()
-        .map(|g| match log {
-            Some(l) => g.logged_view(l),
+        .enumerate()
+        .map(|(i, g)| match log {
+            Some(l) => g.logged_view(i, l),
             None => Ok(Arc::clone(&g.region)),
         })
         .collect::<Result<Vec<_>, _>>()?;
