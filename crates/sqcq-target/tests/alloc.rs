@@ -132,6 +132,7 @@ fn steady_state_io_allocates_nothing_on_the_worker() {
         },
         admin_socket: None,
         seccomp: Default::default(),
+        service: Default::default(),
     };
     let daemon = Daemon::start(&config).unwrap();
     let mut d = Driver::connect(&socket);

@@ -64,6 +64,7 @@ fn start_blk_on(
         workers: 1,
         admin_socket: Some(dir.path("admin.sock")),
         seccomp: Default::default(),
+        service: Default::default(),
         devices: vec![DeviceConfig {
             device_type: DeviceType::Blk,
             socket_path: socket.clone(),

@@ -33,6 +33,7 @@ fn start_big(dir: &TempDir) -> (Daemon, std::path::PathBuf) {
         poll: Default::default(),
         admin_socket: None,
         seccomp: Default::default(),
+        service: Default::default(),
     };
     config.validate().unwrap();
     (Daemon::start(&config).unwrap(), socket)

@@ -38,6 +38,7 @@ fn start_admin(dir: &TempDir, luns: Vec<LunSpec>) -> (Daemon, PathBuf, PathBuf) 
         poll: Default::default(),
         admin_socket: Some(admin.clone()),
         seccomp: Default::default(),
+        service: Default::default(),
     };
     config.validate().unwrap();
     (Daemon::start(&config).unwrap(), socket, admin)

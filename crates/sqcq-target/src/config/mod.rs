@@ -117,6 +117,16 @@ pub struct DaemonConfig {
     /// The seccomp filter applied once the daemon runs
     /// ([`crate::sandbox`]).
     pub seccomp: SeccompMode,
+    /// How the daemon runs as a service: pidfile, socket ownership,
+    /// metrics.
+    pub service: ServiceConfig,
+}
+
+/// How the daemon runs as a service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceConfig {
+    /// The pidfile, locked while the daemon runs.
+    pub pidfile: Option<PathBuf>,
 }
 
 /// Command line of `sqcqd`.
@@ -205,6 +215,7 @@ impl Cli {
                 poll: PollOptions::default(),
                 admin_socket: None,
                 seccomp: SeccompMode::default(),
+                service: ServiceConfig::default(),
             },
         };
         if self.admin_socket.is_some() {
@@ -277,6 +288,7 @@ pub fn parse_toml(
         poll: file.poll.into(),
         admin_socket: file.admin_socket,
         seccomp: file.seccomp,
+        service: ServiceConfig::default(),
     })
 }
 

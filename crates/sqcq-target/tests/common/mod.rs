@@ -111,6 +111,7 @@ pub fn start_with(dir: &TempDir, workers: usize, poll: PollOptions) -> (Daemon, 
         workers,
         admin_socket: None,
         seccomp: Default::default(),
+        service: Default::default(),
         devices: vec![DeviceConfig {
             device_type: sqcq_target::config::DeviceType::Scsi,
             socket_path: socket.clone(),
