@@ -35,6 +35,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -42,13 +43,15 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::manage::DeviceControl;
+use crate::registry::{Registry, RegistryError};
+use crate::rpc::Context;
 use crate::scsi::hotplug::HotplugError;
 use crate::spec::{LunSpec, LunSpecError, parse_size};
 use crate::transport::listen::ListeningSocket;
 
-/// Longest command line accepted.
-const MAX_LINE: usize = 4096;
+/// Longest line accepted (a JSON-RPC request creating a device with
+/// dozens of LUNs fits).
+const MAX_LINE: usize = 64 << 10;
 /// How long the client waits for a reply (a removal waits for I/O).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a connection may stay silent, or leave a reply unread,
@@ -166,40 +169,32 @@ impl FromStr for AdminCommand {
     }
 }
 
-/// Runs one command line; returns the reply line (without newline).
-pub fn execute(devices: &[DeviceControl], line: &str) -> String {
+/// Runs one legacy text command line; returns the reply line (without
+/// newline).
+pub fn execute(registry: &Registry, line: &str) -> String {
     let cmd = match line.parse::<AdminCommand>() {
         Ok(c) => c,
         Err(e) => return format!("error {e}"),
     };
-    let device = |d: u32| {
-        usize::try_from(d)
-            .ok()
-            .and_then(|i| devices.get(i))
-            .ok_or_else(|| format!("error no device {d}"))
-    };
     let result = match cmd {
-        AdminCommand::LunAdd { device: d, spec } => device(d).map(|dev| {
-            dev.add_lun(&spec)
-                .map(|lun| format!("ok device={d} lun={lun} added"))
-        }),
-        AdminCommand::LunRemove { device: d, lun } => device(d).map(|dev| {
-            dev.remove_lun(lun)
-                .map(|()| format!("ok device={d} lun={lun} removed"))
-        }),
+        AdminCommand::LunAdd { device: d, spec } => registry
+            .lun_add(d, &spec)
+            .map(|lun| format!("ok device={d} lun={lun} added")),
+        AdminCommand::LunRemove { device: d, lun } => registry
+            .lun_remove(d, lun)
+            .map(|()| format!("ok device={d} lun={lun} removed")),
         AdminCommand::LunResize {
             device: d,
             lun,
             bytes,
-        } => device(d).map(|dev| {
-            dev.resize_lun(lun, bytes)
-                .map(|blocks| format!("ok device={d} lun={lun} blocks={blocks}"))
-        }),
-        AdminCommand::Stats => return stats(devices),
-        AdminCommand::FaultBreak { device: d, vq } => device(d).map(|dev| {
+        } => registry
+            .lun_resize(d, lun, bytes)
+            .map(|blocks| format!("ok device={d} lun={lun} blocks={blocks}")),
+        AdminCommand::Stats => return stats(registry),
+        AdminCommand::FaultBreak { device: d, vq } => registry.control(d).and_then(|dev| {
             let armed = dev.break_queues(vq);
             if armed.is_empty() {
-                Err(HotplugError::NoQueue)
+                Err(HotplugError::NoQueue.into())
             } else {
                 let list: Vec<String> = armed.iter().map(u16::to_string).collect();
                 Ok(format!("ok device={d} armed vq={}", list.join(",")))
@@ -207,19 +202,23 @@ pub fn execute(devices: &[DeviceControl], line: &str) -> String {
         }),
     };
     match result {
-        Ok(Ok(reply)) => reply,
-        Ok(Err(e)) => format!("error {}", crate::runtime::error_chain(&e)),
-        Err(reply) => reply,
+        Ok(reply) => reply,
+        Err(RegistryError::NoDevice(d)) => format!("error no device {d}"),
+        Err(RegistryError::Lun(e)) => format!("error {}", crate::runtime::error_chain(&e)),
+        Err(e) => format!("error {}", crate::runtime::error_chain(&e)),
     }
 }
 
 /// `ok` then, per device: its LUNs (`lunN=BLOCKSxBLOCK_SIZE`), the figures
 /// of every queue that did work (`vqN=COMPLETIONS/PUBLISHES/CALLS`) and
 /// its error counters.
-fn stats(devices: &[DeviceControl]) -> String {
+fn stats(registry: &Registry) -> String {
     use std::fmt::Write as _;
     let mut s = String::from("ok");
-    for dev in devices {
+    for id in registry.ids() {
+        let Ok(dev) = registry.control(id) else {
+            continue;
+        };
         let _ = write!(s, " device={}", dev.info.id);
         let luns = dev.scsi().ok().map(|d| d.target.current());
         for e in luns.iter().flat_map(|t| t.luns()) {
@@ -254,7 +253,7 @@ pub struct AdminServer {
 
 impl AdminServer {
     /// Binds `path` (replacing a stale socket, mode 0600) and serves it.
-    pub fn spawn(path: &Path, devices: Vec<DeviceControl>) -> io::Result<Self> {
+    pub fn spawn(path: &Path, ctx: Arc<Context>) -> io::Result<Self> {
         let socket = ListeningSocket::bind(path).map_err(io::Error::other)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         let stop = EventFd::new(EFD_NONBLOCK)?;
@@ -262,7 +261,7 @@ impl AdminServer {
         // The thread owns the socket: it is removed when the thread ends.
         let thread = std::thread::Builder::new()
             .name("sqcq-admin".into())
-            .spawn(move || serve(socket.listener(), &thread_stop, &devices))?;
+            .spawn(move || serve(socket.listener(), &thread_stop, &ctx))?;
         info!("admin socket {}", path.display());
         Ok(AdminServer {
             stop,
@@ -322,11 +321,11 @@ fn wait(fd: i32, stop: &EventFd, timeout_ms: i32) -> bool {
     }
 }
 
-fn serve(listener: &UnixListener, stop: &EventFd, devices: &[DeviceControl]) {
+fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Context) {
     while wait(listener.as_raw_fd(), stop, -1) {
         match listener.accept() {
             Ok((conn, _)) => {
-                if let Err(e) = connection(conn, stop, devices) {
+                if let Err(e) = connection(conn, stop, ctx) {
                     warn!("admin connection: {e}");
                 }
             }
@@ -337,7 +336,7 @@ fn serve(listener: &UnixListener, stop: &EventFd, devices: &[DeviceControl]) {
 
 /// Serves one connection until it closes, sends an over-long line, or
 /// the daemon stops.
-fn connection(mut conn: UnixStream, stop: &EventFd, devices: &[DeviceControl]) -> io::Result<()> {
+fn connection(mut conn: UnixStream, stop: &EventFd, ctx: &Context) -> io::Result<()> {
     // One client at a time: one that stops reading or writing must not
     // keep the others out for long.
     conn.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -356,10 +355,17 @@ fn connection(mut conn: UnixStream, stop: &EventFd, devices: &[DeviceControl]) -
             if line.trim().is_empty() {
                 continue;
             }
-            let reply = execute(devices, &line);
-            info!("admin: {} -> {reply}", line.trim());
-            conn.write_all(reply.as_bytes())?;
-            conn.write_all(b"\n")?;
+            let reply = if line.trim_start().starts_with(['{', '[']) {
+                crate::rpc::handle_line(ctx, &line)
+            } else {
+                let reply = execute(&ctx.registry, &line);
+                info!("admin: {} -> {reply}", line.trim());
+                Some(reply)
+            };
+            if let Some(reply) = reply {
+                conn.write_all(reply.as_bytes())?;
+                conn.write_all(b"\n")?;
+            }
         }
         if buf.len() > MAX_LINE {
             conn.write_all(b"error line too long\n")?;

@@ -69,6 +69,8 @@ pub(crate) fn device(queue_size: u16) -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
         },
         device: Arc::clone(&scsi) as Arc<dyn VirtioDevice>,
         memory_fault: EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"),
+        placement: crate::runtime::placement::QueuePlacement::new(2, &QueueMap::default()),
+        connected: std::sync::atomic::AtomicBool::new(false),
     });
     (shared, scsi)
 }

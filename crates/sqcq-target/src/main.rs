@@ -14,6 +14,9 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "admin") {
         return admin();
     }
+    if std::env::args_os().nth(1).is_some_and(|a| a == "rpc") {
+        return rpc();
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -51,6 +54,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // A reload (SIGHUP, the config_reload method) reads the command line
+    // and the file it names again.
+    daemon.set_config_source(Box::new(|| {
+        Cli::try_parse_from(std::env::args_os())
+            .map_err(|e| sqcq_target::config::ConfigError::Invalid(e.to_string()))?
+            .into_config()
+    }));
     // Every socket listens and every thread runs: from here on the daemon
     // only serves.
     if let Err(e) = sqcq_target::sandbox::apply(config.seccomp) {
@@ -125,6 +135,38 @@ fn admin() -> ExitCode {
         }
         Err(e) => {
             eprintln!("sqcqd admin: {}: {e}", cli.admin_socket.display());
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `sqcqd rpc --admin-socket PATH METHOD [PARAMS]...`: prints the result
+/// as JSON; exits 0 on a result, 1 on an error answer, 2 when the daemon
+/// could not be asked.
+fn rpc() -> ExitCode {
+    use sqcq_target::rpc::{RpcCli, call, params_from_args};
+    let cli = RpcCli::parse_from(
+        std::iter::once(std::ffi::OsString::from("sqcqd rpc")).chain(std::env::args_os().skip(2)),
+    );
+    let params = match params_from_args(&cli.params) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sqcqd rpc: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+    match call(&cli.admin_socket, &cli.method, params) {
+        Ok(Ok(result)) => {
+            println!("{}", pretty(&result));
+            ExitCode::SUCCESS
+        }
+        Ok(Err(error)) => {
+            eprintln!("{}", pretty(&error));
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sqcqd rpc: {}: {e}", cli.admin_socket.display());
             ExitCode::from(2)
         }
     }

@@ -144,7 +144,7 @@ impl DeviceControl {
     pub fn break_queues(&self, vq: Option<u16>) -> Vec<u16> {
         let device = self.info.id;
         let mut broken = Vec::new();
-        for w in 0..self.pool.len() {
+        for w in self.pool.ids() {
             let call = |reply| WorkerCommand::Break { device, vq, reply };
             match self
                 .pool
@@ -162,7 +162,7 @@ impl DeviceControl {
     fn hand_over(&self, target: &Arc<Target>) -> Result<(), QueueError> {
         let device = self.info.id;
         let mut result = Ok(());
-        for w in 0..self.pool.len() {
+        for w in self.pool.ids() {
             let call = |reply| WorkerCommand::Update {
                 device,
                 update: Arc::new(Arc::clone(target)),
@@ -184,7 +184,7 @@ impl DeviceControl {
     fn drain(&self) {
         let device = self.info.id;
         let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
-        for w in 0..self.pool.len() {
+        for w in self.pool.ids() {
             let call = |reply| WorkerCommand::Drain { device, reply };
             if let Err(e) = self.pool.call(w, call, deadline) {
                 warn!(device, "drain: {e}");

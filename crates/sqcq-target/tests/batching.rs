@@ -20,8 +20,9 @@ fn a_batch_completes_with_one_publish_and_one_call() {
     let mut d = Driver::connect(&socket);
     let rq = &mut d.rqs[0];
     let stats = || {
-        daemon.devices()[0]
-            .shared()
+        daemon
+            .device(0)
+            .unwrap()
             .info
             .metrics
             .queue(2)

@@ -388,8 +388,9 @@ fn malformed_and_unsupported_requests_get_their_status() {
     q.kick(&g);
     assert_eq!(q.wait_used(&g), (head, 0), "no status byte: length 0");
     // Every refusal was counted, and the queue still works.
-    let bad = daemon.devices()[0]
-        .shared()
+    let bad = daemon
+        .device(0)
+        .unwrap()
         .info
         .metrics
         .bad_requests

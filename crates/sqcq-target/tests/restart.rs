@@ -103,8 +103,8 @@ fn connect_tracked(
 
 /// Vring `vq`'s figures in the daemon's first device.
 fn snapshot(d: &sqcq_target::Daemon, vq: u16) -> Option<QueueSnapshot> {
-    d.devices()[0]
-        .shared()
+    d.device(0)
+        .unwrap()
         .info
         .metrics
         .queue(vq)

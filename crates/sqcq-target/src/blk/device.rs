@@ -85,6 +85,11 @@ impl BlkDevice {
         })
     }
 
+    /// The disk's size and capabilities now.
+    pub fn geometry(&self) -> sqcq_backstore::Geometry {
+        self.backstore.geometry()
+    }
+
     /// The disk's logical block size.
     pub fn block_size(&self) -> u32 {
         self.backstore.geometry().block_size

@@ -91,6 +91,43 @@ pub struct DeviceConfig {
     pub queue_map: QueueMap,
 }
 
+impl DeviceConfig {
+    /// Checks what the parsers cannot; `worker_exists` says whether a
+    /// worker of the queue map runs (or will).
+    pub fn validate(&self, worker_exists: impl Fn(usize) -> bool) -> Result<(), ConfigError> {
+        let bad = |s: String| Err(ConfigError::Invalid(s));
+        let name = self.socket_path.display();
+        let max_queues = match self.device_type {
+            DeviceType::Scsi => crate::scsi::device::MAX_REQUEST_QUEUES,
+            DeviceType::Blk => crate::blk::device::MAX_REQUEST_QUEUES,
+        };
+        if self.num_queues == 0 || self.num_queues > max_queues {
+            return bad(format!("{name}: num-queues must be 1..={max_queues}"));
+        }
+        if self.device_type == DeviceType::Blk && self.luns.len() != 1 {
+            return bad(format!(
+                "{name}: a blk device needs exactly one --lun (its disk), not {}",
+                self.luns.len()
+            ));
+        }
+        if !self.queue_size.is_power_of_two() || self.queue_size < 4 {
+            return bad(format!("{name}: queue-size must be a power of two >= 4"));
+        }
+        if let Some((q, w)) = self.queue_map.0.iter().find(|(_, w)| !worker_exists(*w)) {
+            return bad(format!(
+                "{name}: queue {q} mapped to worker {w}, which does not exist"
+            ));
+        }
+        if let Some((q, _)) = self.queue_map.0.iter().find(|(q, _)| *q >= self.num_queues) {
+            return bad(format!(
+                "{name}: queue map names request queue {q}, the device has {}",
+                self.num_queues
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The device types `sqcqd` serves.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -242,6 +279,33 @@ impl Cli {
     }
 }
 
+/// A device from a JSON object with the keys of a `[[device]]` table of
+/// the configuration file (the management API's `device_create`); a LUN
+/// may also be a `--lun` string. Defaults as on the command line.
+pub fn device_from_json(mut value: serde_json::Value) -> Result<DeviceConfig, ConfigError> {
+    let invalid = |e: serde_json::Error| ConfigError::Invalid(e.to_string());
+    let luns = match value.as_object_mut().and_then(|o| o.remove("lun")) {
+        None => Vec::new(),
+        Some(serde_json::Value::Array(items)) => items
+            .into_iter()
+            .map(|item| match item {
+                serde_json::Value::String(s) => Ok(LunSpec::from_str(&s)?),
+                v => serde_json::from_value(v).map_err(invalid),
+            })
+            .collect::<Result<_, ConfigError>>()?,
+        Some(_) => return Err(ConfigError::Invalid("lun must be an array".into())),
+    };
+    let d: FileDevice = serde_json::from_value(value).map_err(invalid)?;
+    Ok(DeviceConfig {
+        device_type: d.device_type,
+        socket_path: d.socket_path,
+        luns,
+        num_queues: d.num_queues.unwrap_or(DEFAULT_NUM_QUEUES),
+        queue_size: d.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE),
+        queue_map: d.queue_map.as_deref().unwrap_or("").parse()?,
+    })
+}
+
 fn load_file(path: &Path, cli: &Cli) -> Result<DaemonConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
@@ -306,29 +370,7 @@ impl DaemonConfig {
             return bad("no device: give --socket-path or a --config with [[device]]".into());
         }
         for d in &self.devices {
-            let name = d.socket_path.display();
-            let max_queues = match d.device_type {
-                DeviceType::Scsi => crate::scsi::device::MAX_REQUEST_QUEUES,
-                DeviceType::Blk => crate::blk::device::MAX_REQUEST_QUEUES,
-            };
-            if d.num_queues == 0 || d.num_queues > max_queues {
-                return bad(format!("{name}: num-queues must be 1..={max_queues}"));
-            }
-            if d.device_type == DeviceType::Blk && d.luns.len() != 1 {
-                return bad(format!(
-                    "{name}: a blk device needs exactly one --lun (its disk), not {}",
-                    d.luns.len()
-                ));
-            }
-            if !d.queue_size.is_power_of_two() || d.queue_size < 4 {
-                return bad(format!("{name}: queue-size must be a power of two >= 4"));
-            }
-            if let Some((q, w)) = d.queue_map.0.iter().find(|(_, w)| *w >= self.workers) {
-                return bad(format!(
-                    "{name}: queue {q} mapped to worker {w}, only {} workers",
-                    self.workers
-                ));
-            }
+            d.validate(|w| w < self.workers)?;
             if self
                 .devices
                 .iter()
@@ -336,7 +378,10 @@ impl DaemonConfig {
                 .count()
                 > 1
             {
-                return bad(format!("{name}: socket path used twice"));
+                return bad(format!(
+                    "{}: socket path used twice",
+                    d.socket_path.display()
+                ));
             }
         }
         Ok(())

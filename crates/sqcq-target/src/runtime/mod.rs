@@ -4,7 +4,8 @@
 //! descriptor chains (`chain`) over guest memory (`guest`), used-ring
 //! batching (`used`), the kick, ring-poll and SQ-doorbell sources with
 //! the workers' spin loop (`poll`, `ring_poll`), eventfds that never
-//! block (`eventfd`, `stall`), CPU binding (`cpu`), and the figures
+//! block (`eventfd`, `stall`), CPU binding (`cpu`), which worker serves
+//! which queue ([`placement`]), and the figures
 //! ([`metrics`], `stats`, `ratelimit`).
 
 pub(crate) mod chain;
@@ -13,6 +14,7 @@ pub(crate) mod eventfd;
 pub(crate) mod guest;
 pub mod metrics;
 pub(crate) mod options;
+pub mod placement;
 pub(crate) mod poll;
 pub(crate) mod queue;
 pub(crate) mod ratelimit;

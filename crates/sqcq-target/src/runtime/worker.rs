@@ -17,8 +17,9 @@
 use std::any::Any;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -102,6 +103,12 @@ pub enum WorkerCommand {
         /// The vrings armed here.
         reply: SyncSender<Vec<u16>>,
     },
+    /// End the thread if it serves no queue; otherwise answer how many
+    /// it serves and go on (freeing a worker).
+    Retire {
+        /// `Ok` when the thread ends.
+        reply: SyncSender<Result<(), usize>>,
+    },
     /// Stop every queue (waiting for requests in flight until `deadline`)
     /// and end the thread.
     Exit {
@@ -128,14 +135,84 @@ pub enum WorkerGone {
 struct WorkerHandle {
     tx: Sender<WorkerCommand>,
     wake: EventFd,
+    /// The CPU it is bound to.
+    cpu: Option<usize>,
+    /// Being freed: no queue may start on it.
+    closing: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+impl WorkerHandle {
+    fn join(&self) {
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(t) = thread
+            && t.join().is_err()
+        {
+            error!("a worker thread panicked");
+        }
+    }
+}
+
+/// Most workers a pool runs at once.
+pub const MAX_WORKERS: usize = 256;
+
+/// A worker could not be created or freed.
+#[derive(Debug, Error)]
+pub enum PoolError {
+    /// No worker has this number.
+    #[error("no worker {0}")]
+    NoWorker(usize),
+    /// The worker still serves queues (attach them elsewhere first).
+    #[error("worker {worker} still serves {queues} queue(s)")]
+    Busy {
+        /// The worker.
+        worker: usize,
+        /// How many queues it serves.
+        queues: usize,
+    },
+    /// The pool keeps at least one worker.
+    #[error("worker {0} is the last one")]
+    Last(usize),
+    /// [`MAX_WORKERS`] run already.
+    #[error("{MAX_WORKERS} workers run already")]
+    Full,
+    /// A CPU above [`crate::config::MAX_CPU`].
+    #[error("CPU {0} is out of range")]
+    BadCpu(usize),
+    /// The worker did not answer.
+    #[error(transparent)]
+    Gone(#[from] WorkerGone),
+    /// The thread or its eventfds could not be created.
+    #[error("cannot start a worker")]
+    Io(#[from] io::Error),
+}
+
+/// A worker as [`WorkerPool::list`] shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// Its number.
+    pub id: usize,
+    /// The CPU it is bound to.
+    pub cpu: Option<usize>,
+}
+
 /// The pool of worker threads shared by every device of a daemon.
+///
+/// Workers are numbered; [`WorkerPool::create`] and [`WorkerPool::free`]
+/// add and remove them while the daemon runs (the multi-worker seed's
+/// VHOST_NEW_WORKER and VHOST_FREE_WORKER). The table is locked only on
+/// the control path (starting and stopping queues, run-time changes);
+/// the workers themselves never touch it.
 pub struct WorkerPool {
-    workers: Vec<WorkerHandle>,
+    workers: RwLock<Vec<Option<Arc<WorkerHandle>>>>,
     options: PollOptions,
     stats: Arc<StatsBoard>,
+    /// The CPUs left for backstore completion work of polled queues.
+    steer: Option<Vec<usize>>,
     /// Set when the daemon stops: no wait goes past it.
     shutdown_by: OnceLock<Instant>,
 }
@@ -143,14 +220,14 @@ pub struct WorkerPool {
 impl std::fmt::Debug for WorkerPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerPool")
-            .field("workers", &self.workers.len())
+            .field("workers", &self.len())
             .finish()
     }
 }
 
 impl WorkerPool {
-    /// Starts `n` worker threads, bound to CPUs and reporting statistics
-    /// as `options` say.
+    /// Starts `n` worker threads (numbered from 0), bound to CPUs and
+    /// reporting statistics as `options` say.
     pub fn new(n: usize, options: PollOptions) -> io::Result<Self> {
         // The stall guard's watchdog, before any worker (and before the
         // seccomp filter, which allows no new thread).
@@ -160,44 +237,169 @@ impl WorkerPool {
             options.stats_file.clone(),
         ));
         let steer = steering(&options.cpus);
-        let mut workers = Vec::with_capacity(n);
-        for id in 0..n {
-            let cpu = options.cpus.get(id).copied();
-            let (board, steer) = (Arc::clone(&stats), steer.clone());
-            let (tx, rx) = mpsc::channel();
-            let wake = EventFd::new(EFD_NONBLOCK)?;
-            let (epoll, worker_wake) = Worker::epoll(wake.try_clone()?)?;
-            let thread = std::thread::Builder::new()
-                .name(format!("sqcq-worker{id}"))
-                .spawn(move || {
-                    // Built on its own thread: queues hold raw iovecs and
-                    // never leave it.
-                    Worker {
-                        id,
-                        epoll,
-                        wake: worker_wake,
-                        rx,
-                        queues: Vec::new(),
-                        drains: Vec::new(),
-                        cpu,
-                        steer,
-                        board,
-                        ticker: StatsTicker::default(),
-                    }
-                    .run()
-                })?;
-            workers.push(WorkerHandle {
-                tx,
-                wake,
-                thread: Mutex::new(Some(thread)),
-            });
-        }
-        Ok(WorkerPool {
-            workers,
+        let pool = WorkerPool {
+            workers: RwLock::new(Vec::with_capacity(n)),
             options,
             stats,
+            steer,
             shutdown_by: OnceLock::new(),
-        })
+        };
+        for id in 0..n {
+            let cpu = pool.options.cpus.get(id).copied();
+            let handle = pool.spawn(id, cpu)?;
+            pool.write().push(Some(handle));
+        }
+        Ok(pool)
+    }
+
+    fn spawn(&self, id: usize, cpu: Option<usize>) -> io::Result<Arc<WorkerHandle>> {
+        let (board, steer) = (Arc::clone(&self.stats), self.steer.clone());
+        let (tx, rx) = mpsc::channel();
+        let wake = EventFd::new(EFD_NONBLOCK)?;
+        let (epoll, worker_wake) = Worker::epoll(wake.try_clone()?)?;
+        let thread = std::thread::Builder::new()
+            .name(format!("sqcq-worker{id}"))
+            .spawn(move || {
+                // Built on its own thread: queues hold raw iovecs and
+                // never leave it.
+                Worker {
+                    id,
+                    epoll,
+                    wake: worker_wake,
+                    rx,
+                    queues: Vec::new(),
+                    drains: Vec::new(),
+                    cpu,
+                    steer,
+                    board,
+                    ticker: StatsTicker::default(),
+                }
+                .run()
+            })?;
+        Ok(Arc::new(WorkerHandle {
+            tx,
+            wake,
+            cpu,
+            closing: AtomicBool::new(false),
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Vec<Option<Arc<WorkerHandle>>>> {
+        // Plain data: a panic while holding the lock leaves it consistent.
+        self.workers.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Vec<Option<Arc<WorkerHandle>>>> {
+        self.workers.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn handle(&self, w: usize) -> Option<Arc<WorkerHandle>> {
+        self.read().get(w).cloned().flatten()
+    }
+
+    /// Starts a worker (bound to `cpu` if given) under the lowest free
+    /// number, and returns that number.
+    pub fn create(&self, cpu: Option<usize>) -> Result<usize, PoolError> {
+        if let Some(c) = cpu.filter(|&c| c > crate::runtime::options::MAX_CPU) {
+            return Err(PoolError::BadCpu(c));
+        }
+        let mut workers = self.write();
+        let id = workers
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(workers.len());
+        if id >= MAX_WORKERS {
+            return Err(PoolError::Full);
+        }
+        let handle = self.spawn(id, cpu)?;
+        if id == workers.len() {
+            workers.push(Some(handle));
+        } else {
+            workers[id] = Some(handle);
+        }
+        info!(worker = id, ?cpu, "worker created");
+        Ok(id)
+    }
+
+    /// Ends worker `w` if it serves no queue (VHOST_FREE_WORKER's rule:
+    /// a worker with attached queues is not freed). The last worker is
+    /// never freed.
+    pub fn free(&self, w: usize) -> Result<(), PoolError> {
+        let handle = {
+            let workers = self.read();
+            let h = workers
+                .get(w)
+                .cloned()
+                .flatten()
+                .ok_or(PoolError::NoWorker(w))?;
+            let others = workers
+                .iter()
+                .flatten()
+                .filter(|o| !Arc::ptr_eq(o, &h) && !o.closing.load(Ordering::Relaxed))
+                .count();
+            if others == 0 {
+                return Err(PoolError::Last(w));
+            }
+            // From here no queue starts on it ([`Self::send`]); a start
+            // sent before is answered before the retirement below.
+            if h.closing.swap(true, Ordering::SeqCst) {
+                return Err(PoolError::NoWorker(w));
+            }
+            h
+        };
+        let deadline = self.deadline(QUEUE_STOP_TIMEOUT);
+        match self.call(w, |reply| WorkerCommand::Retire { reply }, deadline) {
+            Ok(Ok(())) => {
+                handle.join();
+                let mut workers = self.write();
+                if workers
+                    .get(w)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|h| Arc::ptr_eq(h, &handle))
+                {
+                    workers[w] = None;
+                }
+                info!(worker = w, "worker freed");
+                Ok(())
+            }
+            Ok(Err(queues)) => {
+                handle.closing.store(false, Ordering::SeqCst);
+                Err(PoolError::Busy { worker: w, queues })
+            }
+            Err(e) => {
+                handle.closing.store(false, Ordering::SeqCst);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The running workers, by number.
+    pub fn list(&self) -> Vec<WorkerInfo> {
+        self.read()
+            .iter()
+            .enumerate()
+            .filter_map(|(id, h)| {
+                let h = h.as_ref()?;
+                (!h.closing.load(Ordering::Relaxed)).then_some(WorkerInfo { id, cpu: h.cpu })
+            })
+            .collect()
+    }
+
+    /// Whether worker `w` runs (and takes queues).
+    pub fn exists(&self, w: usize) -> bool {
+        self.handle(w)
+            .is_some_and(|h| !h.closing.load(Ordering::Relaxed))
+    }
+
+    /// The worker of request queue `rq` when nothing assigns one: round
+    /// robin over the running workers in number order.
+    pub fn round_robin(&self, rq: u16) -> Option<usize> {
+        let live = self.list();
+        if live.is_empty() {
+            return None;
+        }
+        Some(live[usize::from(rq) % live.len()].id)
     }
 
     /// The daemon's poll options.
@@ -213,24 +415,38 @@ impl WorkerPool {
     /// Wakes every worker without a command: a polling worker then looks
     /// at the memory map again (after SET_MEM_TABLE) before it sleeps.
     pub fn nudge_all(&self) {
-        for h in &self.workers {
+        for h in self.read().iter().flatten() {
             let _ = h.wake.write(1);
         }
     }
 
-    /// Number of workers.
+    /// Number of running workers.
     pub fn len(&self) -> usize {
-        self.workers.len()
+        self.list().len()
     }
 
     /// Whether the pool has no worker.
     pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
+        self.len() == 0
     }
 
-    /// Sends a command to worker `w` and wakes it.
+    /// The numbers of every worker thread, including one being freed
+    /// (for commands that concern every queue of a device).
+    pub fn ids(&self) -> Vec<usize> {
+        self.read()
+            .iter()
+            .enumerate()
+            .filter_map(|(id, h)| h.as_ref().map(|_| id))
+            .collect()
+    }
+
+    /// Sends a command to worker `w` and wakes it. A worker being freed
+    /// takes no new queue.
     pub fn send(&self, w: usize, cmd: WorkerCommand) -> Result<(), WorkerGone> {
-        let h = self.workers.get(w).ok_or(WorkerGone::Exited(w))?;
+        let h = self.handle(w).ok_or(WorkerGone::Exited(w))?;
+        if matches!(cmd, WorkerCommand::Start { .. }) && h.closing.load(Ordering::SeqCst) {
+            return Err(WorkerGone::Exited(w));
+        }
         h.tx.send(cmd).map_err(|_| WorkerGone::Exited(w))?;
         h.wake.write(1).map_err(|_| WorkerGone::Exited(w))
     }
@@ -267,20 +483,12 @@ impl WorkerPool {
     /// Stops every worker (each stops its queues first) and joins them.
     pub fn shutdown(&self) {
         let deadline = self.deadline(QUEUE_STOP_TIMEOUT);
-        for w in 0..self.workers.len() {
+        for w in self.ids() {
             let _ = self.send(w, WorkerCommand::Exit { deadline });
         }
-        for h in &self.workers {
-            let thread = h
-                .thread
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(t) = thread
-                && t.join().is_err()
-            {
-                error!("a worker thread panicked");
-            }
+        let handles: Vec<_> = self.read().iter().flatten().cloned().collect();
+        for h in handles {
+            h.join();
         }
     }
 }
@@ -481,6 +689,14 @@ impl Worker {
                         .filter_map(|q| q.arm_break().then_some(q.key().vq))
                         .collect();
                     let _ = reply.send(broken);
+                }
+                WorkerCommand::Retire { reply } => {
+                    let served = self.queues.iter().flatten().count();
+                    if served == 0 {
+                        let _ = reply.send(Ok(()));
+                        return false;
+                    }
+                    let _ = reply.send(Err(served));
                 }
                 WorkerCommand::Exit { deadline } => {
                     self.stop_all(deadline);

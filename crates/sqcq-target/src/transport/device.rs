@@ -13,6 +13,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -23,9 +25,10 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::guest_warn;
 use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::placement::QueuePlacement;
 use crate::runtime::queue::DeviceInfo;
 use crate::runtime::ratelimit::{DEFAULT_BURST, RateLimiter};
-use crate::runtime::worker::WorkerPool;
+use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerGone, WorkerPool};
 use crate::transport::backend_channel;
 pub use crate::transport::device_type::DeviceParams;
 use crate::transport::device_type::VirtioDevice;
@@ -40,6 +43,23 @@ const NOTIFY_TOKEN: u64 = 3;
 const SOCKET_TOKEN: u64 = 4;
 const CONTROL_TOKEN: u64 = 5;
 const MEMORY_FAULT_TOKEN: u64 = 6;
+const MANAGE_TOKEN: u64 = 7;
+
+/// How long a management request waits for the control thread: a queue
+/// move waits for the requests in flight of the queues it stops.
+const MANAGE_TIMEOUT: std::time::Duration =
+    QUEUE_STOP_TIMEOUT.saturating_add(std::time::Duration::from_secs(5));
+
+/// A request to a device's control thread from the management side.
+#[derive(Debug)]
+enum Manage {
+    /// Move running request queues to the workers assigned to them
+    /// ([`Session::rebalance`]).
+    Rebalance {
+        /// `(vq, from, to)` of each queue moved.
+        reply: SyncSender<Vec<(u16, usize, usize)>>,
+    },
+}
 
 /// How often lingering guest memory of an ended connection is looked at.
 const LINGER_POLL_MS: i32 = 1000;
@@ -62,6 +82,10 @@ pub struct DeviceShared {
     /// memory was lost (`crate::transport::sigbus`); the control thread then drops
     /// the connection.
     pub memory_fault: EventFd,
+    /// Which worker serves each request queue.
+    pub placement: QueuePlacement,
+    /// Whether a frontend is connected.
+    pub connected: AtomicBool,
 }
 
 /// A running device.
@@ -69,6 +93,8 @@ pub struct DeviceShared {
 pub struct DeviceHandle {
     shared: Arc<DeviceShared>,
     stop: EventFd,
+    manage: Sender<Manage>,
+    manage_wake: EventFd,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -92,17 +118,26 @@ impl DeviceHandle {
         });
         let shared = Arc::new(DeviceShared {
             info,
+            placement: QueuePlacement::new(
+                usize::from(device.max_request_queues()),
+                &params.queue_map,
+            ),
             params,
             device,
             memory_fault: EventFd::new(EFD_NONBLOCK)?,
+            connected: AtomicBool::new(false),
         });
         pool.stats().register(&shared.info.metrics);
         let stop = EventFd::new(EFD_NONBLOCK)?;
+        let (manage, requests) = mpsc::channel();
+        let manage_wake = EventFd::new(EFD_NONBLOCK)?;
         let control = ControlThread {
             shared: Arc::clone(&shared),
             pool,
             socket,
             stop: stop.try_clone()?,
+            requests,
+            manage_wake: manage_wake.try_clone()?,
             epoll: Epoll::new()?,
             lingering: Vec::new(),
         };
@@ -113,7 +148,26 @@ impl DeviceHandle {
         Ok(DeviceHandle {
             shared,
             stop,
+            manage,
+            manage_wake,
             thread: Some(thread),
+        })
+    }
+
+    /// Moves the running request queues whose assigned worker changed
+    /// ([`DeviceShared::placement`]) to that worker, on the control
+    /// thread, between two vhost-user messages; returns `(vq, from, to)`
+    /// of each queue moved.
+    pub fn rebalance(&self) -> Result<Vec<(u16, usize, usize)>, WorkerGone> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        let gone = WorkerGone::Exited(usize::MAX);
+        self.manage
+            .send(Manage::Rebalance { reply })
+            .map_err(|_| gone)?;
+        self.manage_wake.write(1).map_err(|_| gone)?;
+        rx.recv_timeout(MANAGE_TIMEOUT).map_err(|e| match e {
+            mpsc::RecvTimeoutError::Timeout => WorkerGone::TimedOut(usize::MAX),
+            mpsc::RecvTimeoutError::Disconnected => gone,
         })
     }
 
@@ -151,6 +205,8 @@ struct ControlThread {
     pool: Arc<WorkerPool>,
     socket: ListeningSocket,
     stop: EventFd,
+    requests: Receiver<Manage>,
+    manage_wake: EventFd,
     epoll: Epoll,
     /// Guest memory of ended connections still used by abandoned requests:
     /// unmapped once they are gone.
@@ -164,6 +220,22 @@ enum Ended {
 }
 
 impl ControlThread {
+    /// Answers the management requests waiting, on `session` if a
+    /// frontend is connected.
+    fn manage(&self, session: Option<&Mutex<Session>>) {
+        let _ = self.manage_wake.read();
+        while let Ok(request) = self.requests.try_recv() {
+            match request {
+                Manage::Rebalance { reply } => {
+                    let moved = session.map_or_else(Vec::new, |s| {
+                        s.lock().unwrap_or_else(PoisonError::into_inner).rebalance()
+                    });
+                    let _ = reply.send(moved);
+                }
+            }
+        }
+    }
+
     fn watch(&self, fd: i32, token: u64) -> io::Result<()> {
         self.epoll.ctl(
             ControlOperation::Add,
@@ -205,6 +277,7 @@ impl ControlThread {
             .and_then(|()| self.watch(self.stop.as_raw_fd(), STOP_TOKEN))
             .and_then(|()| self.watch(self.shared.device.notifier(), NOTIFY_TOKEN))
             .and_then(|()| self.watch(self.shared.memory_fault.as_raw_fd(), MEMORY_FAULT_TOKEN))
+            .and_then(|()| self.watch(self.manage_wake.as_raw_fd(), MANAGE_TOKEN))
         {
             error!(device = self.shared.info.id, "epoll: {e}");
             return;
@@ -224,6 +297,7 @@ impl ControlThread {
                 match ev.data() {
                     STOP_TOKEN => return,
                     NOTIFY_TOKEN => self.shared.device.discard_notifications(),
+                    MANAGE_TOKEN => self.manage(None),
                     MEMORY_FAULT_TOKEN => {
                         // A fault of an ended connection's lingering memory.
                         let _ = self.shared.memory_fault.read();
@@ -268,6 +342,7 @@ impl ControlThread {
             .device
             .epoll_fd();
         info!(device = self.shared.info.id, "frontend connected");
+        self.shared.connected.store(true, Ordering::Relaxed);
         let mut handler = BackendReqHandler::from_stream(stream, Arc::clone(&session));
         let socket_fd = handler.as_raw_fd();
         if let Err(e) = self
@@ -285,6 +360,7 @@ impl ControlThread {
             .unwrap_or_else(PoisonError::into_inner)
             .teardown();
         self.lingering.extend(lingering);
+        self.shared.connected.store(false, Ordering::Relaxed);
         ended
     }
 
@@ -448,6 +524,7 @@ impl ControlThread {
                              punched its memory file)"
                         ));
                     }
+                    MANAGE_TOKEN => self.manage(Some(session)),
                     CONTROL_TOKEN => session
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)

@@ -338,24 +338,57 @@ impl Session {
     }
 
     fn start(&mut self, index: usize) {
+        if index < self.local {
+            self.start_local(index);
+            return;
+        }
+        let rq = u16::try_from(index - self.local).unwrap_or(u16::MAX);
+        let assigned = self.dev.placement.assigned(rq);
+        if let Some(w) = assigned {
+            if self.pool.exists(w) && self.start_on(index, w) {
+                return;
+            }
+            warn!(device = %self.dev.info.name, rq, "worker {w} assigned but not running: round robin");
+        }
+        match self.pool.round_robin(rq) {
+            Some(w) => {
+                self.start_on(index, w);
+            }
+            None => error!(device = %self.dev.info.name, rq, "cannot start: no worker"),
+        }
+    }
+
+    fn start_local(&mut self, index: usize) {
         let Some(ring) = self.ring_config(index) else {
             return;
         };
         let v = &self.vrings[index];
         let clone = |fd: &Option<PeerEventFd>| fd.as_ref().and_then(|f| f.try_clone().ok());
         let Some(kick) = clone(&v.kick) else { return };
+        let fds = LocalQueueFds {
+            kick,
+            call: clone(&v.call),
+        };
+        let vq = u16::try_from(index).unwrap_or(u16::MAX);
+        match self.with_device(|d, ctx| d.start_local(ctx, index, &ring, fds)) {
+            Ok(()) => self.vrings[index].running = Running::Control,
+            Err(e) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
+        }
+    }
+
+    /// Starts request vring `index` on `worker`; whether it started.
+    fn start_on(&mut self, index: usize, worker: usize) -> bool {
+        let Some(ring) = self.ring_config(index) else {
+            return false;
+        };
+        let v = &self.vrings[index];
+        let clone = |fd: &Option<PeerEventFd>| fd.as_ref().and_then(|f| f.try_clone().ok());
+        let Some(kick) = clone(&v.kick) else {
+            return false;
+        };
         let (call, err) = (clone(&v.call), clone(&v.err));
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
-        if index < self.local {
-            let fds = LocalQueueFds { kick, call };
-            match self.with_device(|d, ctx| d.start_local(ctx, index, &ring, fds)) {
-                Ok(()) => self.vrings[index].running = Running::Control,
-                Err(e) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
-            }
-            return;
-        }
         let rq = u16::try_from(index - self.local).unwrap_or(u16::MAX);
-        let worker = self.dev.params.queue_map.worker_for(rq, self.pool.len());
         let start = QueueStart {
             key: QueueKey {
                 device: self.dev.info.id,
@@ -388,14 +421,63 @@ impl Session {
             Ok(Ok(())) => {
                 info!("device {} vq {vq} -> worker {worker}", self.dev.info.id);
                 self.vrings[index].running = Running::Worker(worker);
+                self.dev.placement.set_running(rq, Some(worker));
+                true
             }
-            Ok(Err(e)) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
-            Err(e) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
+            Ok(Err(e)) => {
+                error!(device = %self.dev.info.name, vq, "cannot start: {e}");
+                false
+            }
+            Err(e) => {
+                error!(device = %self.dev.info.name, vq, "cannot start: {e}");
+                false
+            }
         }
+    }
+
+    /// Moves every running request queue whose assigned worker is not the
+    /// one serving it to that worker (VHOST_ATTACH_VRING_WORKER on a
+    /// running queue): the queue stops on its worker once the requests it
+    /// holds completed and were published, exactly as at GET_VRING_BASE,
+    /// and starts on the other where it stopped. Requests the driver
+    /// makes available meanwhile wait in the ring; a kick meanwhile stays
+    /// in the kick eventfd, and the SQ doorbell is parked with
+    /// NEED_WAKEUP (spec 7.3.2), so none is lost. Returns `(vq, from, to)`
+    /// of each queue moved.
+    pub(crate) fn rebalance(&mut self) -> Vec<(u16, usize, usize)> {
+        let mut moved = Vec::new();
+        for index in self.local..self.vrings.len() {
+            let Running::Worker(from) = self.vrings[index].running else {
+                continue;
+            };
+            let rq = u16::try_from(index - self.local).unwrap_or(u16::MAX);
+            let elsewhere = self
+                .dev
+                .placement
+                .assigned(rq)
+                .is_some_and(|w| w != from && self.pool.exists(w));
+            if !elsewhere {
+                continue;
+            }
+            self.stop_queue(index, false);
+            self.start(index);
+            if let Running::Worker(now) = self.vrings[index].running {
+                moved.push((u16::try_from(index).unwrap_or(u16::MAX), from, now));
+                info!(device = %self.dev.info.name, vq = index, "queue moved from worker {from} to worker {now}");
+            }
+        }
+        moved
     }
 
     /// Stops vring `index` and records where it stopped.
     pub(crate) fn stop(&mut self, index: usize) {
+        self.stop_queue(index, true);
+    }
+
+    /// Stops vring `index`; `signal_log`: tell the frontend through
+    /// SET_LOG_FD's eventfd if logging (not for a move between workers,
+    /// which the frontend does not see).
+    fn stop_queue(&mut self, index: usize, signal_log: bool) {
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
         let base = match self.vrings[index].running {
             Running::No => return,
@@ -424,8 +506,16 @@ impl Session {
         if let Some(base) = base {
             v.base = base;
         }
+        if let Running::Worker(_) = v.running
+            && let Some(rq) = index.checked_sub(self.local)
+        {
+            self.dev
+                .placement
+                .set_running(u16::try_from(rq).unwrap_or(u16::MAX), None);
+        }
         v.running = Running::No;
-        if self.logging()
+        if signal_log
+            && self.logging()
             && let Some(l) = &self.log_fd
         {
             let _ = l.signal();

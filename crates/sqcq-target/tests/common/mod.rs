@@ -72,8 +72,8 @@ pub fn wait_signalled(fd: &EventFd, what: &str) {
 
 /// Error counter `name` of the daemon's first device.
 pub fn counter(d: &Daemon, name: &str) -> u64 {
-    d.devices()[0]
-        .shared()
+    d.device(0)
+        .unwrap()
         .info
         .metrics
         .errors()

@@ -1,0 +1,798 @@
+//! The devices and workers of a running daemon, and every change to them:
+//! what the management API ([`crate::rpc`]), the legacy admin commands
+//! ([`crate::admin`]) and a configuration reload (SIGHUP) all go through,
+//! so that a change made one way or the other gives the same daemon.
+//!
+//! Changes are serialised (one at a time, whoever asks); reading the
+//! device list never waits for a change that drains I/O.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde::Serialize;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::blk::device::BlkDevice;
+use crate::config::{BackstoreKind, ConfigError, DaemonConfig, DeviceConfig, DeviceType, LunSpec};
+use crate::daemon::DaemonError;
+use crate::manage::{DeviceControl, DeviceKind};
+use crate::runtime::metrics::QueueSnapshot;
+use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
+use crate::scsi::device::ScsiDevice;
+use crate::scsi::hotplug::HotplugError;
+use crate::scsi::target::{Target, wwn_seed};
+use crate::transport::device::{DeviceHandle, DeviceParams, DeviceShared};
+use crate::transport::device_type::VirtioDevice;
+
+/// A change that could not be made.
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    /// No device has this number.
+    #[error("no device {0}")]
+    NoDevice(u32),
+    /// The device has no such request queue.
+    #[error("device {device} has no request queue {rq}")]
+    NoQueue {
+        /// The device.
+        device: u32,
+        /// The request queue.
+        rq: u16,
+    },
+    /// The worker is assigned to, or runs, a queue of a device.
+    #[error("worker {worker} serves device {device}: attach its queues elsewhere first")]
+    WorkerInUse {
+        /// The worker.
+        worker: usize,
+        /// The device.
+        device: u32,
+    },
+    /// Another device listens on this socket path.
+    #[error("{0}: socket path in use by device {1}")]
+    SocketInUse(PathBuf, u32),
+    /// The device's configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The device could not be built or started.
+    #[error(transparent)]
+    Start(#[from] DaemonError),
+    /// A LUN change failed.
+    #[error(transparent)]
+    Lun(#[from] HotplugError),
+    /// A worker could not be created or freed.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// A control thread or worker did not answer.
+    #[error(transparent)]
+    Gone(#[from] WorkerGone),
+}
+
+/// A device type, and the SCSI or blk device itself.
+type Built = (Arc<dyn VirtioDevice>, DeviceKind);
+
+/// Builds the device `config` describes (opens its LUNs or its disk).
+fn build(id: u32, config: &DeviceConfig) -> Result<Built, DaemonError> {
+    let device = config.socket_path.display().to_string();
+    let io = |source| DaemonError::Io {
+        what: format!("device {device}"),
+        source,
+    };
+    match config.device_type {
+        DeviceType::Scsi => {
+            let seed = wwn_seed(&config.socket_path.to_string_lossy());
+            let target =
+                Target::build(&config.luns, seed).map_err(|source| DaemonError::Target {
+                    device: device.clone(),
+                    source,
+                })?;
+            for e in target.luns() {
+                info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
+            }
+            let scsi = Arc::new(ScsiDevice::new(target).map_err(io)?);
+            Ok((
+                Arc::clone(&scsi) as Arc<dyn VirtioDevice>,
+                DeviceKind::Scsi(scsi),
+            ))
+        }
+        DeviceType::Blk => {
+            // Validated: exactly one spec.
+            let spec = &config.luns[0];
+            let backstore = spec.open_backstore().map_err(|source| DaemonError::Disk {
+                device: device.clone(),
+                source,
+            })?;
+            // `read_only`: the device's (the backstore's geometry says
+            // only whether the storage itself is).
+            info!(device = id, geometry = ?backstore.geometry(),
+                read_only = spec.read_only || backstore.geometry().read_only, "disk ready");
+            // The default serial: the socket's name, as QEMU's
+            // vhost-user-blk users expect something stable.
+            let serial = spec.serial.clone().unwrap_or_else(|| {
+                config
+                    .socket_path
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+            });
+            let blk = Arc::new(BlkDevice::new(backstore, serial, spec.read_only).map_err(io)?);
+            Ok((
+                Arc::clone(&blk) as Arc<dyn VirtioDevice>,
+                DeviceKind::Blk(blk),
+            ))
+        }
+    }
+}
+
+struct Entry {
+    handle: DeviceHandle,
+    kind: DeviceKind,
+    /// The configuration the device has now: the one it was created with,
+    /// with every LUN change and queue attachment since.
+    config: DeviceConfig,
+}
+
+/// A device as the management API lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceStatus {
+    /// Its number.
+    pub id: u32,
+    /// `scsi` or `blk`.
+    #[serde(rename = "type")]
+    pub device_type: &'static str,
+    /// Its vhost-user socket.
+    pub socket_path: PathBuf,
+    /// Whether a frontend is connected.
+    pub connected: bool,
+    /// Request queues announced.
+    pub num_queues: u16,
+    /// Largest vring size.
+    pub queue_size: u16,
+    /// Its LUNs (a blk device: its disk, LUN 0).
+    pub luns: Vec<LunStatus>,
+    /// Its request queues.
+    pub queues: Vec<QueueStatus>,
+}
+
+/// A LUN (or a blk device's disk).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LunStatus {
+    /// Its number.
+    pub lun: u16,
+    /// Backstore kind.
+    pub kind: &'static str,
+    /// Backing file, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Logical blocks.
+    pub blocks: u64,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Whether writes are refused.
+    pub read_only: bool,
+}
+
+/// A request queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QueueStatus {
+    /// Request queue number (0: the device's first request virtqueue).
+    pub rq: u16,
+    /// Its virtqueue index.
+    pub vq: u16,
+    /// The worker assigned to it (`null`: round robin when it starts).
+    pub assigned_worker: Option<usize>,
+    /// The worker serving it now (`null`: not running).
+    pub worker: Option<usize>,
+}
+
+/// A worker as the management API lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WorkerStatus {
+    /// Its number.
+    pub id: usize,
+    /// The CPU it is bound to.
+    pub cpu: Option<usize>,
+    /// `[device, vq]` of every queue it serves now.
+    pub queues: Vec<(u32, u16)>,
+}
+
+fn kind_name(kind: BackstoreKind) -> &'static str {
+    match kind {
+        BackstoreKind::Null => "null",
+        BackstoreKind::Ram => "ram",
+        BackstoreKind::File => "file",
+    }
+}
+
+/// The devices and workers of a daemon.
+pub struct Registry {
+    pool: Arc<WorkerPool>,
+    devices: Mutex<BTreeMap<u32, Entry>>,
+    /// Held for the whole of every change, so changes never interleave.
+    changes: Mutex<()>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("devices", &self.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a configuration reload did, and what it could not do.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReloadReport {
+    /// The changes made, one line each.
+    pub changed: Vec<String>,
+    /// The changes that failed or need a restart, one line each.
+    pub errors: Vec<String>,
+}
+
+fn plain<T>(r: Result<T, PoisonError<T>>) -> T {
+    r.unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Registry {
+    /// An empty registry over `pool`.
+    pub fn new(pool: Arc<WorkerPool>) -> Self {
+        Registry {
+            pool,
+            devices: Mutex::new(BTreeMap::new()),
+            changes: Mutex::new(()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u32, Entry>> {
+        // Plain data: a panic while holding the lock leaves it consistent.
+        plain(self.devices.lock())
+    }
+
+    fn change(&self) -> MutexGuard<'_, ()> {
+        plain(self.changes.lock())
+    }
+
+    /// The worker pool.
+    pub fn pool(&self) -> &Arc<WorkerPool> {
+        &self.pool
+    }
+
+    /// Creates the device `config` describes under the lowest free
+    /// number, and starts listening on its socket.
+    pub fn create(&self, config: DeviceConfig) -> Result<u32, RegistryError> {
+        let _change = self.change();
+        self.create_locked(config)
+    }
+
+    fn create_locked(&self, mut config: DeviceConfig) -> Result<u32, RegistryError> {
+        config.validate(|w| self.pool.exists(w))?;
+        let id = {
+            let devices = self.lock();
+            if let Some((other, _)) = devices
+                .iter()
+                .find(|(_, e)| e.config.socket_path == config.socket_path)
+            {
+                return Err(RegistryError::SocketInUse(config.socket_path, *other));
+            }
+            (0..=u32::MAX)
+                .find(|i| !devices.contains_key(i))
+                .unwrap_or(u32::MAX)
+        };
+        let (device, kind) = build(id, &config)?;
+        // The LUN numbers the target gave: what a reload compares.
+        if let DeviceKind::Scsi(scsi) = &kind {
+            for (spec, e) in config.luns.iter_mut().zip(scsi.target.current().luns()) {
+                spec.lun = Some(e.lun);
+            }
+        }
+        let params = DeviceParams {
+            num_queues: config.num_queues,
+            queue_size: config.queue_size,
+            queue_map: config.queue_map.clone(),
+        };
+        let handle = DeviceHandle::spawn(
+            id,
+            &config.socket_path,
+            params,
+            device,
+            Arc::clone(&self.pool),
+        )
+        .map_err(|source| DaemonError::Io {
+            what: format!("device {}", config.socket_path.display()),
+            source,
+        })?;
+        self.lock().insert(
+            id,
+            Entry {
+                handle,
+                kind,
+                config,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Deletes device `id`: stops accepting, ends the connection after the
+    /// requests in flight completed (as at shutdown), removes the socket.
+    pub fn delete(&self, id: u32) -> Result<(), RegistryError> {
+        let _change = self.change();
+        self.delete_locked(id)
+    }
+
+    fn delete_locked(&self, id: u32) -> Result<(), RegistryError> {
+        let entry = self.lock().remove(&id).ok_or(RegistryError::NoDevice(id))?;
+        entry.handle.shutdown();
+        info!(device = id, "device deleted");
+        Ok(())
+    }
+
+    /// What a LUN change or a fault injection on device `id` needs.
+    pub fn control(&self, id: u32) -> Result<DeviceControl, RegistryError> {
+        let devices = self.lock();
+        let e = devices.get(&id).ok_or(RegistryError::NoDevice(id))?;
+        Ok(DeviceControl {
+            info: Arc::clone(&e.handle.shared().info),
+            kind: e.kind.clone(),
+            pool: Arc::clone(&self.pool),
+        })
+    }
+
+    /// What the runtime shares with device `id`'s control thread.
+    pub fn shared(&self, id: u32) -> Option<Arc<DeviceShared>> {
+        self.lock().get(&id).map(|e| Arc::clone(e.handle.shared()))
+    }
+
+    /// The SCSI device of device `id`.
+    pub fn scsi(&self, id: u32) -> Option<Arc<ScsiDevice>> {
+        match &self.lock().get(&id)?.kind {
+            DeviceKind::Scsi(s) => Some(Arc::clone(s)),
+            DeviceKind::Blk(_) => None,
+        }
+    }
+
+    /// The numbers of every device.
+    pub fn ids(&self) -> Vec<u32> {
+        self.lock().keys().copied().collect()
+    }
+
+    fn update_config(&self, id: u32, f: impl FnOnce(&mut DeviceConfig)) {
+        if let Some(e) = self.lock().get_mut(&id) {
+            f(&mut e.config);
+        }
+    }
+
+    /// Adds a LUN to SCSI device `id` (`spec.lun` is required).
+    pub fn lun_add(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
+        let _change = self.change();
+        self.lun_add_locked(id, spec)
+    }
+
+    fn lun_add_locked(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
+        let lun = self.control(id)?.add_lun(spec)?;
+        self.update_config(id, |c| {
+            let mut spec = spec.clone();
+            spec.lun = Some(lun);
+            c.luns.push(spec);
+        });
+        Ok(lun)
+    }
+
+    /// Removes `lun` of SCSI device `id` once its requests in flight
+    /// completed.
+    pub fn lun_remove(&self, id: u32, lun: u16) -> Result<(), RegistryError> {
+        let _change = self.change();
+        self.lun_remove_locked(id, lun)
+    }
+
+    fn lun_remove_locked(&self, id: u32, lun: u16) -> Result<(), RegistryError> {
+        self.control(id)?.remove_lun(lun)?;
+        self.update_config(id, |c| c.luns.retain(|s| s.lun != Some(lun)));
+        Ok(())
+    }
+
+    /// Changes the capacity of `lun` of device `id` (a blk device's disk
+    /// is LUN 0) to `bytes`; returns the new number of blocks.
+    pub fn lun_resize(&self, id: u32, lun: u16, bytes: u64) -> Result<u64, RegistryError> {
+        let _change = self.change();
+        self.lun_resize_locked(id, lun, bytes)
+    }
+
+    fn lun_resize_locked(&self, id: u32, lun: u16, bytes: u64) -> Result<u64, RegistryError> {
+        let blocks = self.control(id)?.resize_lun(lun, bytes)?;
+        let blk = self
+            .lock()
+            .get(&id)
+            .is_some_and(|e| e.config.device_type == DeviceType::Blk);
+        self.update_config(id, |c| {
+            for s in &mut c.luns {
+                if blk || s.lun == Some(lun) {
+                    s.size = Some(bytes);
+                }
+            }
+        });
+        Ok(blocks)
+    }
+
+    /// Assigns request queue `rq` of device `id` to `worker` (`None`:
+    /// round robin), and moves it there at once if it runs elsewhere,
+    /// without losing a request (see `Session::rebalance`). Returns
+    /// `(vq, from, to)` of the queue if it moved.
+    pub fn attach(
+        &self,
+        id: u32,
+        rq: u16,
+        worker: Option<usize>,
+    ) -> Result<Option<(u16, usize, usize)>, RegistryError> {
+        let _change = self.change();
+        self.attach_locked(id, rq, worker)
+    }
+
+    fn attach_locked(
+        &self,
+        id: u32,
+        rq: u16,
+        worker: Option<usize>,
+    ) -> Result<Option<(u16, usize, usize)>, RegistryError> {
+        if let Some(w) = worker.filter(|&w| !self.pool.exists(w)) {
+            return Err(PoolError::NoWorker(w).into());
+        }
+        let shared = self.shared(id).ok_or(RegistryError::NoDevice(id))?;
+        let num_queues = shared.params.num_queues;
+        if rq >= num_queues || !shared.placement.assign(rq, worker) {
+            return Err(RegistryError::NoQueue { device: id, rq });
+        }
+        self.update_config(id, |c| c.queue_map = shared.placement.map());
+        let moved = self.lock().get(&id).map(|e| e.handle.rebalance());
+        let moved = moved.ok_or(RegistryError::NoDevice(id))??;
+        let vq = u16::try_from(shared.device.local_queues())
+            .unwrap_or(u16::MAX)
+            .saturating_add(rq);
+        Ok(moved.into_iter().find(|m| m.0 == vq))
+    }
+
+    /// Starts a worker (VHOST_NEW_WORKER); returns its number.
+    pub fn worker_create(&self, cpu: Option<usize>) -> Result<usize, RegistryError> {
+        let _change = self.change();
+        Ok(self.pool.create(cpu)?)
+    }
+
+    /// Ends worker `w` (VHOST_FREE_WORKER): refused while a queue is
+    /// assigned to it or runs on it.
+    pub fn worker_free(&self, w: usize) -> Result<(), RegistryError> {
+        let _change = self.change();
+        self.worker_free_locked(w)
+    }
+
+    fn worker_free_locked(&self, w: usize) -> Result<(), RegistryError> {
+        if let Some((id, _)) = self
+            .lock()
+            .iter()
+            .find(|(_, e)| e.handle.shared().placement.uses(w))
+        {
+            return Err(RegistryError::WorkerInUse {
+                worker: w,
+                device: *id,
+            });
+        }
+        Ok(self.pool.free(w)?)
+    }
+
+    /// Every device, by number.
+    pub fn list(&self) -> Vec<DeviceStatus> {
+        self.lock().iter().map(|(&id, e)| status(id, e)).collect()
+    }
+
+    /// Every worker, by number, with the queues it serves.
+    pub fn workers(&self) -> Vec<WorkerStatus> {
+        let devices = self.list();
+        self.pool
+            .list()
+            .into_iter()
+            .map(|w| WorkerStatus {
+                id: w.id,
+                cpu: w.cpu,
+                queues: devices
+                    .iter()
+                    .flat_map(|d| {
+                        d.queues
+                            .iter()
+                            .filter(|q| q.worker == Some(w.id))
+                            .map(|q| (d.id, q.vq))
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Every queue's figures (devices deleted are gone).
+    pub fn stats(&self) -> Vec<QueueSnapshot> {
+        self.pool.stats().snapshot()
+    }
+
+    /// The configuration every device has now.
+    pub fn configs(&self) -> Vec<DeviceConfig> {
+        self.lock().values().map(|e| e.config.clone()).collect()
+    }
+
+    /// Makes the daemon what `new` describes, as far as it can change
+    /// while running: workers added (or freed if unused) to reach
+    /// `new.workers`; devices matched by socket path: created, deleted,
+    /// their LUNs added, removed or resized (a LUN whose spec changed
+    /// otherwise is removed and added again) and their queues attached as
+    /// the queue map says. A device whose type, queue count or queue size
+    /// changed is left as it is (delete it and create it again), and so
+    /// is everything outside the devices and the worker count: each is
+    /// reported as an error.
+    pub fn reload(&self, new: &DaemonConfig) -> ReloadReport {
+        let _change = self.change();
+        let mut report = ReloadReport::default();
+        let mut note = |r: Result<String, String>| match r {
+            Ok(s) => {
+                info!("reload: {s}");
+                report.changed.push(s);
+            }
+            Err(s) => {
+                warn!("reload: {s}");
+                report.errors.push(s);
+            }
+        };
+        // Workers first: the devices' queue maps may name new ones.
+        while self.pool.len() < new.workers {
+            let created = self.pool.create(None);
+            let failed = created.is_err();
+            note(
+                created
+                    .map(|w| format!("worker {w} created"))
+                    .map_err(|e| format!("worker_create: {}", crate::runtime::error_chain(&e))),
+            );
+            if failed {
+                break;
+            }
+        }
+        let current = self.configs();
+        let ids = self.ids();
+        // Deleted devices.
+        for (id, old) in ids.iter().zip(&current) {
+            if !new.devices.iter().any(|d| d.socket_path == old.socket_path) {
+                note(
+                    self.delete_locked(*id)
+                        .map(|()| format!("device {id} deleted"))
+                        .map_err(|e| err(*id, &e)),
+                );
+            }
+        }
+        for d in &new.devices {
+            match ids
+                .iter()
+                .zip(&current)
+                .find(|(_, o)| o.socket_path == d.socket_path)
+            {
+                None => note(
+                    self.create_locked(d.clone())
+                        .map(|id| format!("device {id} created ({})", d.socket_path.display()))
+                        .map_err(|e| {
+                            format!(
+                                "{}: {}",
+                                d.socket_path.display(),
+                                crate::runtime::error_chain(&e)
+                            )
+                        }),
+                ),
+                Some((&id, old)) => self.reload_device(id, old, d, &mut note),
+            }
+        }
+        // Fewer workers: free the highest-numbered idle ones.
+        let mut spare: Vec<usize> = self.pool.list().iter().map(|w| w.id).collect();
+        while self.pool.len() > new.workers {
+            let Some(w) = spare.pop() else { break };
+            match self.worker_free_locked(w) {
+                Ok(()) => note(Ok(format!("worker {w} freed"))),
+                Err(
+                    RegistryError::WorkerInUse { .. } | RegistryError::Pool(PoolError::Busy { .. }),
+                ) => {}
+                Err(e) => note(Err(format!(
+                    "worker_free {w}: {}",
+                    crate::runtime::error_chain(&e)
+                ))),
+            }
+        }
+        if self.pool.len() > new.workers {
+            note(Err(format!(
+                "{} workers remain (asked for {}): the others serve queues",
+                self.pool.len(),
+                new.workers
+            )));
+        }
+        report
+    }
+
+    /// The LUN and queue-map changes of one device.
+    fn reload_device(
+        &self,
+        id: u32,
+        old: &DeviceConfig,
+        new: &DeviceConfig,
+        note: &mut impl FnMut(Result<String, String>),
+    ) {
+        if (old.device_type, old.num_queues, old.queue_size)
+            != (new.device_type, new.num_queues, new.queue_size)
+        {
+            note(Err(format!(
+                "device {id}: type, num-queues or queue-size changed: delete and create the device to apply"
+            )));
+            return;
+        }
+        let mut new_luns = new.luns.clone();
+        if new.device_type == DeviceType::Scsi {
+            // Positions number the LUNs without `lun=`, as at start.
+            for (i, s) in new_luns.iter_mut().enumerate() {
+                s.lun = s.lun.or(u16::try_from(i).ok());
+            }
+        } else if let Some(s) = new_luns.first_mut() {
+            s.lun = Some(0);
+        }
+        let old_luns: Vec<LunSpec> = old
+            .luns
+            .iter()
+            .map(|s| {
+                let mut s = s.clone();
+                if new.device_type == DeviceType::Blk {
+                    s.lun = Some(0);
+                }
+                s
+            })
+            .collect();
+        let same_but_size = |a: &LunSpec, b: &LunSpec| {
+            LunSpec {
+                size: None,
+                ..a.clone()
+            } == LunSpec {
+                size: None,
+                ..b.clone()
+            }
+        };
+        for o in &old_luns {
+            let lun = o.lun.unwrap_or(0);
+            match new_luns.iter().find(|n| n.lun == o.lun) {
+                Some(n) if n == o => {}
+                Some(n) if same_but_size(n, o) && n.size.is_some() => {
+                    let bytes = n.size.unwrap_or(0);
+                    note(
+                        self.lun_resize_locked(id, lun, bytes)
+                            .map(|b| format!("device {id} lun {lun} resized to {b} blocks"))
+                            .map_err(|e| err(id, &e)),
+                    );
+                }
+                Some(_) if new.device_type == DeviceType::Blk => note(Err(format!(
+                    "device {id}: the disk changed: delete and create the device to apply"
+                ))),
+                Some(n) => {
+                    note(
+                        self.lun_remove_locked(id, lun)
+                            .map(|()| format!("device {id} lun {lun} removed"))
+                            .map_err(|e| err(id, &e)),
+                    );
+                    note(
+                        self.lun_add_locked(id, n)
+                            .map(|l| format!("device {id} lun {l} added"))
+                            .map_err(|e| err(id, &e)),
+                    );
+                }
+                None => note(
+                    self.lun_remove_locked(id, lun)
+                        .map(|()| format!("device {id} lun {lun} removed"))
+                        .map_err(|e| err(id, &e)),
+                ),
+            }
+        }
+        for n in new_luns
+            .iter()
+            .filter(|n| !old_luns.iter().any(|o| o.lun == n.lun))
+        {
+            note(
+                self.lun_add_locked(id, n)
+                    .map(|l| format!("device {id} lun {l} added"))
+                    .map_err(|e| err(id, &e)),
+            );
+        }
+        if old.queue_map != new.queue_map {
+            for rq in 0..new.num_queues {
+                let want = new
+                    .queue_map
+                    .0
+                    .iter()
+                    .find(|(q, _)| *q == rq)
+                    .map(|(_, w)| *w);
+                let had = old
+                    .queue_map
+                    .0
+                    .iter()
+                    .find(|(q, _)| *q == rq)
+                    .map(|(_, w)| *w);
+                if want != had {
+                    note(
+                        self.attach_locked(id, rq, want)
+                            .map(|_| match want {
+                                Some(w) => format!("device {id} queue {rq} attached to worker {w}"),
+                                None => format!("device {id} queue {rq} back to round robin"),
+                            })
+                            .map_err(|e| err(id, &e)),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Stops every device (each after its requests in flight).
+    pub fn shutdown(&self) {
+        let devices = std::mem::take(&mut *self.lock());
+        for (_, e) in devices {
+            e.handle.shutdown();
+        }
+    }
+}
+
+fn err(id: u32, e: &RegistryError) -> String {
+    format!("device {id}: {}", crate::runtime::error_chain(e))
+}
+
+fn status(id: u32, e: &Entry) -> DeviceStatus {
+    let shared = e.handle.shared();
+    let local = u16::try_from(shared.device.local_queues()).unwrap_or(u16::MAX);
+    let spec = |lun: u16| {
+        e.config
+            .luns
+            .iter()
+            .find(|s| s.lun == Some(lun) || e.config.device_type == DeviceType::Blk)
+    };
+    let luns = match &e.kind {
+        DeviceKind::Scsi(scsi) => scsi
+            .target
+            .current()
+            .luns()
+            .iter()
+            .map(|l| {
+                let s = spec(l.lun);
+                LunStatus {
+                    lun: l.lun,
+                    kind: s.map_or("?", |s| kind_name(s.kind)),
+                    path: s.and_then(|s| s.path.clone()),
+                    blocks: l.unit.blocks(),
+                    block_size: l.unit.block_size(),
+                    read_only: l.backstore.geometry().read_only || s.is_some_and(|s| s.read_only),
+                }
+            })
+            .collect(),
+        DeviceKind::Blk(blk) => {
+            let g = blk.geometry();
+            let s = spec(0);
+            vec![LunStatus {
+                lun: 0,
+                kind: s.map_or("?", |s| kind_name(s.kind)),
+                path: s.and_then(|s| s.path.clone()),
+                blocks: g.blocks,
+                block_size: g.block_size,
+                read_only: g.read_only || s.is_some_and(|s| s.read_only),
+            }]
+        }
+    };
+    DeviceStatus {
+        id,
+        device_type: match e.config.device_type {
+            DeviceType::Scsi => "scsi",
+            DeviceType::Blk => "blk",
+        },
+        socket_path: e.config.socket_path.clone(),
+        connected: shared.connected.load(std::sync::atomic::Ordering::Relaxed),
+        num_queues: e.config.num_queues,
+        queue_size: e.config.queue_size,
+        luns,
+        queues: (0..e.config.num_queues)
+            .map(|rq| QueueStatus {
+                rq,
+                vq: local.saturating_add(rq),
+                assigned_worker: shared.placement.assigned(rq),
+                worker: shared.placement.running(rq),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,785 @@
+//! The management API: JSON-RPC 2.0 on the admin socket.
+//!
+//! One request per line, one response per line (newline-delimited JSON,
+//! as SPDK's `rpc.py` and QMP speak in spirit); batches (a JSON array)
+//! and notifications (no `id`: no response) as the JSON-RPC 2.0
+//! specification defines them. `rpc.discover` answers an OpenRPC
+//! document describing every method, built from the same table that
+//! dispatches them ([`METHODS`]), so the description cannot drift from
+//! the code. A line that does not start with `{` or `[` is a legacy text
+//! command ([`crate::admin`]).
+//!
+//! Every change goes through the [`Registry`], like the configuration
+//! file at start and at reload: `device_create` takes a `[[device]]`
+//! table of the configuration file (as JSON, same keys), `lun_add` the
+//! keys of a `[[device.lun]]` table.
+//!
+//! The JSON-RPC layer is our own: it is a few dozen lines over
+//! `serde_json`, and the crates that implement JSON-RPC bring an async
+//! runtime or an HTTP server this daemon has no use for.
+//!
+//! `sqcqd rpc --admin-socket PATH METHOD [key=value|key:=json]...`
+//! ([`RpcCli`], [`call`]) is the client.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use crate::config::{ConfigError, DaemonConfig, LunSpec, device_from_json, parse_size};
+use crate::registry::{Registry, RegistryError};
+use crate::runtime::worker::PoolError;
+use crate::scsi::hotplug::HotplugError;
+
+/// JSON-RPC 2.0: invalid JSON.
+pub const PARSE_ERROR: i64 = -32700;
+/// JSON-RPC 2.0: not a request object.
+pub const INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC 2.0: no such method.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// JSON-RPC 2.0: invalid parameters.
+pub const INVALID_PARAMS: i64 = -32602;
+/// JSON-RPC 2.0: internal error.
+pub const INTERNAL_ERROR: i64 = -32603;
+/// The change failed (I/O, a thread that did not answer, ...).
+pub const FAILED: i64 = -32000;
+/// The device, LUN, queue or worker named does not exist.
+pub const NOT_FOUND: i64 = -32001;
+/// Refused in the present state: the LUN exists, the socket is in use,
+/// the worker serves queues, it is the last worker.
+pub const CONFLICT: i64 = -32002;
+/// Reloading needs the daemon to have been started from a file.
+pub const NOT_SUPPORTED: i64 = -32003;
+
+/// A JSON-RPC error object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RpcError {
+    /// The code (see the constants of this module).
+    pub code: i64,
+    /// What went wrong, on one line.
+    pub message: String,
+}
+
+impl RpcError {
+    fn params(message: impl Into<String>) -> Self {
+        RpcError {
+            code: INVALID_PARAMS,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<RegistryError> for RpcError {
+    fn from(e: RegistryError) -> Self {
+        let code = match &e {
+            RegistryError::NoDevice(_)
+            | RegistryError::NoQueue { .. }
+            | RegistryError::Pool(PoolError::NoWorker(_))
+            | RegistryError::Lun(HotplugError::NoSuchLun(_) | HotplugError::NotScsi(_)) => {
+                NOT_FOUND
+            }
+            RegistryError::WorkerInUse { .. }
+            | RegistryError::SocketInUse(..)
+            | RegistryError::Pool(PoolError::Busy { .. } | PoolError::Last(_) | PoolError::Full)
+            | RegistryError::Lun(HotplugError::Exists(_)) => CONFLICT,
+            RegistryError::Config(_)
+            | RegistryError::Pool(PoolError::BadCpu(_))
+            | RegistryError::Lun(HotplugError::BadLun | HotplugError::BadSize { .. }) => {
+                INVALID_PARAMS
+            }
+            _ => FAILED,
+        };
+        RpcError {
+            code,
+            message: crate::runtime::error_chain(&e),
+        }
+    }
+}
+
+impl From<ConfigError> for RpcError {
+    fn from(e: ConfigError) -> Self {
+        RpcError::params(crate::runtime::error_chain(&e))
+    }
+}
+
+/// Where `config_reload` (and SIGHUP) read the configuration from: the
+/// command line and the file it names, read again.
+pub type ConfigSource = Box<dyn Fn() -> Result<DaemonConfig, ConfigError> + Send>;
+
+/// What the methods act on.
+pub struct Context {
+    /// The devices and workers.
+    pub registry: Arc<Registry>,
+    /// The configuration to reload (`None`: `config_reload` is refused).
+    pub source: Mutex<Option<ConfigSource>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context over `registry`, without a configuration source.
+    pub fn new(registry: Arc<Registry>) -> Self {
+        Context {
+            registry,
+            source: Mutex::new(None),
+        }
+    }
+
+    /// Reads the configuration again and applies it (SIGHUP,
+    /// `config_reload`).
+    pub fn reload(&self) -> Result<crate::registry::ReloadReport, RpcError> {
+        let source = self.source.lock().unwrap_or_else(PoisonError::into_inner);
+        let read = source.as_ref().ok_or(RpcError {
+            code: NOT_SUPPORTED,
+            message: "no configuration to reload".into(),
+        })?;
+        let config = read()?;
+        Ok(self.registry.reload(&config))
+    }
+}
+
+/// One parameter of a method, for `rpc.discover`.
+#[derive(Debug)]
+pub struct Param {
+    /// Its name.
+    pub name: &'static str,
+    /// Its JSON schema type (`integer`, `string`, ...).
+    pub schema: &'static str,
+    /// Whether it must be given.
+    pub required: bool,
+    /// What it is.
+    pub summary: &'static str,
+}
+
+/// A method of the API.
+pub struct Method {
+    /// Its name.
+    pub name: &'static str,
+    /// What it does.
+    pub summary: &'static str,
+    /// Its parameters (by name).
+    pub params: &'static [Param],
+    /// Whether it takes keys other than `params` (`device_create`,
+    /// `lun_add`: the configuration file's keys).
+    pub open: bool,
+    handler: fn(&Context, &Map<String, Value>) -> Result<Value, RpcError>,
+}
+
+impl std::fmt::Debug for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Method").field("name", &self.name).finish()
+    }
+}
+
+const fn p(
+    name: &'static str,
+    schema: &'static str,
+    required: bool,
+    summary: &'static str,
+) -> Param {
+    Param {
+        name,
+        schema,
+        required,
+        summary,
+    }
+}
+
+const DEVICE: Param = p("device", "integer", true, "Device number (device_list)");
+
+/// Every method, in the order `rpc.discover` lists them.
+pub static METHODS: &[Method] = &[
+    Method {
+        name: "rpc.discover",
+        summary: "This API as an OpenRPC document",
+        params: &[],
+        open: false,
+        handler: |_, _| Ok(discover()),
+    },
+    Method {
+        name: "daemon_info",
+        summary: "Version, process id, numbers of devices and workers",
+        params: &[],
+        open: false,
+        handler: |ctx, _| {
+            Ok(json!({
+                "version": env!("CARGO_PKG_VERSION"),
+                "pid": std::process::id(),
+                "devices": ctx.registry.ids().len(),
+                "workers": ctx.registry.pool().len(),
+            }))
+        },
+    },
+    Method {
+        name: "device_list",
+        summary: "Every device: type, socket, connection, LUNs, request queues and their workers",
+        params: &[],
+        open: false,
+        handler: |ctx, _| to_value(&ctx.registry.list()),
+    },
+    Method {
+        name: "device_create",
+        summary: "Create a device and listen on its socket; params: the keys of a [[device]] table \
+                  of the configuration file (type, socket-path, lun, num-queues, queue-size, \
+                  queue-map); a lun is a table or a --lun string",
+        params: &[
+            p(
+                "socket-path",
+                "string",
+                true,
+                "vhost-user socket to listen on",
+            ),
+            p("type", "string", false, "scsi (default) or blk"),
+            p(
+                "lun",
+                "array",
+                false,
+                "LUNs (scsi) or the one disk (blk): objects with the keys of --lun, or --lun strings",
+            ),
+            p("num-queues", "integer", false, "Request queues (default 1)"),
+            p(
+                "queue-size",
+                "integer",
+                false,
+                "Largest vring size (default 1024)",
+            ),
+            p("queue-map", "string", false, "QUEUE:WORKER[,...]"),
+        ],
+        open: true,
+        handler: |ctx, params| {
+            let config = device_from_json(Value::Object(params.clone()))?;
+            let id = ctx.registry.create(config)?;
+            Ok(json!({ "device": id }))
+        },
+    },
+    Method {
+        name: "device_delete",
+        summary: "Stop a device after its requests in flight, disconnect its frontend, remove its socket",
+        params: &[DEVICE],
+        open: false,
+        handler: |ctx, params| {
+            ctx.registry.delete(u32_param(params, "device")?)?;
+            Ok(Value::Null)
+        },
+    },
+    Method {
+        name: "lun_add",
+        summary: "Add a LUN to a SCSI device (the guest is told: REPORTED LUNS DATA HAS CHANGED and \
+                  a rescan event); params: device plus the keys of --lun",
+        params: &[
+            DEVICE,
+            p("lun", "integer", true, "LUN number"),
+            p("kind", "string", true, "null, ram or file"),
+            p("size", "string", false, "Bytes (K, M, G, T suffixes)"),
+            p("path", "string", false, "Backing file or block device"),
+        ],
+        open: true,
+        handler: |ctx, params| {
+            let device = u32_param(params, "device")?;
+            let mut spec = params.clone();
+            spec.remove("device");
+            let spec: LunSpec = serde_json::from_value(Value::Object(spec))
+                .map_err(|e| RpcError::params(e.to_string()))?;
+            if spec.lun.is_none() {
+                return Err(RpcError::params("lun is required"));
+            }
+            let lun = ctx.registry.lun_add(device, &spec)?;
+            Ok(json!({ "lun": lun }))
+        },
+    },
+    Method {
+        name: "lun_remove",
+        summary: "Remove a LUN once its requests in flight completed",
+        params: &[DEVICE, p("lun", "integer", true, "LUN number")],
+        open: false,
+        handler: |ctx, params| {
+            let device = u32_param(params, "device")?;
+            ctx.registry.lun_remove(device, u16_param(params, "lun")?)?;
+            Ok(Value::Null)
+        },
+    },
+    Method {
+        name: "lun_resize",
+        summary: "Change the capacity of a LUN (a blk device's disk is LUN 0)",
+        params: &[
+            DEVICE,
+            p("lun", "integer", true, "LUN number"),
+            p(
+                "size",
+                "string",
+                true,
+                "New size in bytes (K, M, G, T suffixes)",
+            ),
+        ],
+        open: false,
+        handler: |ctx, params| {
+            let device = u32_param(params, "device")?;
+            let lun = u16_param(params, "lun")?;
+            let bytes = size_param(params, "size")?;
+            let blocks = ctx.registry.lun_resize(device, lun, bytes)?;
+            Ok(json!({ "blocks": blocks }))
+        },
+    },
+    Method {
+        name: "worker_create",
+        summary: "Start a worker thread (VHOST_NEW_WORKER); answers its number",
+        params: &[p("cpu", "integer", false, "CPU to bind it to")],
+        open: false,
+        handler: |ctx, params| {
+            let cpu = opt_usize(params, "cpu")?;
+            Ok(json!({ "worker": ctx.registry.worker_create(cpu)? }))
+        },
+    },
+    Method {
+        name: "worker_free",
+        summary: "End a worker (VHOST_FREE_WORKER): refused while a queue is attached to it or runs on it",
+        params: &[p("worker", "integer", true, "Worker number")],
+        open: false,
+        handler: |ctx, params| {
+            let w = opt_usize(params, "worker")?
+                .ok_or_else(|| RpcError::params("worker is required"))?;
+            ctx.registry.worker_free(w)?;
+            Ok(Value::Null)
+        },
+    },
+    Method {
+        name: "worker_list",
+        summary: "Every worker: number, CPU, the queues it serves",
+        params: &[],
+        open: false,
+        handler: |ctx, _| to_value(&ctx.registry.workers()),
+    },
+    Method {
+        name: "queue_attach_worker",
+        summary: "Attach a request queue to a worker (VHOST_ATTACH_VRING_WORKER); a running queue \
+                  moves at once, without losing a request",
+        params: &[
+            DEVICE,
+            p(
+                "rq",
+                "integer",
+                true,
+                "Request queue (0: the first request virtqueue)",
+            ),
+            p(
+                "worker",
+                "integer",
+                true,
+                "Worker number, or null for round robin",
+            ),
+        ],
+        open: false,
+        handler: |ctx, params| {
+            let device = u32_param(params, "device")?;
+            let rq = u16_param(params, "rq")?;
+            let worker = match params.get("worker") {
+                Some(Value::Null) => None,
+                _ => Some(
+                    opt_usize(params, "worker")?
+                        .ok_or_else(|| RpcError::params("worker is required"))?,
+                ),
+            };
+            let moved = ctx.registry.attach(device, rq, worker)?;
+            Ok(json!({
+                "moved": moved.map(|(vq, from, to)| json!({ "vq": vq, "from": from, "to": to })),
+            }))
+        },
+    },
+    Method {
+        name: "stats_get",
+        summary: "Figures of every queue that ran (or of one device): completions, kicks, calls, \
+                  spins, sleeps, mode; and each device's error counters",
+        params: &[p("device", "integer", false, "Only this device")],
+        open: false,
+        handler: |ctx, params| {
+            let only = match params.get("device") {
+                None => None,
+                Some(_) => Some(u32_param(params, "device")?),
+            };
+            let queues: Vec<_> = ctx
+                .registry
+                .stats()
+                .into_iter()
+                .filter(|q| only.is_none_or(|d| d == q.device))
+                .collect();
+            let mut errors = Map::new();
+            for id in ctx
+                .registry
+                .ids()
+                .into_iter()
+                .filter(|d| only.is_none_or(|o| o == *d))
+            {
+                if let Some(shared) = ctx.registry.shared(id) {
+                    let counters: Map<String, Value> = shared
+                        .info
+                        .metrics
+                        .errors()
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+                        .collect();
+                    errors.insert(id.to_string(), Value::Object(counters));
+                }
+            }
+            if let Some(d) = only.filter(|d| !errors.contains_key(&d.to_string())) {
+                return Err(RegistryError::NoDevice(d).into());
+            }
+            Ok(json!({ "queues": to_value(&queues)?, "errors": errors }))
+        },
+    },
+    Method {
+        name: "fault_break",
+        summary: "Fault injection: the request queue vq (every running one without vq) breaks at \
+                  its next request, as for a nonsense doorbell",
+        params: &[DEVICE, p("vq", "integer", false, "Virtqueue index")],
+        open: false,
+        handler: |ctx, params| {
+            let device = u32_param(params, "device")?;
+            let vq = match params.get("vq") {
+                None => None,
+                Some(_) => Some(u16_param(params, "vq")?),
+            };
+            let armed = ctx.registry.control(device)?.break_queues(vq);
+            if armed.is_empty() {
+                return Err(RegistryError::Lun(HotplugError::NoQueue).into());
+            }
+            Ok(json!({ "armed": armed }))
+        },
+    },
+    Method {
+        name: "config_reload",
+        summary: "Read the configuration file again and apply what changed (what SIGHUP does)",
+        params: &[],
+        open: false,
+        handler: |ctx, _| to_value(&ctx.reload()?),
+    },
+];
+
+fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, RpcError> {
+    serde_json::to_value(v).map_err(|e| RpcError {
+        code: INTERNAL_ERROR,
+        message: e.to_string(),
+    })
+}
+
+fn opt_usize(params: &Map<String, Value>, key: &str) -> Result<Option<usize>, RpcError> {
+    match params.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| RpcError::params(format!("{key} must be a non-negative integer"))),
+    }
+}
+
+fn u32_param(params: &Map<String, Value>, key: &str) -> Result<u32, RpcError> {
+    opt_usize(params, key)?
+        .ok_or_else(|| RpcError::params(format!("{key} is required")))
+        .and_then(|n| u32::try_from(n).map_err(|_| RpcError::params(format!("{key} is too large"))))
+}
+
+fn u16_param(params: &Map<String, Value>, key: &str) -> Result<u16, RpcError> {
+    u32_param(params, key)
+        .and_then(|n| u16::try_from(n).map_err(|_| RpcError::params(format!("{key} is too large"))))
+}
+
+fn size_param(params: &Map<String, Value>, key: &str) -> Result<u64, RpcError> {
+    match params.get(key) {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .ok_or_else(|| RpcError::params(format!("{key} must be a non-negative integer"))),
+        Some(Value::String(s)) => parse_size(s).map_err(RpcError::params),
+        _ => Err(RpcError::params(format!("{key} is required"))),
+    }
+}
+
+/// The OpenRPC document of [`METHODS`].
+pub fn discover() -> Value {
+    let methods: Vec<Value> = METHODS
+        .iter()
+        .map(|m| {
+            let params: Vec<Value> = m
+                .params
+                .iter()
+                .map(|p| {
+                    json!({
+                        "name": p.name,
+                        "summary": p.summary,
+                        "required": p.required,
+                        "schema": { "type": p.schema },
+                    })
+                })
+                .collect();
+            json!({
+                "name": m.name,
+                "summary": m.summary,
+                "paramStructure": "by-name",
+                "params": params,
+                "x-additional-params": m.open,
+                "result": { "name": "result", "schema": {} },
+            })
+        })
+        .collect();
+    json!({
+        "openrpc": "1.2.6",
+        "info": {
+            "title": "sqcqd management API",
+            "version": env!("CARGO_PKG_VERSION"),
+        },
+        "methods": methods,
+    })
+}
+
+fn error_response(id: Value, e: &RpcError) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "error": { "code": e.code, "message": e.message },
+        "id": id,
+    })
+}
+
+/// Answers one request object; `None` for a notification.
+fn request(ctx: &Context, req: &Value) -> Option<Value> {
+    let Some(obj) = req.as_object() else {
+        return Some(error_response(
+            Value::Null,
+            &RpcError {
+                code: INVALID_REQUEST,
+                message: "a request is an object".into(),
+            },
+        ));
+    };
+    // An id, if any, must be a string, a number or null.
+    let id = obj.get("id").cloned();
+    let valid_id = id
+        .as_ref()
+        .is_none_or(|i| i.is_string() || i.is_number() || i.is_null());
+    let reply_id = id.clone().filter(|_| valid_id).unwrap_or(Value::Null);
+    let invalid = |message: &str| {
+        Some(error_response(
+            reply_id.clone(),
+            &RpcError {
+                code: INVALID_REQUEST,
+                message: message.into(),
+            },
+        ))
+    };
+    if obj.get("jsonrpc") != Some(&json!("2.0")) {
+        return invalid("jsonrpc must be \"2.0\"");
+    }
+    if !valid_id {
+        return invalid("id must be a string, a number or null");
+    }
+    let Some(name) = obj.get("method").and_then(Value::as_str) else {
+        return invalid("method must be a string");
+    };
+    let empty = Map::new();
+    let params = match obj.get("params") {
+        None => &empty,
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Some(error_response(
+                reply_id,
+                &RpcError::params("params must be an object (by name)"),
+            ));
+        }
+    };
+    let result = match METHODS.iter().find(|m| m.name == name) {
+        None => Err(RpcError {
+            code: METHOD_NOT_FOUND,
+            message: format!("no method {name:?} (rpc.discover lists them)"),
+        }),
+        Some(m) => check_params(m, params).and_then(|()| (m.handler)(ctx, params)),
+    };
+    match &result {
+        Ok(_) => tracing::info!(method = name, "rpc"),
+        Err(e) => tracing::warn!(method = name, code = e.code, "rpc: {}", e.message),
+    }
+    let id = id?;
+    Some(match result {
+        Ok(v) => json!({ "jsonrpc": "2.0", "result": v, "id": id }),
+        Err(e) => error_response(id, &e),
+    })
+}
+
+/// A method with a closed parameter list refuses a key it does not know.
+fn check_params(m: &Method, params: &Map<String, Value>) -> Result<(), RpcError> {
+    if m.open {
+        return Ok(());
+    }
+    match params
+        .keys()
+        .find(|k| !m.params.iter().any(|p| p.name == k.as_str()))
+    {
+        Some(k) => Err(RpcError::params(format!(
+            "{} takes no parameter {k:?}",
+            m.name
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Answers one line of the admin socket that holds JSON-RPC (a request
+/// or a batch); `None` when nothing is to be sent back.
+pub fn handle_line(ctx: &Context, line: &str) -> Option<String> {
+    let parsed: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => {
+            let e = RpcError {
+                code: PARSE_ERROR,
+                message: e.to_string(),
+            };
+            return Some(error_response(Value::Null, &e).to_string());
+        }
+    };
+    let reply = match parsed {
+        Value::Array(batch) if batch.is_empty() => Some(error_response(
+            Value::Null,
+            &RpcError {
+                code: INVALID_REQUEST,
+                message: "empty batch".into(),
+            },
+        )),
+        Value::Array(batch) => {
+            let replies: Vec<Value> = batch.iter().filter_map(|r| request(ctx, r)).collect();
+            (!replies.is_empty()).then_some(Value::Array(replies))
+        }
+        req => request(ctx, &req),
+    };
+    reply.map(|v| v.to_string())
+}
+
+/// How long the client waits for an answer (a removal waits for I/O).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `sqcqd rpc`: the command line of the client.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "sqcqd rpc",
+    about = "Call a method of a running sqcqd's management API (JSON-RPC 2.0 on its admin socket)",
+    after_help = "PARAMS: key=value (a number, true, false or null if it reads as one, else a \
+                  string) or key:=JSON.\nExamples:\n  sqcqd rpc --admin-socket /run/sqcq/admin.sock \
+                  device_list\n  sqcqd rpc --admin-socket S lun_add device=0 lun=1 kind=ram size=64M\n  \
+                  sqcqd rpc --admin-socket S queue_attach_worker device=0 rq=1 worker=1\n  \
+                  sqcqd rpc --admin-socket S rpc.discover   (every method and its parameters)"
+)]
+pub struct RpcCli {
+    /// The daemon's admin socket.
+    #[arg(long)]
+    pub admin_socket: PathBuf,
+    /// The method.
+    pub method: String,
+    /// Its parameters.
+    #[arg(value_name = "PARAMS")]
+    pub params: Vec<String>,
+}
+
+/// The `params` object of `key=value` / `key:=json` arguments.
+pub fn params_from_args(args: &[String]) -> Result<Map<String, Value>, String> {
+    let mut params = Map::new();
+    for a in args {
+        if let Some((k, v)) = a.split_once(":=") {
+            let v = serde_json::from_str(v).map_err(|e| format!("{a}: {e}"))?;
+            params.insert(k.to_owned(), v);
+        } else if let Some((k, v)) = a.split_once('=') {
+            let v = match serde_json::from_str::<Value>(v) {
+                Ok(v @ (Value::Number(_) | Value::Bool(_) | Value::Null)) => v,
+                _ => Value::String(v.to_owned()),
+            };
+            params.insert(k.to_owned(), v);
+        } else {
+            return Err(format!("{a}: expected key=value or key:=json"));
+        }
+    }
+    Ok(params)
+}
+
+/// The client: calls `method` with `params` on the admin socket at
+/// `path`; `Ok(Ok(result))`, or the error object the daemon answered.
+pub fn call(
+    path: &Path,
+    method: &str,
+    params: Map<String, Value>,
+) -> io::Result<Result<Value, Value>> {
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    let req = json!({ "jsonrpc": "2.0", "method": method, "params": params, "id": 1 });
+    let mut line = req.to_string();
+    line.push('\n');
+    conn.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(&conn).read_line(&mut reply)?;
+    let mut v: Value = serde_json::from_str(&reply).map_err(io::Error::other)?;
+    match (v.get_mut("result").map(Value::take), v.get_mut("error")) {
+        (Some(r), _) => Ok(Ok(r)),
+        (None, Some(e)) => Ok(Err(e.take())),
+        _ => Err(io::Error::other(format!(
+            "not a JSON-RPC response: {reply}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_become_params() {
+        let args: Vec<String> = [
+            "device=0",
+            "size=64M",
+            "worker=null",
+            "lun:=[1,2]",
+            "ro=true",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let p = params_from_args(&args).unwrap();
+        assert_eq!(p["device"], json!(0));
+        assert_eq!(p["size"], json!("64M"));
+        assert_eq!(p["worker"], Value::Null);
+        assert_eq!(p["lun"], json!([1, 2]));
+        assert_eq!(p["ro"], json!(true));
+        assert!(params_from_args(&["oops".into()]).is_err());
+    }
+
+    #[test]
+    fn every_method_is_described_once() {
+        let doc = discover();
+        let names: Vec<&str> = doc["methods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.len(), METHODS.len());
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+        assert!(names.contains(&"queue_attach_worker"));
+    }
+
+    #[test]
+    fn registry_errors_map_to_codes() {
+        assert_eq!(RpcError::from(RegistryError::NoDevice(3)).code, NOT_FOUND);
+        assert_eq!(
+            RpcError::from(RegistryError::Pool(PoolError::Last(0))).code,
+            CONFLICT
+        );
+        assert_eq!(
+            RpcError::from(RegistryError::Lun(HotplugError::BadLun)).code,
+            INVALID_PARAMS
+        );
+    }
+}
