@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -217,4 +218,53 @@ fn scsi_queues_move_between_workers_under_load_in_every_mode() {
     for (mode, daemon_args) in MODES {
         moved_under_load(&format!("scsi-{mode}"), "scsi", mode, daemon_args);
     }
+}
+
+#[test]
+fn run_time_changes_work_under_the_strictest_seccomp_filter() {
+    // Workers created and queues moved: new threads under the filter.
+    moved_under_load("seccomp", "blk", "notify", &["--seccomp", "kill"]);
+    // A device created at run time: a new socket and control thread.
+    let Some(bin) = sqcqd() else { return };
+    let dir = Scratch::new("seccomp-device");
+    let admin = dir.0.join("admin.sock");
+    let _d = Daemon(
+        Command::new(&bin)
+            .arg("--socket-path")
+            .arg(dir.0.join("first.sock"))
+            .arg("--admin-socket")
+            .arg(&admin)
+            .args(["--lun", "kind=null,size=1G", "--seccomp", "kill"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sqcqd starts"),
+    );
+    wait_for(&admin);
+    let socket = dir.0.join("new.sock");
+    let lun = format!(
+        "lun:=[\"kind=file,path={},size=16M,create\"]",
+        dir.0.join("disk").display()
+    );
+    let created = rpc(
+        &bin,
+        &admin,
+        "device_create",
+        &[
+            &format!("socket-path={}", socket.display()),
+            "type=blk",
+            &lun,
+        ],
+    )
+    .expect("device_create under seccomp");
+    assert_eq!(created["device"], 1);
+    let (_, report) = bench_json(
+        &[OsStr::new("--socket"), socket.as_os_str()],
+        &["--device-type", "blk", "--rw", "randwrite", "--size", "4M"],
+    );
+    assert_eq!(report["jobs"][0]["write"]["total_ios"], 1024, "{report}");
+    rpc(&bin, &admin, "device_delete", &["device=1"]).expect("device_delete");
+    assert!(!socket.exists());
+    // The daemon is alive (a forbidden call would have killed it).
+    rpc(&bin, &admin, "daemon_info", &[]).expect("still running");
 }

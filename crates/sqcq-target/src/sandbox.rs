@@ -123,7 +123,27 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_io_uring_setup,
     libc::SYS_io_uring_enter,
     libc::SYS_io_uring_register,
-    // The listening sockets already exist: accept, talk, close.
+    // Listening sockets: accept, talk, close. Devices created at run time
+    // (the management API) bind new ones: `socket` is allowed for
+    // AF_UNIX only (below), so `bind`, `listen` and `connect` (the stale
+    // socket check) act on Unix sockets, under file permissions.
+    libc::SYS_bind,
+    libc::SYS_listen,
+    libc::SYS_connect,
+    libc::SYS_getsockname,
+    libc::SYS_chmod,
+    libc::SYS_fchmod,
+    libc::SYS_fchmodat,
+    libc::SYS_chown,
+    libc::SYS_fchown,
+    libc::SYS_fchownat,
+    libc::SYS_lchown,
+    libc::SYS_umask,
+    // Workers and device control threads created at run time: clone3 is
+    // answered ENOSYS by a second filter (its flags are in memory, out of
+    // a filter's reach), so the C library falls back to `clone`, allowed
+    // for threads only (below).
+    libc::SYS_clone3,
     libc::SYS_accept4,
     libc::SYS_recvmsg,
     libc::SYS_recvfrom,
@@ -178,6 +198,15 @@ pub fn filter(mode: SeccompMode) -> Result<Option<BpfProgram>, SandboxError> {
     let set_name = u64::try_from(libc::PR_SET_NAME).unwrap_or(u64::MAX);
     rules.insert(libc::SYS_prctl, vec![rule(0, SeccompCmpOp::Eq, set_name)?]);
     rules.insert(libc::SYS_mprotect, vec![no_exec(2)?]);
+    // Unix sockets only.
+    let unix = u64::try_from(libc::AF_UNIX).unwrap_or(u64::MAX);
+    rules.insert(libc::SYS_socket, vec![rule(0, SeccompCmpOp::Eq, unix)?]);
+    // Threads, never processes: CLONE_THREAD set in the flags.
+    let thread = u64::try_from(libc::CLONE_THREAD).unwrap_or(u64::MAX);
+    rules.insert(
+        libc::SYS_clone,
+        vec![rule(0, SeccompCmpOp::MaskedEq(thread), thread)?],
+    );
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch)
         .map_err(SandboxError::Build)?;
     BpfProgram::try_from(filter)
@@ -185,10 +214,30 @@ pub fn filter(mode: SeccompMode) -> Result<Option<BpfProgram>, SandboxError> {
         .map_err(SandboxError::Build)
 }
 
-/// Applies the filter of `mode` to every thread of the process.
+/// The filter that answers `clone3` with ENOSYS (everything else: allowed
+/// here, decided by [`filter`]'s), so that new threads are made with
+/// `clone`, whose flags a filter can check. The kernel applies the most
+/// restrictive answer of all filters: ENOSYS wins over the main filter's
+/// allow.
+pub fn clone3_filter() -> Result<BpfProgram, SandboxError> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => TargetArch::x86_64,
+        "aarch64" => TargetArch::aarch64,
+        _ => return Err(SandboxError::Arch),
+    };
+    let enosys = SeccompAction::Errno(u32::try_from(libc::ENOSYS).unwrap_or(38));
+    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, enosys, arch)
+        .map_err(SandboxError::Build)?;
+    BpfProgram::try_from(filter).map_err(SandboxError::Build)
+}
+
+/// Applies the filters of `mode` to every thread of the process.
 pub fn apply(mode: SeccompMode) -> Result<(), SandboxError> {
     match filter(mode)? {
         Some(program) => {
+            let clone3 = clone3_filter()?;
+            seccompiler::apply_filter_all_threads(&clone3).map_err(SandboxError::Apply)?;
             seccompiler::apply_filter_all_threads(&program).map_err(SandboxError::Apply)
         }
         None => Ok(()),
@@ -203,6 +252,7 @@ mod tests {
     /// applied to that thread only.
     fn filtered<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
         std::thread::spawn(move || {
+            seccompiler::apply_filter(&clone3_filter().unwrap()).unwrap();
             let program = filter(SeccompMode::Errno).unwrap().unwrap();
             seccompiler::apply_filter(&program).unwrap();
             f()
@@ -254,6 +304,36 @@ mod tests {
         assert_eq!(exec_mem, (true, libc::EPERM), "executable mmap");
         assert!(eventfd >= 0, "eventfd2 is allowed");
         assert_eq!(ioctl, (-1, libc::EPERM), "an ioctl the daemon never issues");
+    }
+
+    #[test]
+    fn threads_and_unix_sockets_but_no_processes_or_inet_sockets() {
+        let (thread, unix, inet, fork) = filtered(|| {
+            let thread = std::thread::spawn(|| 7).join().ok();
+            // SAFETY: plain system calls; descriptors closed below.
+            let unix = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+            // SAFETY: as above.
+            let inet = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_STREAM, 0) };
+            let inet = (inet, errno());
+            // A process: clone without CLONE_THREAD (what fork does).
+            // SAFETY: the raw system call fails under the filter; if it
+            // ever succeeded the child exits at once.
+            let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) };
+            if pid == 0 {
+                // SAFETY: the child ends without running anything.
+                unsafe { libc::_exit(0) };
+            }
+            let fork = (pid, errno());
+            if unix >= 0 {
+                // SAFETY: closes the socket opened above.
+                unsafe { libc::close(unix) };
+            }
+            (thread, unix, inet, fork)
+        });
+        assert_eq!(thread, Some(7), "a thread can be started");
+        assert!(unix >= 0, "AF_UNIX sockets are allowed");
+        assert_eq!(inet, (-1, libc::EPERM), "AF_INET6 sockets are not");
+        assert_eq!(fork, (-1, libc::EPERM), "no process");
     }
 
     #[test]
