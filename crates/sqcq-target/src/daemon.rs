@@ -11,7 +11,7 @@ use crate::admin::AdminServer;
 use crate::config::DaemonConfig;
 use crate::runtime::worker::WorkerPool;
 
-use crate::registry::{Registry, RegistryError, ReloadReport};
+use crate::registry::{Origin, Registry, RegistryError, ReloadReport};
 use crate::rpc::{ConfigSource, Context};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::target::TargetError;
@@ -94,7 +94,7 @@ impl Daemon {
             admin: None,
         };
         for d in &config.devices {
-            if let Err(e) = daemon.registry.create(d.clone()) {
+            if let Err(e) = daemon.registry.create(d.clone(), Origin::Config) {
                 daemon.shutdown();
                 return Err(match e {
                     RegistryError::Start(e) => e,

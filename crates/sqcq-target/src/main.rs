@@ -24,7 +24,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let config = match Cli::parse().into_config() {
+    let cli = Cli::parse();
+    let from_file = cli.config.is_some();
+    let config = match cli.into_config() {
         Ok(c) => c,
         Err(e) => {
             error!("{}", sqcq_target::runtime::error_chain(&e));
@@ -56,11 +58,13 @@ fn main() -> ExitCode {
     };
     // A reload (SIGHUP, the config_reload method) reads the command line
     // and the file it names again.
-    daemon.set_config_source(Box::new(|| {
-        Cli::try_parse_from(std::env::args_os())
-            .map_err(|e| sqcq_target::config::ConfigError::Invalid(e.to_string()))?
-            .into_config()
-    }));
+    if from_file {
+        daemon.set_config_source(Box::new(|| {
+            Cli::try_parse_from(std::env::args_os())
+                .map_err(|e| sqcq_target::config::ConfigError::Invalid(e.to_string()))?
+                .into_config()
+        }));
+    }
     // Every socket listens and every thread runs: from here on the daemon
     // only serves.
     if let Err(e) = sqcq_target::sandbox::apply(config.seccomp) {

@@ -123,9 +123,21 @@ fn build(id: u32, config: &DeviceConfig) -> Result<Built, DaemonError> {
     }
 }
 
+/// Where a device was defined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The configuration (at start or at a reload): a reload that no
+    /// longer finds it deletes it.
+    Config,
+    /// The management API: a reload leaves it alone unless the file
+    /// names its socket.
+    Api,
+}
+
 struct Entry {
     handle: DeviceHandle,
     kind: DeviceKind,
+    origin: Origin,
     /// The configuration the device has now: the one it was created with,
     /// with every LUN change and queue attachment since.
     config: DeviceConfig,
@@ -258,12 +270,16 @@ impl Registry {
 
     /// Creates the device `config` describes under the lowest free
     /// number, and starts listening on its socket.
-    pub fn create(&self, config: DeviceConfig) -> Result<u32, RegistryError> {
+    pub fn create(&self, config: DeviceConfig, origin: Origin) -> Result<u32, RegistryError> {
         let _change = self.change();
-        self.create_locked(config)
+        self.create_locked(config, origin)
     }
 
-    fn create_locked(&self, mut config: DeviceConfig) -> Result<u32, RegistryError> {
+    fn create_locked(
+        &self,
+        mut config: DeviceConfig,
+        origin: Origin,
+    ) -> Result<u32, RegistryError> {
         config.validate(|w| self.pool.exists(w))?;
         let id = {
             let devices = self.lock();
@@ -305,6 +321,7 @@ impl Registry {
             Entry {
                 handle,
                 kind,
+                origin,
                 config,
             },
         );
@@ -508,15 +525,20 @@ impl Registry {
         self.pool.stats().snapshot()
     }
 
-    /// The configuration every device has now.
-    pub fn configs(&self) -> Vec<DeviceConfig> {
-        self.lock().values().map(|e| e.config.clone()).collect()
+    /// The configuration every device has now, and where it was defined.
+    pub fn configs(&self) -> Vec<(DeviceConfig, Origin)> {
+        self.lock()
+            .values()
+            .map(|e| (e.config.clone(), e.origin))
+            .collect()
     }
 
     /// Makes the daemon what `new` describes, as far as it can change
     /// while running: workers added (or freed if unused) to reach
-    /// `new.workers`; devices matched by socket path: created, deleted,
-    /// their LUNs added, removed or resized (a LUN whose spec changed
+    /// `new.workers`; devices matched by socket path: created, deleted
+    /// (those the configuration defined: a device created through the
+    /// management API stays unless the file names its socket), their
+    /// LUNs added, removed or resized (a LUN whose spec changed
     /// otherwise is removed and added again) and their queues attached as
     /// the queue map says. A device whose type, queue count or queue size
     /// changed is left as it is (delete it and create it again), and so
@@ -551,8 +573,10 @@ impl Registry {
         let current = self.configs();
         let ids = self.ids();
         // Deleted devices.
-        for (id, old) in ids.iter().zip(&current) {
-            if !new.devices.iter().any(|d| d.socket_path == old.socket_path) {
+        for (id, (old, origin)) in ids.iter().zip(&current) {
+            if *origin == Origin::Config
+                && !new.devices.iter().any(|d| d.socket_path == old.socket_path)
+            {
                 note(
                     self.delete_locked(*id)
                         .map(|()| format!("device {id} deleted"))
@@ -564,10 +588,10 @@ impl Registry {
             match ids
                 .iter()
                 .zip(&current)
-                .find(|(_, o)| o.socket_path == d.socket_path)
+                .find(|(_, (o, _))| o.socket_path == d.socket_path)
             {
                 None => note(
-                    self.create_locked(d.clone())
+                    self.create_locked(d.clone(), Origin::Config)
                         .map(|id| format!("device {id} created ({})", d.socket_path.display()))
                         .map_err(|e| {
                             format!(
@@ -577,7 +601,12 @@ impl Registry {
                             )
                         }),
                 ),
-                Some((&id, old)) => self.reload_device(id, old, d, &mut note),
+                Some((&id, (old, _))) => {
+                    if let Some(e) = self.lock().get_mut(&id) {
+                        e.origin = Origin::Config;
+                    }
+                    self.reload_device(id, old, d, &mut note);
+                }
             }
         }
         // Fewer workers: free the highest-numbered idle ones.

@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 
 use crate::config::{ConfigError, DaemonConfig, LunSpec, device_from_json, parse_size};
-use crate::registry::{Registry, RegistryError};
+use crate::registry::{Origin, Registry, RegistryError};
 use crate::runtime::worker::PoolError;
 use crate::scsi::hotplug::HotplugError;
 
@@ -140,7 +140,7 @@ impl Context {
         let source = self.source.lock().unwrap_or_else(PoisonError::into_inner);
         let read = source.as_ref().ok_or(RpcError {
             code: NOT_SUPPORTED,
-            message: "no configuration to reload".into(),
+            message: "the daemon was started without --config: nothing to reload".into(),
         })?;
         let config = read()?;
         Ok(self.registry.reload(&config))
@@ -257,7 +257,7 @@ pub static METHODS: &[Method] = &[
         open: true,
         handler: |ctx, params| {
             let config = device_from_json(Value::Object(params.clone()))?;
-            let id = ctx.registry.create(config)?;
+            let id = ctx.registry.create(config, Origin::Api)?;
             Ok(json!({ "device": id }))
         },
     },

@@ -8,10 +8,13 @@
 //! the admin socket, reconnects, a memory fault and SIGTERM (see
 //! `docs/target.md`, "Sandbox"), then narrowed where arguments allow:
 //! `ioctl` only with the requests the daemon issues, `mmap` and
-//! `mprotect` never executable. Everything else (opening sockets,
-//! `connect`, `execve`, `ptrace`, `mount`, process creation other than
-//! threads, ...) fails with `EPERM` (`errno`) or kills the daemon
-//! (`kill`, the strictest, as Firecracker does).
+//! `mprotect` never executable, `socket` for Unix sockets only (devices
+//! created at run time), `clone` for threads only (workers and devices
+//! created at run time; `clone3`, whose flags a filter cannot see, is
+//! answered ENOSYS so that the C library uses `clone`). Everything else
+//! (network sockets, `execve`, `ptrace`, `mount`, new processes, ...)
+//! fails with `EPERM` (`errno`) or kills the daemon (`kill`, the
+//! strictest, as Firecracker does).
 //!
 //! What this cannot filter: paths (`openat` is needed for LUN files added
 //! at run time; run the daemon as an unprivileged user, see the docs) and
