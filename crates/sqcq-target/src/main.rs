@@ -149,6 +149,7 @@ fn admin() -> ExitCode {
 /// could not be asked.
 fn rpc() -> ExitCode {
     use sqcq_target::rpc::{RpcCli, call, params_from_args};
+    use std::io::Write as _;
     let cli = RpcCli::parse_from(
         std::iter::once(std::ffi::OsString::from("sqcqd rpc")).chain(std::env::args_os().skip(2)),
     );
@@ -161,12 +162,13 @@ fn rpc() -> ExitCode {
     };
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
     match call(&cli.admin_socket, &cli.method, params) {
+        // A closed pipe (`| head`) is not an error of the call.
         Ok(Ok(result)) => {
-            println!("{}", pretty(&result));
+            let _ = writeln!(std::io::stdout(), "{}", pretty(&result));
             ExitCode::SUCCESS
         }
         Ok(Err(error)) => {
-            eprintln!("{}", pretty(&error));
+            let _ = writeln!(std::io::stderr(), "{}", pretty(&error));
             ExitCode::FAILURE
         }
         Err(e) => {
