@@ -68,6 +68,8 @@ pub struct Target {
     socket: PathBuf,
     stats_file: Option<PathBuf>,
     notes: Vec<String>,
+    /// Set once [`Target::wait_exit`] has given the target its time.
+    waited: bool,
 }
 
 /// What the bench asks of a target it starts, beyond the LUN.
@@ -259,6 +261,7 @@ impl Target {
             socket,
             stats_file,
             notes,
+            waited: false,
         };
         target.wait_for_socket()?;
         Ok(target)
@@ -323,11 +326,14 @@ impl Target {
 
     /// Waits (up to the shutdown bound) for the target to exit on its own
     /// after the disconnect, so that its last statistics are written.
-    /// qemu-storage-daemon serves on: it is not waited for.
+    /// qemu-storage-daemon serves on: it is not waited for. The wait is
+    /// given once: a target still running after it (sqcqd serves until a
+    /// signal) is not waited for again when dropped.
     pub fn wait_exit(&mut self) {
-        if self.kind == TargetKind::QemuStorageDaemon {
+        if self.kind == TargetKind::QemuStorageDaemon || self.waited {
             return;
         }
+        self.waited = true;
         let start = Instant::now();
         while start.elapsed() < SHUTDOWN {
             if let Ok(Some(_)) = self.child.try_wait() {
