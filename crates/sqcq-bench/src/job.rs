@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use sqcq_driver::{Buffer, NotifyCounters, NotifyError, QueueFailure};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
+use crate::cpu::{CpuTime, thread_cpu_time};
 use crate::device::JobQueue;
 use crate::error::BenchError;
 use crate::io::{IoDone, IoQueue};
 use crate::link::Link;
 use crate::stats::JobStats;
-use crate::target::{CpuTime, thread_cpu_time};
 use crate::verify;
 use crate::workload::{Dir, Workload};
 

@@ -3,7 +3,9 @@
 //! vhost-user SCSI target or vhost-user-blk disk.
 //!
 //! - [`args`]: the command line, in fio's vocabulary;
-//! - [`target`]: a target started here, and CPU time accounting;
+//! - [`target`]: a target started here;
+//! - [`cpu`]: CPU time accounting, of this process and of the target's
+//!   threads;
 //! - [`device`]: bringing the device up and down;
 //! - [`workload`], [`verify`]: which blocks, which direction, what data;
 //! - [`io`]: the request layer a job drives (SCSI or blk);
@@ -11,6 +13,7 @@
 //! - [`stats`], [`report`], [`progress`]: measuring and telling.
 
 mod args;
+mod cpu;
 mod device;
 mod error;
 mod io;
@@ -32,11 +35,12 @@ use serde_json::json;
 use sqcq_driver::scsi::Lun;
 
 use crate::args::{Args, OutputFormat, TargetKind};
+use crate::cpu::{self_cpu_time, threads_since};
 use crate::device::{Device, DeviceSpec, has_event_idx, has_indirect};
 use crate::error::{BenchError, chain};
 use crate::job::{Abort, Job, JobSpec, Progress};
-use crate::report::Report;
-use crate::target::{CpuTime, Target, TargetOptions, find_binary, self_cpu_time};
+use crate::report::{Report, TargetCpu};
+use crate::target::{Target, TargetOptions, find_binary};
 use crate::workload::Workload;
 use sqcq_driver::{DeviceType, NotifyMode};
 
@@ -265,7 +269,9 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         // the jobs' own.
         std::thread::sleep(ramp);
         let cpu0 = self_cpu_time();
-        let tcpu0 = target.as_ref().map(Target::cpu_time);
+        let tcpu0 = target
+            .as_ref()
+            .map(|t| (t.cpu_time(), t.thread_cpu_times()));
         let results = handle
             .join()
             .unwrap_or_else(|_| vec![Err(BenchError::Panic(0))]);
@@ -275,7 +281,12 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     let target_cpu = target
         .as_ref()
         .zip(tcpu0)
-        .map(|(t, t0)| (t.pid(), t.kind().binary(), t.cpu_time().since(&t0)));
+        .map(|(t, (cpu0, threads0))| TargetCpu {
+            pid: t.pid(),
+            name: t.kind().binary(),
+            cpu: t.cpu_time().since(&cpu0),
+            threads: threads_since(&t.thread_cpu_times(), &threads0),
+        });
     if let Some(line) = line {
         let _ = line.join();
     }
@@ -374,7 +385,7 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
             .map(|r| r.map_err(|e| chain(&e)))
             .collect(),
         driver_cpu,
-        target: target_cpu.map(|(pid, name, cpu): (u32, &'static str, CpuTime)| (pid, name, cpu)),
+        target: target_cpu,
     };
     Ok((report, ok))
 }

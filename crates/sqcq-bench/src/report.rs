@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+use crate::cpu::{CpuTime, ThreadCpu};
 use crate::stats::{DirStats, JobStats, PERCENTILES, per_io};
-use crate::target::CpuTime;
 
 /// Everything printed about a run.
 #[derive(Debug)]
@@ -36,8 +36,21 @@ pub struct Report {
     pub jobs: Vec<Result<JobStats, String>>,
     /// CPU of this (driver) process over the measured window.
     pub driver_cpu: CpuTime,
-    /// The target's pid, name and CPU over the window, when started here.
-    pub target: Option<(u32, &'static str, CpuTime)>,
+    /// The target's CPU over the window, when started here.
+    pub target: Option<TargetCpu>,
+}
+
+/// What a target started here spent over the measured window.
+#[derive(Debug)]
+pub struct TargetCpu {
+    /// Its pid.
+    pub pid: u32,
+    /// Its executable's name.
+    pub name: &'static str,
+    /// The whole process.
+    pub cpu: CpuTime,
+    /// Each thread alive at the end of the window.
+    pub threads: Vec<ThreadCpu>,
 }
 
 impl Report {
@@ -93,7 +106,7 @@ impl Report {
             self.driver_cpu.user,
             self.driver_cpu.system
         );
-        if let Some((pid, name, cpu)) = &self.target {
+        if let Some(TargetCpu { pid, name, cpu, .. }) = &self.target {
             let _ = write!(
                 out,
                 ", target={:.2}us ({name} pid {pid}: usr={:.3}s sys={:.3}s)",
@@ -188,10 +201,22 @@ impl Report {
             "calls_per_io": per_io(total.notify.calls as f64, ios),
             "driver_cpu": cpu_json(&self.driver_cpu, ios),
         });
-        if let Some((pid, name, cpu)) = &self.target {
-            let mut target = cpu_json(cpu, ios);
-            target["pid"] = json!(pid);
-            target["name"] = json!(name);
+        if let Some(t) = &self.target {
+            let mut target = cpu_json(&t.cpu, ios);
+            target["pid"] = json!(t.pid);
+            target["name"] = json!(t.name);
+            target["threads"] = t
+                .threads
+                .iter()
+                .map(|th| {
+                    json!({
+                        "tid": th.tid,
+                        "name": th.name,
+                        "usr_sec": th.cpu.user,
+                        "sys_sec": th.cpu.system,
+                    })
+                })
+                .collect();
             sqcq["target_cpu"] = target;
         }
         if let Some(obj) = sqcq.as_object_mut() {
@@ -374,5 +399,45 @@ mod tests {
         assert!(read["clat_ns"]["percentile"]["99.900000"].is_u64());
         assert_eq!(v["sqcq"]["kicks_per_io"], json!(1.0));
         assert!(report.normal().contains("read: IOPS=1, BW=4.0KiB/s"));
+    }
+
+    #[test]
+    fn json_has_the_targets_threads() {
+        let mut stats = JobStats::default();
+        stats.read.record(4096, Duration::from_micros(20));
+        stats.runtime = Duration::from_secs(1);
+        let worker = |tid, user| ThreadCpu {
+            tid,
+            name: format!("sqcq-worker{}", tid - 10),
+            cpu: CpuTime { user, system: 0.5 },
+        };
+        let report = Report {
+            name: "job".into(),
+            device_type: "scsi",
+            rw: "randread",
+            bs: 4096,
+            iodepth: 1,
+            mode: "notify",
+            sqcq_extra: serde_json::Map::new(),
+            device: String::new(),
+            device_json: json!({}),
+            jobs: vec![Ok(stats)],
+            driver_cpu: CpuTime::default(),
+            target: Some(TargetCpu {
+                pid: 7,
+                name: "sqcqd",
+                cpu: CpuTime {
+                    user: 0.5,
+                    system: 1.5,
+                },
+                threads: vec![worker(10, 0.25), worker(11, 0.25)],
+            }),
+        };
+        let target = &report.json()["sqcq"]["target_cpu"];
+        assert_eq!(target["us_per_io"], json!(2e6));
+        assert_eq!(target["threads"][1]["name"], json!("sqcq-worker1"));
+        assert_eq!(target["threads"][1]["usr_sec"], json!(0.25));
+        assert_eq!(target["threads"][1]["sys_sec"], json!(0.5));
+        assert!(report.normal().contains("target=2000000.00us (sqcqd pid 7"));
     }
 }

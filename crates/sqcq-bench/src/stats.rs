@@ -6,7 +6,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use sqcq_driver::NotifyCounters;
 
-use crate::target::CpuTime;
+use crate::cpu::CpuTime;
 
 /// The percentiles fio reports by default.
 pub const PERCENTILES: [f64; 17] = [

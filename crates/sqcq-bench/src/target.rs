@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use sqcq_driver::DeviceType;
 
+use crate::cpu::{CpuTime, ThreadCpu, proc_cpu_time, thread_cpu_times};
+
 use crate::args::TargetKind;
 
 /// How long a started target gets to create its socket.
@@ -97,30 +99,6 @@ fn supports(bin: &Path, flag: &str) -> bool {
         .stderr(Stdio::null())
         .output()
         .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(flag))
-}
-
-/// CPU time of a process, from /proc/PID/stat.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct CpuTime {
-    /// User seconds.
-    pub user: f64,
-    /// System seconds.
-    pub system: f64,
-}
-
-impl CpuTime {
-    /// Total seconds.
-    pub fn total(&self) -> f64 {
-        self.user + self.system
-    }
-
-    /// The time spent between `earlier` and `self`.
-    pub fn since(&self, earlier: &CpuTime) -> CpuTime {
-        CpuTime {
-            user: self.user - earlier.user,
-            system: self.system - earlier.system,
-        }
-    }
 }
 
 /// Finds `name`: `explicit`, next to this executable, in `../tools/bin`
@@ -347,6 +325,12 @@ impl Target {
     pub fn cpu_time(&self) -> CpuTime {
         proc_cpu_time(self.pid()).unwrap_or_default()
     }
+
+    /// Each of its threads' CPU time so far (sqcqd names its workers
+    /// `sqcq-worker0`, `sqcq-worker1`, ...).
+    pub fn thread_cpu_times(&self) -> Vec<ThreadCpu> {
+        thread_cpu_times(self.pid())
+    }
 }
 
 impl Drop for Target {
@@ -359,77 +343,5 @@ impl Drop for Target {
             let _ = self.child.wait();
         }
         let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// utime and stime of process `pid` from /proc/PID/stat.
-pub fn proc_cpu_time(pid: u32) -> Option<CpuTime> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may hold spaces: fields are
-    // counted after the last ')'. utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let ticks = u32::try_from(ticks).ok().filter(|&t| t > 0)?;
-    Some(CpuTime {
-        user: ticks_to_secs(utime, ticks),
-        system: ticks_to_secs(stime, ticks),
-    })
-}
-
-fn ticks_to_secs(ticks: u64, per_sec: u32) -> f64 {
-    Duration::from_secs(ticks / u64::from(per_sec)).as_secs_f64()
-        + f64::from(u32::try_from(ticks % u64::from(per_sec)).unwrap_or(0)) / f64::from(per_sec)
-}
-
-/// CPU time of this process (all threads), from getrusage.
-pub fn self_cpu_time() -> CpuTime {
-    rusage(libc::RUSAGE_SELF)
-}
-
-/// CPU time of the calling thread.
-pub fn thread_cpu_time() -> CpuTime {
-    rusage(libc::RUSAGE_THREAD)
-}
-
-fn rusage(who: libc::c_int) -> CpuTime {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a struct rusage into the pointer, which
-    // points at one; RUSAGE_SELF and RUSAGE_THREAD are valid `who` values.
-    let rc = unsafe { libc::getrusage(who, usage.as_mut_ptr()) };
-    if rc != 0 {
-        return CpuTime::default();
-    }
-    // SAFETY: getrusage succeeded, so it initialised the struct (and it
-    // was zeroed before anyway).
-    let usage = unsafe { usage.assume_init() };
-    let secs = |tv: libc::timeval| {
-        Duration::from_secs(u64::try_from(tv.tv_sec).unwrap_or(0)).as_secs_f64()
-            + Duration::from_micros(u64::try_from(tv.tv_usec).unwrap_or(0)).as_secs_f64()
-    };
-    CpuTime {
-        user: secs(usage.ru_utime),
-        system: secs(usage.ru_stime),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_our_own_cpu_time() {
-        let mut x = 0u64;
-        for i in 0..1_000_000u64 {
-            x = x.wrapping_add(i * i);
-        }
-        assert!(x > 0);
-        let cpu = proc_cpu_time(std::process::id()).unwrap();
-        assert!(cpu.total() >= 0.0);
-        assert!(self_cpu_time().total() >= 0.0);
-        assert!(proc_cpu_time(u32::MAX).is_none());
     }
 }

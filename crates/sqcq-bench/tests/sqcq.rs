@@ -246,5 +246,16 @@ fn verify_passes_with_jobs_spread_over_two_device_workers() {
             assert_eq!(job["error"], 0, "{mode}");
             assert_eq!(job["read"]["total_ios"], 256, "{mode}");
         }
+        // The daemon runs the two workers asked for, and the report
+        // accounts for each of them.
+        let mut workers: Vec<&str> = v["sqcq"]["target_cpu"]["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .filter(|n| n.starts_with("sqcq-worker"))
+            .collect();
+        workers.sort_unstable();
+        assert_eq!(workers, ["sqcq-worker0", "sqcq-worker1"], "{mode}");
     }
 }
