@@ -35,9 +35,16 @@ pub struct Args {
     /// I/Os in flight per job.
     #[arg(long, default_value_t = 1)]
     pub iodepth: u16,
-    /// Jobs, each with its own request queue and thread.
+    /// Jobs per device, each with its own request queue and thread.
     #[arg(long, default_value_t = 1)]
     pub numjobs: u16,
+    /// Devices of a target started here (sqcqd only), each on its own
+    /// socket with its own LUN or disk and `--numjobs` request queues, all
+    /// driven at once by `--numjobs` jobs each. The daemon's request
+    /// queues are spread evenly over its `--target-workers`: queue q of
+    /// device d on worker (d x numjobs + q) mod workers.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub devices: u16,
     /// Stop after this long (seconds, or with a suffix: 500ms, 10s, 1m);
     /// 0 means no limit.
     #[arg(long, default_value = "0", value_parser = parse_time)]
@@ -84,9 +91,10 @@ pub struct Args {
     /// NEED_WAKEUP set, as the doorbell flags show.
     #[arg(long, default_value_t = 1)]
     pub bursts: u32,
-    /// The vhost-user socket of a running target.
+    /// The vhost-user socket of a running target; repeat for several
+    /// devices, driven at once by `--numjobs` jobs each.
     #[arg(long)]
-    pub socket: Option<PathBuf>,
+    pub socket: Vec<PathBuf>,
     /// The target to start when no `--socket` is given.
     #[arg(long, value_enum, default_value = "sqcqd")]
     pub target: TargetKind,
@@ -414,5 +422,11 @@ mod tests {
         assert_eq!(DeviceType::from(a.device_type), DeviceType::Scsi);
         let a = Args::try_parse_from(["sqcq-bench", "--poll-threads", "per-queue"]).unwrap();
         assert_eq!(PollThreads::from(a.poll_threads), PollThreads::PerQueue);
+        let a = Args::try_parse_from(["sqcq-bench", "--socket", "/a", "--socket", "/b"]).unwrap();
+        assert_eq!(a.socket, [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(a.devices, 1);
+        let a = Args::try_parse_from(["sqcq-bench", "--devices", "3"]).unwrap();
+        assert_eq!((a.devices, a.socket.len()), (3, 0));
+        assert!(Args::try_parse_from(["sqcq-bench", "--devices", "0"]).is_err());
     }
 }

@@ -3,7 +3,8 @@
 //! vhost-user SCSI target or vhost-user-blk disk.
 //!
 //! - [`args`]: the command line, in fio's vocabulary;
-//! - [`target`]: a target started here;
+//! - [`target`]: a target started here, [`sqcqd_config`] when it serves
+//!   several devices;
 //! - [`cpu`]: CPU time accounting, of this process and of the target's
 //!   threads;
 //! - [`device`]: bringing the device up and down;
@@ -21,6 +22,7 @@ mod job;
 mod link;
 mod progress;
 mod report;
+mod sqcqd_config;
 mod stats;
 mod stats_report;
 mod target;
@@ -31,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use serde_json::json;
+use serde_json::{Value, json};
 use sqcq_driver::scsi::Lun;
 
 use crate::args::{Args, OutputFormat, TargetKind};
@@ -87,7 +89,19 @@ fn check_args(args: &Args) -> Result<(), BenchError> {
         return Err(usage("--time_based needs --runtime"));
     }
     let device = DeviceType::from(args.device_type);
-    if args.socket.is_none() && !args.target.serves(device) {
+    if args.devices > 1 && !args.socket.is_empty() {
+        return Err(usage(
+            "--devices is for a target started here: give --socket once per device instead",
+        ));
+    }
+    if args.devices > 1 && args.target != TargetKind::Sqcqd {
+        return Err(usage(format!(
+            "--devices {}: only sqcqd serves several devices in one process, not {}",
+            args.devices,
+            args.target.binary()
+        )));
+    }
+    if args.socket.is_empty() && !args.target.serves(device) {
         return Err(usage(format!(
             "--target {} does not serve --device-type {}",
             args.target.binary(),
@@ -102,13 +116,14 @@ fn check_args(args: &Args) -> Result<(), BenchError> {
 
 /// Starts the target `args` asks for, falling back from a missing sqcqd
 /// to the public peer of the device type (vhost-device-scsi,
-/// qemu-storage-daemon).
+/// qemu-storage-daemon) when one device will do.
 fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
     let keep_data = args.verify.is_some();
     let explicit = args.target_bin.as_deref();
     let device = DeviceType::from(args.device_type);
     let options = TargetOptions {
         device,
+        devices: args.devices,
         queues: args.numjobs,
         workers: args.target_workers,
         ring_poll: args.mode == NotifyMode::RingPoll,
@@ -123,7 +138,7 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
             options,
         )?);
     }
-    if args.target == TargetKind::Sqcqd {
+    if args.target == TargetKind::Sqcqd && args.devices == 1 {
         let peer = TargetKind::peer(device);
         if let Some(bin) = find_binary(peer.binary(), None) {
             eprintln!(
@@ -140,25 +155,150 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
     .into())
 }
 
+/// Where one device's jobs run: the LUN's block size and each job's
+/// region of it.
+struct Region {
+    /// The device's block size in bytes.
+    block: u64,
+    /// Bytes of each job's region.
+    size: u64,
+    /// Blocks per I/O.
+    blocks: u32,
+}
+
+impl Region {
+    /// Checks `--bs`, `--offset` and `--size` against `device` (whose
+    /// `regions` job regions lie side by side with `--verify`, one shared
+    /// region without).
+    fn of(args: &Args, device: &Device, regions: u64) -> Result<Self, BenchError> {
+        let cap = device.info.capacity;
+        let block = u64::from(cap.block_size);
+        if !args.bs.is_multiple_of(block) || !args.offset.is_multiple_of(block) {
+            return Err(usage(format!(
+                "--bs and --offset must be multiples of the device's {block}-byte blocks"
+            )));
+        }
+        let capacity = cap
+            .bytes()
+            .ok_or(BenchError::Protocol("capacity overflows"))?;
+        let size = args
+            .size
+            .unwrap_or_else(|| capacity.saturating_sub(args.offset) / regions);
+        if size < args.bs || args.offset + size * regions > capacity {
+            return Err(usage(format!(
+                "the region ({} job region(s) of {size} bytes at {}) does not fit the LUN's {capacity} bytes, or is smaller than --bs",
+                regions, args.offset
+            )));
+        }
+        let blocks = u32::try_from(args.bs / block).map_err(|_| usage("--bs too large"))?;
+        Ok(Self {
+            block,
+            size,
+            blocks,
+        })
+    }
+
+    /// The job numbered `id` in the run, on the device's request queue
+    /// `q`: with `--verify` in the queue's own region.
+    fn job(&self, args: &Args, id: usize, q: usize) -> JobSpec {
+        let region = if args.verify.is_some() { q as u64 } else { 0 };
+        JobSpec {
+            id,
+            first_lba: (args.offset + region * self.size) / self.block,
+            blocks: self.blocks,
+            bs: args.bs,
+            workload: Workload::new(
+                self.size / args.bs,
+                args.rw.random(),
+                args.rw.read_percent(args.rwmixread),
+                0x5eed_0000 + id as u64,
+            ),
+            verify: args.verify.is_some(),
+            size: self.size,
+            time_based: args.time_based,
+            runtime: (!args.runtime.is_zero()).then_some(args.runtime),
+            ramp: args.ramp_time,
+            bursts: args.bursts.max(1),
+            idle_timeout: args.io_timeout,
+        }
+    }
+}
+
+/// One line about the devices and what was negotiated, and the same for
+/// JSON; several devices were opened with one spec, so the first stands
+/// for all, with their number.
+fn describe(
+    devices: &[Device],
+    device_type: DeviceType,
+    lun: Lun,
+    target: Option<&'static str>,
+) -> (String, Value) {
+    let device = &devices[0];
+    let cap = device.info.capacity;
+    let neg = device.negotiated();
+    let inq = device.info.inquiry.clone();
+    let (vendor, product) = inq.as_ref().map_or((String::new(), String::new()), |i| {
+        (i.vendor.clone(), i.product.clone())
+    });
+    let what = match device_type {
+        DeviceType::Scsi => format!(
+            "{vendor} {product}, LUN {lun}: {} blocks of {} B ({} LUN(s) reported)",
+            cap.blocks, cap.block_size, device.info.luns
+        ),
+        DeviceType::Blk => format!(
+            "virtio-blk disk, serial {:?}: {} blocks of {} B",
+            device.info.serial.as_deref().unwrap_or(""),
+            cap.blocks,
+            cap.block_size
+        ),
+    };
+    let count = if devices.len() > 1 {
+        format!("{} devices, each: ", devices.len())
+    } else {
+        String::new()
+    };
+    let line = format!(
+        "device: {count}{what}; {} request queue(s), event_idx={}, indirect={}, protocol features {:?}",
+        neg.request_queues(),
+        has_event_idx(neg),
+        has_indirect(neg),
+        neg.protocol_acked
+    );
+    let json = json!({
+        "device_type": device_type.name(),
+        "devices": devices.len(),
+        "serial": device.info.serial,
+        "vendor": vendor,
+        "product": product,
+        "blocks": cap.blocks,
+        "block_size": cap.block_size,
+        "features_offered": format!("{:#x}", neg.offered),
+        "features_acked": format!("{:#x}", neg.acked),
+        "event_idx": has_event_idx(neg),
+        "indirect": has_indirect(neg),
+        "request_queues": neg.request_queues(),
+        "target": target,
+    });
+    (line, json)
+}
+
 fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     check_args(args)?;
     let jobs_n = u64::from(args.numjobs);
     let regions = if args.verify.is_some() { jobs_n } else { 1 };
-    let mut target = match &args.socket {
-        Some(_) => None,
-        None => {
-            let size = args.size.unwrap_or(DEFAULT_LUN_SIZE);
-            let lun_size = size
-                .checked_mul(regions)
-                .and_then(|s| s.checked_add(args.offset))
-                .ok_or_else(|| usage("--size x --numjobs + --offset overflows"))?;
-            Some(start_target(args, lun_size)?)
-        }
+    let mut target = if args.socket.is_empty() {
+        let size = args.size.unwrap_or(DEFAULT_LUN_SIZE);
+        let lun_size = size
+            .checked_mul(regions)
+            .and_then(|s| s.checked_add(args.offset))
+            .ok_or_else(|| usage("--size x --numjobs + --offset overflows"))?;
+        Some(start_target(args, lun_size)?)
+    } else {
+        None
     };
-    let socket = match (&args.socket, &target) {
-        (Some(s), _) => s.clone(),
-        (None, Some(t)) => t.socket().to_owned(),
-        (None, None) => unreachable!("a target was started when no socket was given"),
+    let sockets = match &target {
+        Some(t) => t.sockets().to_vec(),
+        None => args.socket.clone(),
     };
     let lun = Lun::new(args.scsi_target, args.lun).ok_or_else(|| usage("--lun is above 16383"))?;
     let device_type = DeviceType::from(args.device_type);
@@ -181,72 +321,57 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     for note in target.iter().flat_map(|t| t.notes()) {
         eprintln!("sqcq-bench: warning: {note}");
     }
-    let mut device = Device::open(&socket, &spec)?;
-    if let Some(f) = &device.fallback {
-        eprintln!(
-            "sqcq-bench: warning: --mode {} falls back to {}: {}",
-            f.requested, f.used, f.reason
-        );
+    let mut devices = sockets
+        .iter()
+        .map(|socket| Device::open(socket, &spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (d, device) in devices.iter().enumerate() {
+        if let Some(f) = &device.fallback {
+            let which = if devices.len() > 1 {
+                format!("device {d}: ")
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "sqcq-bench: warning: {which}--mode {} falls back to {}: {}",
+                f.requested, f.used, f.reason
+            );
+        }
     }
-    let poll_stats = device.poll_stats();
+    if devices.iter().any(|d| d.mode != devices[0].mode) {
+        return Err(usage(
+            "the devices do not all offer what --mode needs: one would run another mode",
+        ));
+    }
+    let poll_stats = devices
+        .iter()
+        .filter_map(Device::poll_stats)
+        .reduce(|mut all, more| {
+            all.extend(more);
+            all
+        });
 
-    let cap = device.info.capacity;
-    let block = u64::from(cap.block_size);
-    if !args.bs.is_multiple_of(block) || !args.offset.is_multiple_of(block) {
-        return Err(usage(format!(
-            "--bs and --offset must be multiples of the device's {block}-byte blocks"
-        )));
-    }
-    let capacity = cap
-        .bytes()
-        .ok_or(BenchError::Protocol("capacity overflows"))?;
-    let size = args
-        .size
-        .unwrap_or_else(|| capacity.saturating_sub(args.offset) / regions);
-    if size < args.bs || args.offset + size * regions > capacity {
-        return Err(usage(format!(
-            "the region ({} job region(s) of {size} bytes at {}) does not fit the LUN's {capacity} bytes, or is smaller than --bs",
-            regions, args.offset
-        )));
-    }
-    let units = size / args.bs;
-    let blocks = u32::try_from(args.bs / block).map_err(|_| usage("--bs too large"))?;
-
-    let queues = std::mem::take(&mut device.queues);
     let mut jobs = Vec::new();
-    for (i, q) in queues.into_iter().enumerate() {
-        let region = if args.verify.is_some() { i as u64 } else { 0 };
-        let spec = JobSpec {
-            id: i,
-            first_lba: (args.offset + region * size) / block,
-            blocks,
-            bs: args.bs,
-            workload: Workload::new(
-                units,
-                args.rw.random(),
-                args.rw.read_percent(args.rwmixread),
-                0x5eed_0000 + i as u64,
-            ),
-            verify: args.verify.is_some(),
-            size,
-            time_based: args.time_based,
-            runtime: (!args.runtime.is_zero()).then_some(args.runtime),
-            ramp: args.ramp_time,
-            bursts: args.bursts.max(1),
-            idle_timeout: args.io_timeout,
-        };
-        jobs.push(Job::new(
-            spec,
-            q,
-            device.guest.clone(),
-            Arc::clone(&device.link),
-        )?);
+    let mut total_bytes = 0;
+    for device in &mut devices {
+        let region = Region::of(args, device, regions)?;
+        total_bytes += region.size * jobs_n;
+        let queues = std::mem::take(&mut device.queues);
+        for (q, queue) in queues.into_iter().enumerate() {
+            let id = jobs.len();
+            jobs.push(Job::new(
+                region.job(args, id, q),
+                queue,
+                device.guest.clone(),
+                Arc::clone(&device.link),
+            )?);
+        }
     }
 
     let progress: Vec<Arc<Progress>> = jobs.iter().map(|_| Arc::default()).collect();
     let abort = Arc::new(Abort::default());
     let expected = (!args.runtime.is_zero()).then(|| args.ramp_time + args.runtime);
-    let line = progress::Line::new(args.eta, progress.clone(), expected, size * jobs_n);
+    let line = progress::Line::new(args.eta, progress.clone(), expected, total_bytes);
     let line = line.map(|l| std::thread::spawn(move || l.run()));
 
     let ramp = if args.verify.is_some() {
@@ -292,48 +417,17 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     }
 
     let ok = results.iter().all(Result::is_ok);
-    let neg = device.negotiated().clone();
-    let inq = device.info.inquiry.clone();
-    let (vendor, product) = inq.as_ref().map_or((String::new(), String::new()), |i| {
-        (i.vendor.clone(), i.product.clone())
-    });
-    let what = match device_type {
-        DeviceType::Scsi => format!(
-            "{vendor} {product}, LUN {lun}: {} blocks of {} B ({} LUN(s) reported)",
-            cap.blocks, cap.block_size, device.info.luns
-        ),
-        DeviceType::Blk => format!(
-            "virtio-blk disk, serial {:?}: {} blocks of {} B",
-            device.info.serial.as_deref().unwrap_or(""),
-            cap.blocks,
-            cap.block_size
-        ),
-    };
-    let device_line = format!(
-        "device: {what}; {} request queue(s), event_idx={}, indirect={}, protocol features {:?}",
-        neg.request_queues(),
-        has_event_idx(&neg),
-        has_indirect(&neg),
-        neg.protocol_acked
+    let (device_line, device_json) = describe(
+        &devices,
+        device_type,
+        lun,
+        target.as_ref().map(|t| t.kind().binary()),
     );
-    let device_json = json!({
-        "device_type": device_type.name(),
-        "serial": device.info.serial,
-        "vendor": vendor,
-        "product": product,
-        "blocks": cap.blocks,
-        "block_size": cap.block_size,
-        "features_offered": format!("{:#x}", neg.offered),
-        "features_acked": format!("{:#x}", neg.acked),
-        "event_idx": has_event_idx(&neg),
-        "indirect": has_indirect(&neg),
-        "request_queues": neg.request_queues(),
-        "target": target.as_ref().map(|t| t.kind().binary()),
-    });
-    let mode = device.mode;
-    let fallback = device.fallback.clone();
-    let reconnects = device.link.reconnects();
-    if let Err(e) = device.close() {
+    let mode = devices[0].mode;
+    let fallback = devices[0].fallback.clone();
+    let reconnects = devices.iter().any(|d| d.link.reconnects());
+    let stopped: Vec<_> = devices.into_iter().map(Device::close).collect();
+    if let Some(Err(e)) = stopped.into_iter().find(Result::is_err) {
         // With --reconnect the device may be restarting as the run ends:
         // every I/O completed already, so its results stand.
         if ok && !reconnects {

@@ -69,14 +69,22 @@ pub fn final_lines(driver: Option<&(Vec<QueueStats>, Vec<u64>)>, device: Option<
 }
 
 /// The device's figures, one line per queue when the file has a list of
-/// them (`queues`), otherwise as it is.
+/// them (`queues`), otherwise as it is; with the device number when the
+/// daemon serves several.
 fn device_lines(stats: &Value) {
     match stats.get("queues").and_then(Value::as_array) {
         Some(queues) => {
+            let device = |q: &Value| q.get("device").and_then(Value::as_u64).unwrap_or(0);
+            let several = queues.iter().any(|q| device(q) > 0);
             for q in queues {
                 let field = |k: &str| q.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let which = if several {
+                    format!(" {}", device(q))
+                } else {
+                    String::new()
+                };
                 eprintln!(
-                    "sqcq-bench: device vq[{}] cq={} ema_lat={}ns interval={}ns spins={} sleeps={} wakeups={} kicks={} mode={}",
+                    "sqcq-bench: device{which} vq[{}] cq={} ema_lat={}ns interval={}ns spins={} sleeps={} wakeups={} kicks={} mode={}",
                     field("vq"),
                     field("completions"),
                     field("ema_lat_ns"),

@@ -1,5 +1,5 @@
-//! A target started by the bench: a child process serving a vhost-user
-//! socket in a private temporary directory, and its CPU time.
+//! A target started by the bench: a child process serving one vhost-user
+//! socket per device in a private temporary directory, and its CPU time.
 
 use std::fs::{self, File};
 use std::io;
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use sqcq_driver::DeviceType;
 
 use crate::cpu::{CpuTime, ThreadCpu, proc_cpu_time, thread_cpu_times};
+use crate::sqcqd_config::MultiDevice;
 
 use crate::args::TargetKind;
 
@@ -67,7 +68,7 @@ pub struct Target {
     bin: PathBuf,
     child: Child,
     dir: PathBuf,
-    socket: PathBuf,
+    sockets: Vec<PathBuf>,
     stats_file: Option<PathBuf>,
     notes: Vec<String>,
     /// Set once [`Target::wait_exit`] has given the target its time.
@@ -79,7 +80,10 @@ pub struct Target {
 pub struct TargetOptions {
     /// The device type to serve.
     pub device: DeviceType,
-    /// Request queues (one per job).
+    /// Devices to serve, each on its own socket with its own LUN or disk
+    /// (several: sqcqd only).
+    pub devices: u16,
+    /// Request queues per device (one per job).
     pub queues: u16,
     /// Worker threads of a started `sqcqd`.
     pub workers: u16,
@@ -132,6 +136,9 @@ impl Target {
     /// back (`keep_data`); for vhost-device-scsi a sparse image file; for
     /// qemu-storage-daemon a null-co node (zero-filling reads, as sqcqd's
     /// null backstore does), or a sparse image file with `keep_data`.
+    /// A sqcqd asked for several devices serves them from one process,
+    /// each with such a LUN or disk ([`MultiDevice`]); the peers serve
+    /// one.
     pub fn start(
         kind: TargetKind,
         bin: PathBuf,
@@ -150,7 +157,19 @@ impl Target {
             move |source| TargetError::Prepare { path, source }
         };
         fs::create_dir_all(&dir).map_err(prepare(&dir))?;
-        let socket = dir.join("vhost.sock");
+        let devices = if kind == TargetKind::Sqcqd {
+            options.devices.max(1)
+        } else {
+            1
+        };
+        let sockets: Vec<PathBuf> = if devices == 1 {
+            vec![dir.join("vhost.sock")]
+        } else {
+            (0..devices)
+                .map(|d| dir.join(format!("vhost{d}.sock")))
+                .collect()
+        };
+        let socket = &sockets[0];
         let log_path = dir.join("target.log");
         let log = File::create(&log_path).map_err(prepare(&log_path))?;
         let mut cmd = Command::new(&bin);
@@ -158,14 +177,28 @@ impl Target {
         let mut notes = Vec::new();
         match kind {
             TargetKind::Sqcqd => {
-                cmd.arg("--socket-path").arg(&socket);
-                if options.device == DeviceType::Blk {
-                    cmd.args(["--device-type", "blk"]);
-                }
                 let kind = if keep_data { "ram" } else { "null" };
-                cmd.arg("--lun").arg(format!("kind={kind},size={size}"));
-                if options.queues > 1 {
-                    cmd.arg("--num-queues").arg(options.queues.to_string());
+                if devices == 1 {
+                    cmd.arg("--socket-path").arg(socket);
+                    if options.device == DeviceType::Blk {
+                        cmd.args(["--device-type", "blk"]);
+                    }
+                    cmd.arg("--lun").arg(format!("kind={kind},size={size}"));
+                    if options.queues > 1 {
+                        cmd.arg("--num-queues").arg(options.queues.to_string());
+                    }
+                } else {
+                    let config = MultiDevice {
+                        sockets: sockets.clone(),
+                        device: options.device,
+                        queues: options.queues.max(1),
+                        workers: options.workers.max(1),
+                        lun_kind: kind,
+                        lun_size: size,
+                    };
+                    let path = dir.join("sqcqd.toml");
+                    fs::write(&path, config.toml()).map_err(prepare(&path))?;
+                    cmd.arg("--config").arg(&path);
                 }
                 if options.workers > 1 {
                     cmd.arg("--workers").arg(options.workers.to_string());
@@ -202,7 +235,7 @@ impl Target {
                 let image = dir.join("lun0.img");
                 let file = File::create(&image).map_err(prepare(&image))?;
                 file.set_len(size).map_err(prepare(&image))?;
-                cmd.arg("--socket-path").arg(&socket).arg(&image);
+                cmd.arg("--socket-path").arg(socket).arg(&image);
             }
             TargetKind::QemuStorageDaemon => {
                 let node = if keep_data {
@@ -236,7 +269,7 @@ impl Target {
             bin,
             child,
             dir,
-            socket,
+            sockets,
             stats_file,
             notes,
             waited: false,
@@ -248,7 +281,7 @@ impl Target {
     fn wait_for_socket(&mut self) -> Result<(), TargetError> {
         let start = Instant::now();
         loop {
-            if self.socket.exists() {
+            if self.sockets.iter().all(|s| s.exists()) {
                 return Ok(());
             }
             let why = match self.child.try_wait() {
@@ -275,9 +308,9 @@ impl Target {
         self.kind
     }
 
-    /// Its vhost-user socket.
-    pub fn socket(&self) -> &Path {
-        &self.socket
+    /// Its vhost-user sockets, one per device.
+    pub fn sockets(&self) -> &[PathBuf] {
+        &self.sockets
     }
 
     /// Its process id.
