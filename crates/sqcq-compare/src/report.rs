@@ -6,8 +6,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::matrix::{Outcome, Plan};
-use crate::plot;
 use crate::run::{Cell, Figures};
+use crate::{plot, scaling};
 
 /// What the figures were measured on, and what else was running.
 #[derive(Clone, Debug, Serialize)]
@@ -60,7 +60,8 @@ pub fn find<'a>(results: &'a [Outcome], cell: &Cell, mode: &str) -> Option<&'a O
         .find(|o| o.case.cell == *cell && o.case.mode == mode)
 }
 
-fn thousands(v: f64) -> String {
+/// `v` rounded, with thousands separators.
+pub fn thousands(v: f64) -> String {
     let n = v.round();
     if !n.is_finite() {
         return "-".into();
@@ -150,6 +151,9 @@ pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
     {
         out += "\n* the device did not offer what the mode needs; the run fell back to notify\n";
     }
+    if plan.sweeps_workers() {
+        out += &scaling::render(plan, &scaling::series(plan, results));
+    }
     out
 }
 
@@ -158,9 +162,13 @@ struct Document<'a> {
     machine: &'a Machine,
     plan: &'a Plan,
     results: &'a [Outcome],
+    /// The workers axis, when swept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scaling: Option<Vec<scaling::Series>>,
 }
 
-/// Writes `results.json` and `iops.svg` into `dir`.
+/// Writes `results.json` and `iops.svg` into `dir`, and `workers.svg`
+/// when the plan sweeps the workers axis.
 pub fn write_outputs(
     dir: &Path,
     plan: &Plan,
@@ -168,10 +176,20 @@ pub fn write_outputs(
     machine: &Machine,
 ) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
+    let series = plan
+        .sweeps_workers()
+        .then(|| scaling::series(plan, results));
+    if let Some(series) = &series {
+        std::fs::write(
+            dir.join("workers.svg"),
+            plot::workers_svg(plan, series, machine),
+        )?;
+    }
     let doc = Document {
         machine,
         plan,
         results,
+        scaling: series,
     };
     std::fs::write(
         dir.join("results.json"),
@@ -184,7 +202,6 @@ pub fn write_outputs(
 mod tests {
     use super::*;
     use crate::run::{Case, Cell};
-    use std::time::Duration;
 
     fn outcome(mode: &str, iops: f64) -> Outcome {
         Outcome {
@@ -195,6 +212,9 @@ mod tests {
                     rw: "randread".into(),
                     qd: 1,
                     jobs: 1,
+                    device_count: 1,
+                    queues: 1,
+                    workers: Some(1),
                 },
                 mode: mode.into(),
             },
@@ -213,16 +233,7 @@ mod tests {
     fn iops_table_shows_change_against_the_first_mode() {
         let plan = Plan {
             modes: vec!["notify".into(), "sqcq".into()],
-            devices: vec!["scsi".into()],
-            targets: vec!["sqcqd".into()],
-            rw: vec!["randread".into()],
-            qd: vec![1],
-            jobs: vec![1],
-            bs: "4k".into(),
-            target_workers: 1,
-            runtime: Duration::from_secs(1),
-            ramp: Duration::ZERO,
-            repeat: 1,
+            ..crate::matrix::tests::plan()
         };
         let machine = Machine {
             cpu: "x".into(),
@@ -237,6 +248,7 @@ mod tests {
         );
         assert!(text.contains("20,000 +0%"), "{text}");
         assert!(text.contains("250,000 +1150%"), "{text}");
+        assert!(!text.contains("Multi-worker scaling"), "not swept: {text}");
     }
 
     #[test]

@@ -62,13 +62,21 @@ pub struct Cell {
     pub rw: String,
     /// Queue depth per job.
     pub qd: u32,
-    /// Jobs.
+    /// Jobs over all devices, each on its own request queue.
     pub jobs: u32,
+    /// Devices of the target, driven at once.
+    pub device_count: u32,
+    /// Request queues (jobs) per device.
+    pub queues: u32,
+    /// Worker threads of sqcqd (`None` for the public peers, which have
+    /// no such option).
+    pub workers: Option<u16>,
 }
 
 impl Cell {
     /// The row label, in the RFC's words (the target only when not ours,
-    /// the device type only when not SCSI).
+    /// the device type only when not SCSI), then the devices (`D2`) when
+    /// several and sqcqd's workers (`W2`) when not one.
     pub fn label(&self) -> String {
         let target = if self.target == "sqcqd" {
             String::new()
@@ -80,7 +88,27 @@ impl Cell {
         } else {
             format!("{} ", self.device)
         };
-        format!("{target}{device}{} QD{} NJ{}", self.rw, self.qd, self.jobs)
+        let devices = if self.device_count > 1 {
+            format!(" D{}", self.device_count)
+        } else {
+            String::new()
+        };
+        let workers = match self.workers {
+            Some(w) if w != 1 => format!(" W{w}"),
+            _ => String::new(),
+        };
+        format!(
+            "{target}{device}{} QD{} NJ{}{devices}{workers}",
+            self.rw, self.qd, self.jobs
+        )
+    }
+
+    /// The same cell with another worker count.
+    pub fn with_workers(&self, workers: Option<u16>) -> Cell {
+        Cell {
+            workers,
+            ..self.clone()
+        }
     }
 }
 
@@ -113,14 +141,23 @@ pub struct Figures {
     pub target_cpu_us: f64,
     /// The mode the bench actually ran (differs after a fallback).
     pub mode_run: String,
+    /// sqcqd's worker threads seen running at the end of the run (`None`
+    /// when the bench reports no thread list: a peer target).
+    pub workers_seen: Option<u32>,
+    /// CPU seconds of each of those worker threads over the measured
+    /// window.
+    pub worker_cpu_s: Vec<f64>,
 }
 
 /// Runs `sqcq-bench` once and extracts the figures.
 pub fn run_once(bench: &Path, case: &Case, plan: &Plan) -> Result<(Figures, Value), RunError> {
     let cell = &case.cell;
     let mut cmd = Command::new(bench);
-    if cell.target == "sqcqd" {
-        cmd.args(["--target-workers", &plan.target_workers.to_string()]);
+    if let Some(workers) = cell.workers {
+        cmd.args(["--target-workers", &workers.to_string()]);
+    }
+    if cell.device_count > 1 {
+        cmd.args(["--devices", &cell.device_count.to_string()]);
     }
     let output = cmd
         .args(["--device-type", &cell.device, "--target", &cell.target])
@@ -136,7 +173,7 @@ pub fn run_once(bench: &Path, case: &Case, plan: &Plan) -> Result<(Figures, Valu
             "--iodepth",
             &cell.qd.to_string(),
             "--numjobs",
-            &cell.jobs.to_string(),
+            &cell.queues.to_string(),
         ])
         .args(["--runtime", &format!("{}ms", plan.runtime.as_millis())])
         .args(["--ramp_time", &format!("{}ms", plan.ramp.as_millis())])
@@ -187,6 +224,20 @@ fn figures(json: &Value) -> Option<Figures> {
     f.driver_cpu_us = sqcq["driver_cpu"]["us_per_io"].as_f64().unwrap_or(f64::NAN);
     f.target_cpu_us = sqcq["target_cpu"]["us_per_io"].as_f64().unwrap_or(f64::NAN);
     f.mode_run = sqcq["mode"].as_str().unwrap_or("?").to_string();
+    if let Some(threads) = sqcq["target_cpu"]["threads"].as_array() {
+        // sqcqd names its workers sqcq-worker0, sqcq-worker1, ...
+        let workers: Vec<f64> = threads
+            .iter()
+            .filter(|t| {
+                t["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("sqcq-worker"))
+            })
+            .map(|t| t["usr_sec"].as_f64().unwrap_or(0.0) + t["sys_sec"].as_f64().unwrap_or(0.0))
+            .collect();
+        f.workers_seen = u32::try_from(workers.len()).ok();
+        f.worker_cpu_s = workers;
+    }
     Some(f)
 }
 
@@ -204,7 +255,11 @@ mod tests {
                  "write": {"iops": 0.0}}
             ],
             "sqcq": {"kicks_per_io": 0.5, "calls_per_io": 0.25, "mode": "sqcq",
-                     "driver_cpu": {"us_per_io": 1.5}, "target_cpu": {"us_per_io": 2.5}}
+                     "driver_cpu": {"us_per_io": 1.5},
+                     "target_cpu": {"us_per_io": 2.5, "threads": [
+                         {"name": "sqcqd", "usr_sec": 0.0, "sys_sec": 0.0},
+                         {"name": "sqcq-worker0", "usr_sec": 0.5, "sys_sec": 0.25},
+                         {"name": "sqcq-worker1", "usr_sec": 1.0, "sys_sec": 0.5}]}}
         });
         let f = figures(&json).unwrap();
         assert_eq!(f.iops, 400.0);
@@ -213,6 +268,8 @@ mod tests {
         assert_eq!((f.kicks_per_io, f.calls_per_io), (0.5, 0.25));
         assert_eq!((f.driver_cpu_us, f.target_cpu_us), (1.5, 2.5));
         assert_eq!(f.mode_run, "sqcq");
+        assert_eq!(f.workers_seen, Some(2));
+        assert_eq!(f.worker_cpu_s, [0.75, 1.5]);
     }
 
     #[test]
@@ -223,8 +280,17 @@ mod tests {
             rw: "randread".into(),
             qd: 32,
             jobs: 4,
+            device_count: 1,
+            queues: 4,
+            workers: Some(1),
         };
         assert_eq!(cell.label(), "randread QD32 NJ4");
+        let mut two = cell.with_workers(Some(2));
+        assert_eq!(two.label(), "randread QD32 NJ4 W2");
+        two.device_count = 2;
+        two.queues = 2;
+        assert_eq!(two.label(), "randread QD32 NJ4 D2 W2");
+        cell.workers = None;
         cell.target = "vhost-device-scsi".into();
         assert_eq!(cell.label(), "vhost-device-scsi randread QD32 NJ4");
         cell.device = "blk".into();
@@ -238,5 +304,14 @@ mod tests {
     fn output_without_notification_counters_is_rejected() {
         let json = serde_json::json!({"jobs": [], "sqcq": {}});
         assert!(figures(&json).is_none());
+    }
+
+    #[test]
+    fn a_target_without_threads_has_no_workers_seen() {
+        let json = serde_json::json!({"jobs": [],
+            "sqcq": {"kicks_per_io": 1.0, "calls_per_io": 1.0, "mode": "notify"}});
+        let f = figures(&json).unwrap();
+        assert_eq!(f.workers_seen, None);
+        assert!(f.worker_cpu_s.is_empty());
     }
 }
