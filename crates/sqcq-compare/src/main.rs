@@ -163,6 +163,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut machine = report::Machine::read();
     let results = match matrix::run_all(&bench, &plan) {
         Ok(r) => r,
         Err(e) => {
@@ -170,7 +171,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let machine = report::Machine::read();
+    machine.load_average_end = Some(report::load_average());
     print!("{}", report::render(&plan, &results, &machine));
     if let Err(e) = report::write_outputs(&args.out, &plan, &results, &machine) {
         eprintln!("sqcq-compare: cannot write results: {e}");

@@ -59,7 +59,7 @@ pub fn iops_svg(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
     );
     let _ = write!(
         s,
-        r#"<text x="{left}" y="18" font-size="14">IOPS relative to {} (log scale), {} CPU(s), load {}</text>"#,
+        r#"<text x="{left}" y="18" font-size="14">IOPS relative to {} (log scale), {} CPU(s), load {} at the start</text>"#,
         plan.modes[0],
         machine.cpus,
         machine
@@ -181,7 +181,7 @@ pub fn workers_svg(plan: &Plan, series: &[Series], machine: &Machine) -> String 
     );
     let _ = write!(
         s,
-        r#"<text x="{left}" y="18" font-size="14">IOPS vs sqcqd workers, relative to W{first}, {} CPU(s), load {}</text>"#,
+        r#"<text x="{left}" y="18" font-size="14">IOPS vs sqcqd workers, relative to W{first}, {} CPU(s), load {} at the start</text>"#,
         machine.cpus,
         machine
             .load_average
@@ -335,10 +335,13 @@ mod tests {
             cpus: 2,
             kernel: "k".into(),
             load_average: "0.5 0.4 0.3".into(),
+            load_average_end: None,
         };
         let svg = workers_svg(&plan, &series, &machine);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
-        assert!(svg.contains("IOPS vs sqcqd workers, relative to W1, 2 CPU(s), load 0.5"));
+        assert!(
+            svg.contains("IOPS vs sqcqd workers, relative to W1, 2 CPU(s), load 0.5 at the start")
+        );
         assert!(
             svg.contains("<title>notify W2: 1,500 IOPS, 1.50x</title>"),
             "{svg}"
@@ -362,6 +365,7 @@ mod tests {
             cpus: 2,
             kernel: "k".into(),
             load_average: "0".into(),
+            load_average_end: None,
         };
         let svg = iops_svg(&plan, &[], &machine);
         assert!(svg.contains(">R QD1 NJ2 D2</text>"), "{svg}");

@@ -18,12 +18,24 @@ pub struct Machine {
     pub cpus: usize,
     /// Kernel release.
     pub kernel: String,
-    /// 1-minute load average when the report was made.
+    /// /proc/loadavg before the first run: what else the machine was
+    /// doing.
     pub load_average: String,
+    /// /proc/loadavg after the last run (the benchmark's own load
+    /// included).
+    pub load_average_end: Option<String>,
+}
+
+/// /proc/loadavg now (empty if unreadable).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 impl Machine {
-    /// Reads /proc.
+    /// Reads /proc (before the runs: the load average is the start's).
     pub fn read() -> Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
@@ -39,16 +51,13 @@ impl Machine {
             .unwrap_or_default()
             .trim()
             .to_string();
-        let load_average = std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-            .to_string();
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
         Machine {
             cpu,
             cpus,
             kernel,
-            load_average,
+            load_average: load_average(),
+            load_average_end: None,
         }
     }
 }
@@ -113,11 +122,17 @@ fn table(
 /// All tables as text.
 pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
     let mut out = format!(
-        "sqcq-compare: {} CPU(s) {}, kernel {}, load average {}\n{} s measured + {} s warm-up per run, median of {} run(s), block size {}, null LUN or disk\n",
+        "sqcq-compare: {} CPU(s) {}, kernel {}, load average {}{}\n{} s measured + {} s warm-up per run, median of {} run(s), block size {}, null LUN or disk\n",
         machine.cpus,
         machine.cpu,
         machine.kernel,
         machine.load_average,
+        machine
+            .load_average_end
+            .as_ref()
+            .map_or_else(String::new, |end| format!(
+                " at the start, {end} at the end"
+            )),
         plan.runtime.as_secs_f64(),
         plan.ramp.as_secs_f64(),
         plan.repeat,
@@ -240,6 +255,7 @@ mod tests {
             cpus: 2,
             kernel: "k".into(),
             load_average: "0".into(),
+            load_average_end: None,
         };
         let text = render(
             &plan,
@@ -249,6 +265,16 @@ mod tests {
         assert!(text.contains("20,000 +0%"), "{text}");
         assert!(text.contains("250,000 +1150%"), "{text}");
         assert!(!text.contains("Multi-worker scaling"), "not swept: {text}");
+        assert!(text.contains("load average 0\n"), "{text}");
+        let ended = Machine {
+            load_average_end: Some("3.5".into()),
+            ..machine
+        };
+        let text = render(&plan, &[], &ended);
+        assert!(
+            text.contains("load average 0 at the start, 3.5 at the end\n"),
+            "{text}"
+        );
     }
 
     #[test]
