@@ -43,7 +43,7 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::registry::{Registry, RegistryError};
+use crate::registry::Registry;
 use crate::rpc::Context;
 use crate::scsi::hotplug::HotplugError;
 use crate::spec::{LunSpec, LunSpecError, parse_size};
@@ -203,8 +203,6 @@ pub fn execute(registry: &Registry, line: &str) -> String {
     };
     match result {
         Ok(reply) => reply,
-        Err(RegistryError::NoDevice(d)) => format!("error no device {d}"),
-        Err(RegistryError::Lun(e)) => format!("error {}", crate::runtime::error_chain(&e)),
         Err(e) => format!("error {}", crate::runtime::error_chain(&e)),
     }
 }
@@ -355,7 +353,10 @@ fn connection(mut conn: UnixStream, stop: &EventFd, ctx: &Context) -> io::Result
             if line.trim().is_empty() {
                 continue;
             }
-            let reply = if line.trim_start().starts_with(['{', '[']) {
+            // JSON (any value) is JSON-RPC; anything else a text command.
+            let json = line.trim_start().starts_with(['{', '['])
+                || serde_json::from_str::<serde_json::Value>(&line).is_ok();
+            let reply = if json {
                 crate::rpc::handle_line(ctx, &line)
             } else {
                 let reply = execute(&ctx.registry, &line);

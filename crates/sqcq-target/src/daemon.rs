@@ -86,6 +86,7 @@ impl Daemon {
         );
         info!(workers = config.workers, "worker pool started");
         let registry = Arc::new(Registry::new(Arc::clone(&pool)));
+        registry.set_settings(config);
         let ctx = Arc::new(Context::new(Arc::clone(&registry)));
         let mut daemon = Daemon {
             pool,

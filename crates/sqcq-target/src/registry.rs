@@ -23,8 +23,12 @@ use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::hotplug::HotplugError;
 use crate::scsi::target::{Target, wwn_seed};
-use crate::transport::device::{DeviceHandle, DeviceParams, DeviceShared};
+use crate::transport::device::{DeviceHandle, DeviceParams, DeviceShared, ManageError};
 use crate::transport::device_type::VirtioDevice;
+use crate::transport::session::MoveError;
+
+/// Most devices a daemon serves (each has a thread, a socket, eventfds).
+pub const MAX_DEVICES: usize = 1024;
 
 /// A change that could not be made.
 #[derive(Debug, Error)]
@@ -48,6 +52,9 @@ pub enum RegistryError {
         /// The device.
         device: u32,
     },
+    /// [`MAX_DEVICES`] exist already.
+    #[error("{MAX_DEVICES} devices exist already")]
+    Full,
     /// Another device listens on this socket path.
     #[error("{0}: socket path in use by device {1}")]
     SocketInUse(PathBuf, u32),
@@ -63,9 +70,15 @@ pub enum RegistryError {
     /// A worker could not be created or freed.
     #[error(transparent)]
     Pool(#[from] PoolError),
-    /// A control thread or worker did not answer.
+    /// A worker did not answer.
     #[error(transparent)]
     Gone(#[from] WorkerGone),
+    /// A device's control thread did not answer.
+    #[error(transparent)]
+    Control(#[from] ManageError),
+    /// A queue could not move (it runs where it ran).
+    #[error(transparent)]
+    Move(MoveError),
 }
 
 /// A device type, and the SCSI or blk device itself.
@@ -218,6 +231,9 @@ fn kind_name(kind: BackstoreKind) -> &'static str {
 /// The devices and workers of a daemon.
 pub struct Registry {
     pool: Arc<WorkerPool>,
+    /// What the daemon was started with, outside its devices and workers:
+    /// what a reload cannot change.
+    settings: Mutex<Option<DaemonConfig>>,
     devices: Mutex<BTreeMap<u32, Entry>>,
     /// Held for the whole of every change, so changes never interleave.
     changes: Mutex<()>,
@@ -249,9 +265,16 @@ impl Registry {
     pub fn new(pool: Arc<WorkerPool>) -> Self {
         Registry {
             pool,
+            settings: Mutex::new(None),
             devices: Mutex::new(BTreeMap::new()),
             changes: Mutex::new(()),
         }
+    }
+
+    /// Records what the daemon was started with (a reload reports any
+    /// change to what is outside its devices and workers).
+    pub fn set_settings(&self, config: &DaemonConfig) {
+        *plain(self.settings.lock()) = Some(fixed(config));
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u32, Entry>> {
@@ -283,6 +306,9 @@ impl Registry {
         config.validate(|w| self.pool.exists(w))?;
         let id = {
             let devices = self.lock();
+            if devices.len() >= MAX_DEVICES {
+                return Err(RegistryError::Full);
+            }
             if let Some((other, _)) = devices
                 .iter()
                 .find(|(_, e)| e.config.socket_path == config.socket_path)
@@ -294,10 +320,12 @@ impl Registry {
                 .unwrap_or(u32::MAX)
         };
         let (device, kind) = build(id, &config)?;
-        // The LUN numbers the target gave: what a reload compares.
-        if let DeviceKind::Scsi(scsi) = &kind {
-            for (spec, e) in config.luns.iter_mut().zip(scsi.target.current().luns()) {
-                spec.lun = Some(e.lun);
+        // The LUN numbers the target gave (a spec without `lun` is
+        // numbered by its position, as `Target::build` does): what a
+        // reload compares.
+        if config.device_type == DeviceType::Scsi {
+            for (i, spec) in config.luns.iter_mut().enumerate() {
+                spec.lun = spec.lun.or(u16::try_from(i).ok());
             }
         }
         let params = DeviceParams {
@@ -452,18 +480,44 @@ impl Registry {
         if let Some(w) = worker.filter(|&w| !self.pool.exists(w)) {
             return Err(PoolError::NoWorker(w).into());
         }
-        let shared = self.shared(id).ok_or(RegistryError::NoDevice(id))?;
-        let num_queues = shared.params.num_queues;
-        if rq >= num_queues || !shared.placement.assign(rq, worker) {
+        let (shared, link) = {
+            let devices = self.lock();
+            let e = devices.get(&id).ok_or(RegistryError::NoDevice(id))?;
+            (Arc::clone(e.handle.shared()), e.handle.manage())
+        };
+        if rq >= shared.params.num_queues {
             return Err(RegistryError::NoQueue { device: id, rq });
         }
-        self.update_config(id, |c| c.queue_map = shared.placement.map());
-        let moved = self.lock().get(&id).map(|e| e.handle.rebalance());
-        let moved = moved.ok_or(RegistryError::NoDevice(id))??;
+        let before = shared.placement.assigned(rq);
+        shared.placement.assign(rq, worker);
         let vq = u16::try_from(shared.device.local_queues())
             .unwrap_or(u16::MAX)
             .saturating_add(rq);
-        Ok(moved.into_iter().find(|m| m.0 == vq))
+        // Not under the device table's lock: a move waits for I/O.
+        let outcome = link
+            .rebalance()
+            .map_err(RegistryError::from)
+            .and_then(|moves| {
+                match moves.into_iter().find(|m| match m {
+                    Ok((v, ..)) => *v == vq,
+                    Err(e) => e.vq() == vq,
+                }) {
+                    None => Ok(None),
+                    Some(Ok(m)) => Ok(Some(m)),
+                    Some(Err(e)) => Err(RegistryError::Move(e)),
+                }
+            });
+        match outcome {
+            Ok(moved) => {
+                self.update_config(id, |c| c.queue_map = shared.placement.map());
+                Ok(moved)
+            }
+            Err(e) => {
+                // The queue runs where it ran: so does the assignment.
+                shared.placement.assign(rq, before);
+                Err(e)
+            }
+        }
     }
 
     /// Starts a worker (VHOST_NEW_WORKER); returns its number.
@@ -547,6 +601,12 @@ impl Registry {
     pub fn reload(&self, new: &DaemonConfig) -> ReloadReport {
         let _change = self.change();
         let mut report = ReloadReport::default();
+        let started = plain(self.settings.lock()).clone();
+        if started.is_some_and(|s| s != fixed(new)) {
+            let s = "poll, seccomp, admin socket or service options changed: restart the daemon to apply".to_owned();
+            warn!("reload: {s}");
+            report.errors.push(s);
+        }
         let mut note = |r: Result<String, String>| match r {
             Ok(s) => {
                 info!("reload: {s}");
@@ -757,6 +817,16 @@ impl Registry {
         for (_, e) in devices {
             e.handle.shutdown();
         }
+    }
+}
+
+/// `config` without its devices and worker count: what a reload cannot
+/// change.
+fn fixed(config: &DaemonConfig) -> DaemonConfig {
+    DaemonConfig {
+        workers: 0,
+        devices: Vec::new(),
+        ..config.clone()
     }
 }
 

@@ -33,6 +33,7 @@ use crate::config::{ConfigError, DaemonConfig, LunSpec, device_from_json, parse_
 use crate::registry::{Origin, Registry, RegistryError};
 use crate::runtime::worker::PoolError;
 use crate::scsi::hotplug::HotplugError;
+use crate::transport::session::MoveError;
 
 /// JSON-RPC 2.0: invalid JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -83,6 +84,8 @@ impl From<RegistryError> for RpcError {
             }
             RegistryError::WorkerInUse { .. }
             | RegistryError::SocketInUse(..)
+            | RegistryError::Full
+            | RegistryError::Move(MoveError::Busy { .. })
             | RegistryError::Pool(PoolError::Busy { .. } | PoolError::Last(_) | PoolError::Full)
             | RegistryError::Lun(HotplugError::Exists(_)) => CONFLICT,
             RegistryError::Config(_)
@@ -142,7 +145,12 @@ impl Context {
             code: NOT_SUPPORTED,
             message: "the daemon was started without --config: nothing to reload".into(),
         })?;
-        let config = read()?;
+        // The file could not be read or is invalid: not the caller's
+        // parameters.
+        let config = read().map_err(|e| RpcError {
+            code: FAILED,
+            message: crate::runtime::error_chain(&e),
+        })?;
         Ok(self.registry.reload(&config))
     }
 }
@@ -402,7 +410,7 @@ pub static METHODS: &[Method] = &[
         open: false,
         handler: |ctx, params| {
             let only = match params.get("device") {
-                None => None,
+                None | Some(Value::Null) => None,
                 Some(_) => Some(u32_param(params, "device")?),
             };
             let queues: Vec<_> = ctx
@@ -444,12 +452,15 @@ pub static METHODS: &[Method] = &[
         handler: |ctx, params| {
             let device = u32_param(params, "device")?;
             let vq = match params.get("vq") {
-                None => None,
+                None | Some(Value::Null) => None,
                 Some(_) => Some(u16_param(params, "vq")?),
             };
             let armed = ctx.registry.control(device)?.break_queues(vq);
             if armed.is_empty() {
-                return Err(RegistryError::Lun(HotplugError::NoQueue).into());
+                return Err(RpcError {
+                    code: NOT_FOUND,
+                    message: HotplugError::NoQueue.to_string(),
+                });
             }
             Ok(json!({ "armed": armed }))
         },
@@ -586,11 +597,14 @@ fn request(ctx: &Context, req: &Value) -> Option<Value> {
     let params = match obj.get("params") {
         None => &empty,
         Some(Value::Object(m)) => m,
+        // A notification is never answered, not even with an error.
         Some(_) => {
-            return Some(error_response(
-                reply_id,
-                &RpcError::params("params must be an object (by name)"),
-            ));
+            return id.map(|_| {
+                error_response(
+                    reply_id,
+                    &RpcError::params("params must be an object (by name)"),
+                )
+            });
         }
     };
     let result = match METHODS.iter().find(|m| m.name == name) {
@@ -601,7 +615,8 @@ fn request(ctx: &Context, req: &Value) -> Option<Value> {
         Some(m) => check_params(m, params).and_then(|()| (m.handler)(ctx, params)),
     };
     match &result {
-        Ok(_) => tracing::info!(method = name, "rpc"),
+        // Changes are logged where they are made; reads only when asked.
+        Ok(_) => tracing::debug!(method = name, "rpc"),
         Err(e) => tracing::warn!(method = name, code = e.code, "rpc: {}", e.message),
     }
     let id = id?;
@@ -718,6 +733,11 @@ pub fn call(
     conn.write_all(line.as_bytes())?;
     let mut reply = String::new();
     BufReader::new(&conn).read_line(&mut reply)?;
+    if reply.is_empty() {
+        return Err(io::Error::other(
+            "the daemon closed the connection without an answer",
+        ));
+    }
     let mut v: Value = serde_json::from_str(&reply).map_err(io::Error::other)?;
     match (v.get_mut("result").map(Value::take), v.get_mut("error")) {
         (Some(r), _) => Ok(Ok(r)),

@@ -128,20 +128,13 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_io_uring_register,
     // Listening sockets: accept, talk, close. Devices created at run time
     // (the management API) bind new ones: `socket` is allowed for
-    // AF_UNIX only (below), so `bind`, `listen` and `connect` (the stale
-    // socket check) act on Unix sockets, under file permissions.
+    // AF_UNIX only (below), so `bind` and `listen` act on Unix sockets.
+    // Not `connect`: it would reach any Unix socket the daemon's user may
+    // (under the filter, a socket path that exists is not probed for
+    // staleness, see `transport::listen`).
     libc::SYS_bind,
     libc::SYS_listen,
-    libc::SYS_connect,
     libc::SYS_getsockname,
-    libc::SYS_chmod,
-    libc::SYS_fchmod,
-    libc::SYS_fchmodat,
-    libc::SYS_chown,
-    libc::SYS_fchown,
-    libc::SYS_fchownat,
-    libc::SYS_lchown,
-    libc::SYS_umask,
     // Workers and device control threads created at run time: clone3 is
     // answered ENOSYS by a second filter (its flags are in memory, out of
     // a filter's reach), so the C library falls back to `clone`, allowed
@@ -204,8 +197,10 @@ pub fn filter(mode: SeccompMode) -> Result<Option<BpfProgram>, SandboxError> {
     // Unix sockets only.
     let unix = u64::try_from(libc::AF_UNIX).unwrap_or(u64::MAX);
     rules.insert(libc::SYS_socket, vec![rule(0, SeccompCmpOp::Eq, unix)?]);
-    // Threads, never processes: CLONE_THREAD set in the flags.
-    let thread = u64::try_from(libc::CLONE_THREAD).unwrap_or(u64::MAX);
+    // Threads, never processes: CLONE_THREAD, CLONE_VM and CLONE_SIGHAND
+    // set in the flags.
+    let thread = u64::try_from(libc::CLONE_THREAD | libc::CLONE_VM | libc::CLONE_SIGHAND)
+        .unwrap_or(u64::MAX);
     rules.insert(
         libc::SYS_clone,
         vec![rule(0, SeccompCmpOp::MaskedEq(thread), thread)?],
@@ -235,11 +230,23 @@ pub fn clone3_filter() -> Result<BpfProgram, SandboxError> {
     BpfProgram::try_from(filter).map_err(SandboxError::Build)
 }
 
+/// Set once a filter is applied.
+static ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the filter is applied (what the daemon may still do depends
+/// on it).
+pub fn active() -> bool {
+    ACTIVE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Applies the filters of `mode` to every thread of the process.
 pub fn apply(mode: SeccompMode) -> Result<(), SandboxError> {
     match filter(mode)? {
         Some(program) => {
             let clone3 = clone3_filter()?;
+            // Before the filter: from its first instant, nothing may try
+            // what it forbids.
+            ACTIVE.store(true, std::sync::atomic::Ordering::Relaxed);
             seccompiler::apply_filter_all_threads(&clone3).map_err(SandboxError::Apply)?;
             seccompiler::apply_filter_all_threads(&program).map_err(SandboxError::Apply)
         }

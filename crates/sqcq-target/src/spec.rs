@@ -48,10 +48,10 @@ pub struct LunSpec {
     #[serde(default)]
     pub create: bool,
     /// Logical block size: 512 or 4096.
-    #[serde(default = "default_block_size")]
+    #[serde(default = "default_block_size", alias = "block_size")]
     pub block_size: u32,
     /// Read-only LUN.
-    #[serde(default, alias = "ro")]
+    #[serde(default, alias = "ro", alias = "read_only")]
     pub read_only: bool,
     /// Unit serial number (VPD page 0x80).
     #[serde(default)]

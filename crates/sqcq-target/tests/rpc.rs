@@ -357,15 +357,87 @@ fn rpc_reload_and_a_fresh_start_give_the_same_daemon() {
         rpc(&admin2, "daemon_info", json!({})).unwrap()["workers"],
         2
     );
-    // A second reload of the same configuration changes nothing.
-    let again = d2.reload(&y2);
+    // LUNs listed out of order keep their numbers and kinds, and a reload
+    // of the same description changes nothing.
+    let created = rpc(
+        &admin2,
+        "device_create",
+        json!({"socket_path": dir2.path("e.sock"), "num_queues": 1, "queue_size": QUEUE_SIZE,
+               "lun": [{"kind": "ram", "size": "8M", "lun": 1},
+                       {"kind": "null", "size": "1G", "lun": 0, "block_size": 4096}]}),
+    )
+    .expect("snake_case keys, as device_list prints them");
+    let e = created["device"].as_u64().unwrap();
+    let list = rpc(&admin2, "device_list", json!({})).unwrap();
+    let dev = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["id"].as_u64() == Some(e))
+        .unwrap();
+    let kinds: Vec<(u64, &str, u64)> = dev["luns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["lun"].as_u64().unwrap(),
+                l["kind"].as_str().unwrap(),
+                l["block_size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(kinds, [(0, "null", 4096), (1, "ram", 512)]);
+    let mut y_e = y2.clone();
+    let mut e_cfg = device(
+        dir2.path("e.sock"),
+        DeviceType::Scsi,
+        vec![
+            at(lun(BackstoreKind::Ram, 8 << 20), 1),
+            LunSpec {
+                block_size: 4096,
+                ..at(lun(BackstoreKind::Null, 1 << 30), 0)
+            },
+        ],
+    );
+    e_cfg.num_queues = 1;
+    y_e.devices.push(e_cfg);
+    let report = d2.reload(&y_e);
+    assert_eq!(
+        (report.changed.len(), report.errors.len()),
+        (0, 0),
+        "{report:?}"
+    );
+    // Reloading again changes nothing, and leaves alone a device created
+    // through the API that the file does not name.
+    rpc(
+        &admin2,
+        "device_create",
+        json!({"socket-path": dir2.path("d.sock"), "lun": ["kind=null,size=1G"]}),
+    )
+    .unwrap();
+    let again = d2.reload(&y_e);
     assert_eq!(
         (again.changed.len(), again.errors.len()),
         (0, 0),
         "{again:?}"
     );
+    assert!(dir2.path("d.sock").exists());
+    // ...but deletes one the file defined and no longer names.
+    let shrunk = d2.reload(&y2);
+    assert_eq!(
+        shrunk.changed,
+        [format!("device {e} deleted")],
+        "{shrunk:?}"
+    );
+    assert!(dir2.path("d.sock").exists(), "the API device stays");
+    // The daemon changed by RPC is what the file describes: reloading it
+    // changes nothing either.
+    let (_, y1) = x_and_y(&dir1);
+    let same = d1.reload(&y1);
+    assert_eq!((same.changed.len(), same.errors.len()), (0, 0), "{same:?}");
     // What a reload cannot change is reported, and left alone.
-    let mut z = y2.clone();
+    let mut z = y_e.clone();
     z.devices[0].num_queues = 4;
     let refused = d2.reload(&z);
     assert_eq!(refused.errors.len(), 1, "{refused:?}");

@@ -118,6 +118,14 @@ impl DeviceConfig {
                 "{name}: queue {q} mapped to worker {w}, which does not exist"
             ));
         }
+        let map = &self.queue_map.0;
+        if let Some((_, (q, _))) = map
+            .iter()
+            .enumerate()
+            .find(|(i, (q, _))| map[..*i].iter().any(|(o, _)| o == q))
+        {
+            return bad(format!("{name}: queue map names request queue {q} twice"));
+        }
         if let Some((q, _)) = self.queue_map.0.iter().find(|(q, _)| *q >= self.num_queues) {
             return bad(format!(
                 "{name}: queue map names request queue {q}, the device has {}",
@@ -229,14 +237,20 @@ struct FileConfig {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
+// The snake_case aliases: the spelling of `device_list`'s output, so that
+// what the management API prints can be fed back to it.
 struct FileDevice {
     #[serde(default, rename = "type")]
     device_type: DeviceType,
+    #[serde(alias = "socket_path")]
     socket_path: PathBuf,
     #[serde(default)]
     lun: Vec<LunSpec>,
+    #[serde(alias = "num_queues")]
     num_queues: Option<u16>,
+    #[serde(alias = "queue_size")]
     queue_size: Option<u16>,
+    #[serde(alias = "queue_map")]
     queue_map: Option<String>,
 }
 
@@ -411,12 +425,27 @@ mod tests {
     }
 
     #[test]
-    fn queue_map_and_round_robin() {
+    fn queue_maps_parse_and_are_checked() {
         let m: QueueMap = "0:1,1:0".parse().unwrap();
-        assert_eq!(m.worker_for(0, 2), 1);
-        assert_eq!(m.worker_for(1, 2), 0);
-        assert_eq!(m.worker_for(3, 2), 1, "unlisted queues go round robin");
+        assert_eq!(m.0, vec![(0, 1), (1, 0)]);
         assert!("0-1".parse::<QueueMap>().is_err());
+        let mut d = parse_toml(
+            "[[device]]\nsocket-path = \"/tmp/a.sock\"\nnum-queues = 2\n\
+             [[device.lun]]\nkind = \"null\"\nsize = \"1G\"\n",
+            2,
+            1,
+            64,
+        )
+        .unwrap()
+        .devices
+        .remove(0);
+        d.queue_map = "0:1,1:0".parse().unwrap();
+        assert!(d.validate(|w| w < 2).is_ok());
+        assert!(d.validate(|w| w < 1).is_err(), "worker 1 does not exist");
+        d.queue_map = "0:1,0:0".parse().unwrap();
+        assert!(d.validate(|w| w < 2).is_err(), "queue 0 twice");
+        d.queue_map = "2:0".parse().unwrap();
+        assert!(d.validate(|w| w < 2).is_err(), "the device has 2 queues");
     }
 
     #[test]

@@ -97,17 +97,7 @@ impl PollOptions {
 }
 
 /// An explicit request-queue-to-worker map: `(request queue, worker)`.
-/// Request queue 0 is virtqueue 2. Queues not listed go round robin.
+/// Request queue 0 is the device's first request virtqueue. Queues not
+/// listed go round robin over the running workers when they start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QueueMap(pub Vec<(u16, usize)>);
-
-impl QueueMap {
-    /// The worker of request queue `rq`: the map's entry, else round robin
-    /// over `workers`.
-    pub fn worker_for(&self, rq: u16, workers: usize) -> usize {
-        self.0
-            .iter()
-            .find(|(q, _)| *q == rq)
-            .map_or(usize::from(rq) % workers.max(1), |(_, w)| *w)
-    }
-}

@@ -619,6 +619,15 @@ impl ServedQueue {
         self.handler.steer_completions(&self.ring, cpus);
     }
 
+    /// Waits until `deadline` for the requests in flight, completing them
+    /// to the driver without taking new ones; returns how many are left.
+    /// The queue goes on as before afterwards (a move that must not
+    /// abandon anything drains first, then stops or keeps serving).
+    pub fn drain_until(&mut self, deadline: Instant) -> usize {
+        let mem = self.ring.mem.memory().into_inner();
+        self.handler.finish(&mut self.ring, &mem, deadline)
+    }
+
     /// Stops the queue: waits for the backstore to finish everything in
     /// flight, completes it to the driver, and says where to resume.
     pub fn stop(mut self, deadline: Instant) -> StopReport {

@@ -63,6 +63,8 @@ struct Watched {
 /// be signalled.
 struct Table {
     threads: Vec<Option<Watched>>,
+    /// Slots of threads that ended, for the next ones.
+    free: Vec<&'static Slot>,
 }
 
 fn table() -> &'static Mutex<Table> {
@@ -70,6 +72,7 @@ fn table() -> &'static Mutex<Table> {
     TABLE.get_or_init(|| {
         Mutex::new(Table {
             threads: Vec::new(),
+            free: Vec::new(),
         })
     })
 }
@@ -87,8 +90,9 @@ pub struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut t = table().lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = t.threads.get_mut(self.index) {
-            *entry = None;
+        if let Some(w) = t.threads.get_mut(self.index).and_then(Option::take) {
+            // No watchdog look at it from here (it looks under the lock).
+            t.free.push(w.slot);
         }
         CURRENT.with(|c| c.set(None));
     }
@@ -98,16 +102,19 @@ impl Drop for Registration {
 /// writes to frontend descriptors are guarded.
 pub fn register() -> io::Result<Registration> {
     install()?;
-    // One slot per registration, leaked: threads are few and long-lived
-    // (workers and device control threads), and a slot must outlive any
-    // watchdog look at it.
-    let slot: &'static Slot = Box::leak(Box::new(Slot {
-        seq: AtomicU64::new(0),
-        fired: AtomicBool::new(false),
-    }));
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() };
     let mut t = table().lock().unwrap_or_else(PoisonError::into_inner);
+    // Slots are leaked, so that one outlives any watchdog look at it, and
+    // reused once their thread ended: as many as threads ever ran at once
+    // (workers and device control threads come and go at run time).
+    let slot: &'static Slot = t.free.pop().unwrap_or_else(|| {
+        Box::leak(Box::new(Slot {
+            seq: AtomicU64::new(0),
+            fired: AtomicBool::new(false),
+        }))
+    });
+    slot.fired.store(false, Ordering::Relaxed);
     let index = match t.threads.iter().position(Option::is_none) {
         Some(i) => i,
         None => {
@@ -178,8 +185,8 @@ fn guarded(call: impl FnOnce() -> isize) -> Outcome {
 
 extern "C" fn on_stall_signal(_: libc::c_int) {}
 
-/// Installs the signal handler and starts the watchdog (once per process;
-/// before any seccomp filter, which allows no new thread).
+/// Installs the signal handler and starts the watchdog (once per process,
+/// before any seccomp filter).
 pub fn install() -> io::Result<()> {
     static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
     let r = INSTALLED.get_or_init(|| {

@@ -59,6 +59,18 @@ pub enum WorkerCommand {
         /// Where it stopped (`None`: not served here).
         reply: SyncSender<Option<StopReport>>,
     },
+    /// Stop serving a queue to hand it to another worker, if its requests
+    /// in flight complete by `deadline`; if not, go on serving it and
+    /// answer how many are left (a move never abandons a request).
+    Release {
+        /// The queue.
+        key: QueueKey,
+        /// How long to wait for requests in flight.
+        deadline: Instant,
+        /// Where it stopped (`None`: not served here; `Err`: requests
+        /// left, still served here).
+        reply: SyncSender<Option<Result<StopReport, usize>>>,
+    },
     /// Replace a running queue's call eventfd.
     SetCall {
         /// The queue.
@@ -180,8 +192,8 @@ pub enum PoolError {
     /// [`MAX_WORKERS`] run already.
     #[error("{MAX_WORKERS} workers run already")]
     Full,
-    /// A CPU above [`crate::config::MAX_CPU`].
-    #[error("CPU {0} is out of range")]
+    /// A CPU this process may not run on.
+    #[error("CPU {0} is not one this process may run on")]
     BadCpu(usize),
     /// The worker did not answer.
     #[error(transparent)]
@@ -229,8 +241,7 @@ impl WorkerPool {
     /// Starts `n` worker threads (numbered from 0), bound to CPUs and
     /// reporting statistics as `options` say.
     pub fn new(n: usize, options: PollOptions) -> io::Result<Self> {
-        // The stall guard's watchdog, before any worker (and before the
-        // seccomp filter, which allows no new thread).
+        // The stall guard's watchdog, before any worker.
         crate::runtime::stall::install()?;
         let stats = Arc::new(StatsBoard::new(
             options.stats_interval,
@@ -300,9 +311,14 @@ impl WorkerPool {
 
     /// Starts a worker (bound to `cpu` if given) under the lowest free
     /// number, and returns that number.
+    /// Without `cpu`, it is bound as a worker of that number is at start
+    /// (`--poll-cpus`).
     pub fn create(&self, cpu: Option<usize>) -> Result<usize, PoolError> {
-        if let Some(c) = cpu.filter(|&c| c > crate::runtime::options::MAX_CPU) {
-            return Err(PoolError::BadCpu(c));
+        if let Some(c) = cpu {
+            let allowed = crate::runtime::cpu::allowed_cpus()?;
+            if !allowed.contains(&c) {
+                return Err(PoolError::BadCpu(c));
+            }
         }
         let mut workers = self.write();
         let id = workers
@@ -312,6 +328,7 @@ impl WorkerPool {
         if id >= MAX_WORKERS {
             return Err(PoolError::Full);
         }
+        let cpu = cpu.or_else(|| self.options.cpus.get(id).copied());
         let handle = self.spawn(id, cpu)?;
         if id == workers.len() {
             workers.push(Some(handle));
@@ -327,11 +344,12 @@ impl WorkerPool {
     /// never freed.
     pub fn free(&self, w: usize) -> Result<(), PoolError> {
         let handle = {
-            let workers = self.read();
+            let workers = self.write();
             let h = workers
                 .get(w)
                 .cloned()
                 .flatten()
+                .filter(|h| !h.closing.load(Ordering::Relaxed))
                 .ok_or(PoolError::NoWorker(w))?;
             let others = workers
                 .iter()
@@ -341,11 +359,10 @@ impl WorkerPool {
             if others == 0 {
                 return Err(PoolError::Last(w));
             }
-            // From here no queue starts on it ([`Self::send`]); a start
-            // sent before is answered before the retirement below.
-            if h.closing.swap(true, Ordering::SeqCst) {
-                return Err(PoolError::NoWorker(w));
-            }
+            // Under the write lock: from here no start is sent to it
+            // ([`Self::send`]); one sent before is in its channel ahead
+            // of the retirement, which then finds the queue.
+            h.closing.store(true, Ordering::Relaxed);
             h
         };
         let deadline = self.deadline(QUEUE_STOP_TIMEOUT);
@@ -364,11 +381,11 @@ impl WorkerPool {
                 Ok(())
             }
             Ok(Err(queues)) => {
-                handle.closing.store(false, Ordering::SeqCst);
+                handle.closing.store(false, Ordering::Relaxed);
                 Err(PoolError::Busy { worker: w, queues })
             }
             Err(e) => {
-                handle.closing.store(false, Ordering::SeqCst);
+                handle.closing.store(false, Ordering::Relaxed);
                 Err(e.into())
             }
         }
@@ -441,10 +458,17 @@ impl WorkerPool {
     }
 
     /// Sends a command to worker `w` and wakes it. A worker being freed
-    /// takes no new queue.
+    /// takes no new queue: the check and the send happen under the table's
+    /// read lock, and [`Self::free`] marks the worker under its write
+    /// lock, so a start is either refused here or queued before the
+    /// worker's retirement (which then finds the queue and refuses).
     pub fn send(&self, w: usize, cmd: WorkerCommand) -> Result<(), WorkerGone> {
-        let h = self.handle(w).ok_or(WorkerGone::Exited(w))?;
-        if matches!(cmd, WorkerCommand::Start { .. }) && h.closing.load(Ordering::SeqCst) {
+        let workers = self.read();
+        let h = workers
+            .get(w)
+            .and_then(Option::as_ref)
+            .ok_or(WorkerGone::Exited(w))?;
+        if matches!(cmd, WorkerCommand::Start { .. }) && h.closing.load(Ordering::Relaxed) {
             return Err(WorkerGone::Exited(w));
         }
         h.tx.send(cmd).map_err(|_| WorkerGone::Exited(w))?;
@@ -654,6 +678,13 @@ impl Worker {
                 } => {
                     let _ = reply.send(self.stop(key, deadline));
                 }
+                WorkerCommand::Release {
+                    key,
+                    deadline,
+                    reply,
+                } => {
+                    let _ = reply.send(self.release(key, deadline));
+                }
                 WorkerCommand::SetCall { key, call } => {
                     if let Some(q) = self.find(key).and_then(|s| self.queues[s].as_mut()) {
                         q.set_call(call);
@@ -749,6 +780,24 @@ impl Worker {
         let report = q.stop(deadline);
         self.check_drains();
         Some(report)
+    }
+
+    fn release(&mut self, key: QueueKey, deadline: Instant) -> Option<Result<StopReport, usize>> {
+        let slot = self.find(key)?;
+        let mut q = self.queues[slot].take()?;
+        self.unwatch(&q);
+        let left = q.drain_until(deadline);
+        if left == 0 {
+            // Nothing in flight: the stop does not wait.
+            let report = q.stop(Instant::now());
+            self.check_drains();
+            return Some(Ok(report));
+        }
+        // Kicks and completions that came meanwhile are still pending on
+        // their descriptors (level-triggered).
+        self.watch(slot, &q);
+        self.queues[slot] = Some(q);
+        Some(Err(left))
     }
 
     fn watch(&self, slot: usize, q: &ServedQueue) {

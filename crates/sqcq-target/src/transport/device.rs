@@ -18,6 +18,7 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
+use thiserror::Error;
 use tracing::{error, info, warn};
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -28,13 +29,13 @@ use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::placement::QueuePlacement;
 use crate::runtime::queue::DeviceInfo;
 use crate::runtime::ratelimit::{DEFAULT_BURST, RateLimiter};
-use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerGone, WorkerPool};
+use crate::runtime::worker::WorkerPool;
 use crate::transport::backend_channel;
 pub use crate::transport::device_type::DeviceParams;
 use crate::transport::device_type::VirtioDevice;
 use crate::transport::listen::ListeningSocket;
 use crate::transport::memory::GuardedRegion;
-use crate::transport::session::Session;
+use crate::transport::session::{MOVE_DRAIN_TIMEOUT, MoveOutcome, Session};
 use crate::transport::vhost_socket::{self, MAX_UNREAD_REPLIES, MESSAGE_TIMEOUT, Wait};
 
 const LISTEN_TOKEN: u64 = 1;
@@ -45,10 +46,12 @@ const CONTROL_TOKEN: u64 = 5;
 const MEMORY_FAULT_TOKEN: u64 = 6;
 const MANAGE_TOKEN: u64 = 7;
 
-/// How long a management request waits for the control thread: a queue
-/// move waits for the requests in flight of the queues it stops.
-const MANAGE_TIMEOUT: std::time::Duration =
-    QUEUE_STOP_TIMEOUT.saturating_add(std::time::Duration::from_secs(5));
+/// How long a management request waits for the control thread: it may be
+/// finishing a vhost-user message, and a move waits for the requests in
+/// flight of the queue it moves (one per attachment).
+const MANAGE_TIMEOUT: std::time::Duration = MESSAGE_TIMEOUT
+    .saturating_add(MOVE_DRAIN_TIMEOUT.saturating_mul(2))
+    .saturating_add(std::time::Duration::from_secs(5));
 
 /// A request to a device's control thread from the management side.
 #[derive(Debug)]
@@ -56,9 +59,53 @@ enum Manage {
     /// Move running request queues to the workers assigned to them
     /// ([`Session::rebalance`]).
     Rebalance {
-        /// `(vq, from, to)` of each queue moved.
-        reply: SyncSender<Vec<(u16, usize, usize)>>,
+        /// `(vq, from, to)` of each queue moved, or why it did not.
+        reply: SyncSender<Vec<MoveOutcome>>,
     },
+}
+
+/// A device's control thread did not answer a management request.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum ManageError {
+    /// The control thread is gone.
+    #[error("device {0}: its control thread is not running")]
+    Gone(u32),
+    /// It did not answer in time.
+    #[error("device {0}: its control thread did not answer in time")]
+    TimedOut(u32),
+}
+
+/// A way to ask a device's control thread for changes, usable without
+/// holding anything else.
+#[derive(Clone, Debug)]
+pub struct ManageLink {
+    device: u32,
+    tx: Sender<Manage>,
+    wake: Arc<EventFd>,
+    pool: Arc<WorkerPool>,
+}
+
+impl ManageLink {
+    /// Moves the running request queues whose assigned worker changed
+    /// ([`DeviceShared::placement`]) to that worker, on the control
+    /// thread, between two vhost-user messages; returns `(vq, from, to)`
+    /// of each queue moved, or why it did not.
+    pub fn rebalance(&self) -> Result<Vec<MoveOutcome>, ManageError> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        let gone = ManageError::Gone(self.device);
+        self.tx
+            .send(Manage::Rebalance { reply })
+            .map_err(|_| gone)?;
+        self.wake.write(1).map_err(|_| gone)?;
+        let wait = self
+            .pool
+            .deadline(MANAGE_TIMEOUT)
+            .saturating_duration_since(std::time::Instant::now());
+        rx.recv_timeout(wait).map_err(|e| match e {
+            mpsc::RecvTimeoutError::Timeout => ManageError::TimedOut(self.device),
+            mpsc::RecvTimeoutError::Disconnected => gone,
+        })
+    }
 }
 
 /// How often lingering guest memory of an ended connection is looked at.
@@ -93,8 +140,7 @@ pub struct DeviceShared {
 pub struct DeviceHandle {
     shared: Arc<DeviceShared>,
     stop: EventFd,
-    manage: Sender<Manage>,
-    manage_wake: EventFd,
+    manage: ManageLink,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -129,15 +175,21 @@ impl DeviceHandle {
         });
         pool.stats().register(&shared.info.metrics);
         let stop = EventFd::new(EFD_NONBLOCK)?;
-        let (manage, requests) = mpsc::channel();
+        let (manage_tx, requests) = mpsc::channel();
         let manage_wake = EventFd::new(EFD_NONBLOCK)?;
+        let manage = ManageLink {
+            device: id,
+            tx: manage_tx,
+            wake: Arc::new(manage_wake.try_clone()?),
+            pool: Arc::clone(&pool),
+        };
         let control = ControlThread {
             shared: Arc::clone(&shared),
             pool,
             socket,
             stop: stop.try_clone()?,
             requests,
-            manage_wake: manage_wake.try_clone()?,
+            manage_wake,
             epoll: Epoll::new()?,
             lingering: Vec::new(),
         };
@@ -149,26 +201,13 @@ impl DeviceHandle {
             shared,
             stop,
             manage,
-            manage_wake,
             thread: Some(thread),
         })
     }
 
-    /// Moves the running request queues whose assigned worker changed
-    /// ([`DeviceShared::placement`]) to that worker, on the control
-    /// thread, between two vhost-user messages; returns `(vq, from, to)`
-    /// of each queue moved.
-    pub fn rebalance(&self) -> Result<Vec<(u16, usize, usize)>, WorkerGone> {
-        let (reply, rx) = mpsc::sync_channel(1);
-        let gone = WorkerGone::Exited(usize::MAX);
-        self.manage
-            .send(Manage::Rebalance { reply })
-            .map_err(|_| gone)?;
-        self.manage_wake.write(1).map_err(|_| gone)?;
-        rx.recv_timeout(MANAGE_TIMEOUT).map_err(|e| match e {
-            mpsc::RecvTimeoutError::Timeout => WorkerGone::TimedOut(usize::MAX),
-            mpsc::RecvTimeoutError::Disconnected => gone,
-        })
+    /// How to ask its control thread for changes.
+    pub fn manage(&self) -> ManageLink {
+        self.manage.clone()
     }
 
     /// What the device shares with its workers (number, name, figures,
@@ -342,7 +381,6 @@ impl ControlThread {
             .device
             .epoll_fd();
         info!(device = self.shared.info.id, "frontend connected");
-        self.shared.connected.store(true, Ordering::Relaxed);
         let mut handler = BackendReqHandler::from_stream(stream, Arc::clone(&session));
         let socket_fd = handler.as_raw_fd();
         if let Err(e) = self
@@ -350,8 +388,14 @@ impl ControlThread {
             .and_then(|()| self.watch(control_fd, CONTROL_TOKEN))
         {
             error!(device = self.shared.info.id, "epoll: {e}");
+            self.unwatch(socket_fd);
+            let _ = session
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .teardown();
             return Ended::Disconnected;
         }
+        self.shared.connected.store(true, Ordering::Relaxed);
         let ended = self.connection_loop(&mut handler, &session);
         self.unwatch(socket_fd);
         self.unwatch(control_fd);

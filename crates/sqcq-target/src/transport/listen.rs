@@ -22,7 +22,11 @@ pub enum ListenError {
     /// Something that is not a socket is at the path.
     #[error("{0} exists and is not a socket: not replacing it")]
     NotASocket(PathBuf),
-    /// Another process listens on the socket at the path.
+    /// A socket is at the path and the seccomp filter forbids finding out
+    /// whether a process listens on it.
+    #[error("{0} exists and the sandbox forbids checking whether it is stale: remove it first")]
+    Exists(PathBuf),
+    /// Another process listens on the path.
     #[error("{0} is in use: another process is listening on it")]
     InUse(PathBuf),
     /// A system call failed.
@@ -55,6 +59,11 @@ impl ListeningSocket {
         match std::fs::symlink_metadata(path) {
             Ok(m) if !m.file_type().is_socket() => {
                 return Err(ListenError::NotASocket(path.to_owned()));
+            }
+            // Under the seccomp filter, which forbids `connect`, an
+            // existing socket cannot be told stale from live: refused.
+            Ok(_) if crate::sandbox::active() => {
+                return Err(ListenError::Exists(path.to_owned()));
             }
             Ok(_) => match UnixStream::connect(path) {
                 Ok(_) => return Err(ListenError::InUse(path.to_owned())),

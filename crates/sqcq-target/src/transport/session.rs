@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use thiserror::Error;
 use tracing::{error, info, warn};
 use vhost::vhost_user::VhostUserVirtioFeatures;
 use vm_memory::GuestMemoryAtomic;
@@ -22,7 +23,7 @@ use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::options::RingMode;
 use crate::runtime::queue::{DeviceInfo, QueueKey, QueueStart, RingConfig, SubmissionSource};
 use crate::runtime::tracking::InflightArea;
-use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
+use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerGone, WorkerPool};
 use crate::transport::backend_channel::BackendChannel;
 use crate::transport::device::DeviceShared;
 use crate::transport::device_type::{DeviceSession, LocalQueueFds, SessionCtx};
@@ -30,6 +31,91 @@ use crate::transport::memory::{GuardedRegion, Mapping};
 
 /// How long after its deadline a worker's answer to a stop may take.
 const REPLY_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a queue being moved to another worker waits for its requests
+/// in flight (its worker serves nothing else meanwhile); past it the
+/// queue stays where it is.
+pub const MOVE_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A queue moved: `(vq, from worker, to worker)`.
+pub type Moved = (u16, usize, usize);
+
+/// What became of one queue to move.
+pub type MoveOutcome = Result<Moved, MoveError>;
+
+/// Why a request queue could not start on a worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StartFailure {
+    /// The worker is gone or being freed: another may take it.
+    Worker,
+    /// The queue itself (its rings, its eventfds): no worker will.
+    Queue,
+}
+
+impl MoveError {
+    /// The vring it is about.
+    pub fn vq(&self) -> u16 {
+        match self {
+            MoveError::Busy { vq, .. }
+            | MoveError::NotThere { vq, .. }
+            | MoveError::Stop { vq, .. }
+            | MoveError::Start { vq, .. }
+            | MoveError::Stopped { vq } => *vq,
+        }
+    }
+}
+
+/// Why a request queue did not move to another worker.
+#[derive(Debug, Error)]
+pub enum MoveError {
+    /// Its requests in flight did not complete in time.
+    #[error(
+        "vq {vq}: {left} requests still in flight after {MOVE_DRAIN_TIMEOUT:?}: it stays on worker {from}"
+    )]
+    Busy {
+        /// The vring.
+        vq: u16,
+        /// Where it stays.
+        from: usize,
+        /// Requests in flight.
+        left: usize,
+    },
+    /// Its worker does not serve it.
+    #[error("vq {vq}: worker {worker} does not serve it")]
+    NotThere {
+        /// The vring.
+        vq: u16,
+        /// The worker.
+        worker: usize,
+    },
+    /// Its worker did not answer.
+    #[error("vq {vq}: worker {worker} did not release it")]
+    Stop {
+        /// The vring.
+        vq: u16,
+        /// The worker.
+        worker: usize,
+        /// Why.
+        #[source]
+        source: WorkerGone,
+    },
+    /// It could not start on the other worker, and runs where it was.
+    #[error("vq {vq}: it could not start on worker {to}: back on worker {from}")]
+    Start {
+        /// The vring.
+        vq: u16,
+        /// Where it runs.
+        from: usize,
+        /// Where it could not start.
+        to: usize,
+    },
+    /// It could start nowhere (see the log).
+    #[error("vq {vq}: stopped for the move and could not start again")]
+    Stopped {
+        /// The vring.
+        vq: u16,
+    },
+}
 
 /// Where a vring is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,16 +429,18 @@ impl Session {
             return;
         }
         let rq = u16::try_from(index - self.local).unwrap_or(u16::MAX);
-        let assigned = self.dev.placement.assigned(rq);
-        if let Some(w) = assigned {
-            if self.pool.exists(w) && self.start_on(index, w) {
-                return;
+        if let Some(w) = self.dev.placement.assigned(rq) {
+            match self.start_on(index, w) {
+                // A queue the guest set up wrong fails on any worker.
+                Ok(()) | Err(StartFailure::Queue) => return,
+                Err(StartFailure::Worker) => {
+                    warn!(device = %self.dev.info.name, rq, "worker {w} assigned but gone: round robin");
+                }
             }
-            warn!(device = %self.dev.info.name, rq, "worker {w} assigned but not running: round robin");
         }
         match self.pool.round_robin(rq) {
             Some(w) => {
-                self.start_on(index, w);
+                let _ = self.start_on(index, w);
             }
             None => error!(device = %self.dev.info.name, rq, "cannot start: no worker"),
         }
@@ -376,15 +464,15 @@ impl Session {
         }
     }
 
-    /// Starts request vring `index` on `worker`; whether it started.
-    fn start_on(&mut self, index: usize, worker: usize) -> bool {
+    /// Starts request vring `index` on `worker`.
+    fn start_on(&mut self, index: usize, worker: usize) -> Result<(), StartFailure> {
         let Some(ring) = self.ring_config(index) else {
-            return false;
+            return Err(StartFailure::Queue);
         };
         let v = &self.vrings[index];
         let clone = |fd: &Option<PeerEventFd>| fd.as_ref().and_then(|f| f.try_clone().ok());
         let Some(kick) = clone(&v.kick) else {
-            return false;
+            return Err(StartFailure::Queue);
         };
         let (call, err) = (clone(&v.call), clone(&v.err));
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
@@ -422,51 +510,84 @@ impl Session {
                 info!("device {} vq {vq} -> worker {worker}", self.dev.info.id);
                 self.vrings[index].running = Running::Worker(worker);
                 self.dev.placement.set_running(rq, Some(worker));
-                true
+                Ok(())
             }
             Ok(Err(e)) => {
                 error!(device = %self.dev.info.name, vq, "cannot start: {e}");
-                false
+                Err(StartFailure::Queue)
             }
             Err(e) => {
                 error!(device = %self.dev.info.name, vq, "cannot start: {e}");
-                false
+                Err(StartFailure::Worker)
             }
         }
     }
 
     /// Moves every running request queue whose assigned worker is not the
     /// one serving it to that worker (VHOST_ATTACH_VRING_WORKER on a
-    /// running queue): the queue stops on its worker once the requests it
-    /// holds completed and were published, exactly as at GET_VRING_BASE,
-    /// and starts on the other where it stopped. Requests the driver
-    /// makes available meanwhile wait in the ring; a kick meanwhile stays
-    /// in the kick eventfd, and the SQ doorbell is parked with
-    /// NEED_WAKEUP (spec 7.3.2), so none is lost. Returns `(vq, from, to)`
-    /// of each queue moved.
-    pub(crate) fn rebalance(&mut self) -> Vec<(u16, usize, usize)> {
-        let mut moved = Vec::new();
+    /// running queue): once the requests it holds completed and were
+    /// published, the queue stops on its worker exactly as at
+    /// GET_VRING_BASE, and starts on the other where it stopped. Requests
+    /// the driver makes available meanwhile wait in the ring; a kick
+    /// meanwhile stays in the kick eventfd, and the SQ doorbell is parked
+    /// with NEED_WAKEUP (spec 7.3.2), so none is lost. A queue whose
+    /// requests do not complete within [`MOVE_DRAIN_TIMEOUT`] stays where
+    /// it is (nothing is abandoned), and so does one that cannot start on
+    /// the other worker. Returns `(vq, from, to)` of each queue moved, or
+    /// why it did not.
+    pub(crate) fn rebalance(&mut self) -> Vec<MoveOutcome> {
+        let mut moves = Vec::new();
         for index in self.local..self.vrings.len() {
             let Running::Worker(from) = self.vrings[index].running else {
                 continue;
             };
             let rq = u16::try_from(index - self.local).unwrap_or(u16::MAX);
-            let elsewhere = self
-                .dev
-                .placement
-                .assigned(rq)
-                .is_some_and(|w| w != from && self.pool.exists(w));
-            if !elsewhere {
-                continue;
-            }
-            self.stop_queue(index, false);
-            self.start(index);
-            if let Running::Worker(now) = self.vrings[index].running {
-                moved.push((u16::try_from(index).unwrap_or(u16::MAX), from, now));
-                info!(device = %self.dev.info.name, vq = index, "queue moved from worker {from} to worker {now}");
+            match self.dev.placement.assigned(rq) {
+                Some(to) if to != from && self.pool.exists(to) => {
+                    moves.push(self.move_queue(index, from, to));
+                }
+                _ => {}
             }
         }
-        moved
+        moves
+    }
+
+    fn move_queue(&mut self, index: usize, from: usize, to: usize) -> MoveOutcome {
+        let vq = u16::try_from(index).unwrap_or(u16::MAX);
+        let rq = u16::try_from(index - self.local).unwrap_or(u16::MAX);
+        let key = self.key(index);
+        let deadline = self.pool.deadline(MOVE_DRAIN_TIMEOUT);
+        let release = |reply| WorkerCommand::Release {
+            key,
+            deadline,
+            reply,
+        };
+        let report = match self.pool.call(from, release, deadline + REPLY_MARGIN) {
+            Ok(Some(Ok(report))) => report,
+            Ok(Some(Err(left))) => return Err(MoveError::Busy { vq, from, left }),
+            // Where it runs is not known: leave it as it is.
+            Ok(None) => return Err(MoveError::NotThere { vq, worker: from }),
+            Err(source) => {
+                return Err(MoveError::Stop {
+                    vq,
+                    worker: from,
+                    source,
+                });
+            }
+        };
+        let v = &mut self.vrings[index];
+        v.base = report.next_avail;
+        v.running = Running::No;
+        self.dev.placement.set_running(rq, None);
+        if self.start_on(index, to).is_ok() {
+            info!(device = %self.dev.info.name, vq, "queue moved from worker {from} to worker {to}");
+            return Ok((vq, from, to));
+        }
+        if self.start_on(index, from).is_ok() {
+            return Err(MoveError::Start { vq, from, to });
+        }
+        error!(device = %self.dev.info.name, vq, "stopped for a move and could not start again");
+        Err(MoveError::Stopped { vq })
     }
 
     /// Stops vring `index` and records where it stopped.
