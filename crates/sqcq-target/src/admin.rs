@@ -11,8 +11,8 @@
 //!
 //! A reply starts with `ok` or `error`. `device=` defaults to 0; `lun add`
 //! takes every key of a `--lun` spec and needs `lun=`. The socket is
-//! created with mode 0600: whoever can use it can make the daemon open
-//! any file it can open. One thread serves it, one connection and one
+//! created with mode 0600 unless `--admin-socket-mode` says otherwise:
+//! whoever can use it can make the daemon open any file it can open. One thread serves it, one connection and one
 //! command at a time, so changes are serialised; a command waits until
 //! its change reached every worker (and, for a removal, until the LUN's
 //! requests in flight completed) before it replies.
@@ -31,7 +31,6 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -250,10 +249,10 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    /// Binds `path` (replacing a stale socket, mode 0600) and serves it.
-    pub fn spawn(path: &Path, ctx: Arc<Context>) -> io::Result<Self> {
-        let socket = ListeningSocket::bind(path).map_err(io::Error::other)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    /// Serves `socket` (bound with the admin socket's ownership, by
+    /// default mode 0600, or passed in by the service manager).
+    pub fn spawn(socket: ListeningSocket, ctx: Arc<Context>) -> io::Result<Self> {
+        let path = socket.path().to_owned();
         let stop = EventFd::new(EFD_NONBLOCK)?;
         let thread_stop = stop.try_clone()?;
         // The thread owns the socket: it is removed when the thread ends.

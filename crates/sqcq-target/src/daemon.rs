@@ -1,6 +1,8 @@
 //! The daemon: a worker pool and the devices it serves.
 
+use std::collections::BTreeMap;
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,8 +17,10 @@ use crate::registry::{Origin, Registry, RegistryError, ReloadReport};
 use crate::rpc::{ConfigSource, Context};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::target::TargetError;
+use crate::service::activation::{ActivationError, PassedSockets};
 use crate::spec::OpenError;
 use crate::transport::device::DeviceShared;
+use crate::transport::listen::{ListenError, SocketSource};
 
 /// How long [`Daemon::shutdown`] gives requests in flight to complete.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -51,6 +55,13 @@ pub enum DaemonError {
         #[source]
         source: Box<RegistryError>,
     },
+    /// The sockets passed in by the service manager do not fit the
+    /// configuration.
+    #[error("socket activation")]
+    Activation(#[from] ActivationError),
+    /// A socket could not be bound (or a passed one used).
+    #[error("cannot listen")]
+    Listen(#[from] ListenError),
     /// Threads, sockets or eventfds could not be created.
     #[error("cannot start {what}")]
     Io {
@@ -76,6 +87,28 @@ impl Daemon {
     /// Starts the workers, then every device (each opens its LUNs and
     /// starts its control thread), then the admin socket.
     pub fn start(config: &DaemonConfig) -> Result<Self, DaemonError> {
+        Self::start_with(config, PassedSockets::none())
+    }
+
+    /// Like [`start`](Self::start), serving the sockets the service
+    /// manager passed in where [`crate::service::activation`] says (for
+    /// as long as the daemon runs: a device deleted and created again
+    /// serves its passed socket again) and binding the others with the
+    /// configured ownership.
+    pub fn start_with(config: &DaemonConfig, passed: PassedSockets) -> Result<Self, DaemonError> {
+        let mut paths: Vec<&Path> = config
+            .devices
+            .iter()
+            .map(|d| d.socket_path.as_path())
+            .collect();
+        paths.extend(config.admin_socket.as_deref());
+        let mut passed: BTreeMap<_, _> = paths
+            .iter()
+            .map(|p| p.to_path_buf())
+            .zip(passed.assign(&paths)?)
+            .filter_map(|(p, fd)| Some((p, fd?)))
+            .collect();
+        let admin_passed = config.admin_socket.as_ref().and_then(|p| passed.remove(p));
         let pool = Arc::new(
             WorkerPool::new(config.workers, config.poll.clone()).map_err(|source| {
                 DaemonError::Io {
@@ -85,7 +118,8 @@ impl Daemon {
             })?,
         );
         info!(workers = config.workers, "worker pool started");
-        let registry = Arc::new(Registry::new(Arc::clone(&pool)));
+        let sockets = SocketSource::new(config.service.socket_ownership, passed);
+        let registry = Arc::new(Registry::new(Arc::clone(&pool)).with_sockets(sockets));
         registry.set_settings(config);
         let ctx = Arc::new(Context::new(Arc::clone(&registry)));
         let mut daemon = Daemon {
@@ -107,7 +141,21 @@ impl Daemon {
             }
         }
         if let Some(path) = &config.admin_socket {
-            match AdminServer::spawn(path, Arc::clone(&daemon.ctx)) {
+            let admin = SocketSource::new(
+                config.service.admin_socket_ownership,
+                admin_passed
+                    .map(|fd| (path.clone(), fd))
+                    .into_iter()
+                    .collect(),
+            );
+            let socket = match admin.listen(path) {
+                Ok(s) => s,
+                Err(e) => {
+                    daemon.shutdown();
+                    return Err(e.into());
+                }
+            };
+            match AdminServer::spawn(socket, Arc::clone(&daemon.ctx)) {
                 Ok(admin) => daemon.admin = Some(admin),
                 Err(source) => {
                     daemon.shutdown();
@@ -119,6 +167,16 @@ impl Daemon {
             }
         }
         Ok(daemon)
+    }
+
+    /// Devices, in number order.
+    pub fn device_count(&self) -> usize {
+        self.registry.ids().len()
+    }
+
+    /// Worker threads.
+    pub fn workers(&self) -> usize {
+        self.pool.len()
     }
 
     /// The devices and workers, for changes at run time.

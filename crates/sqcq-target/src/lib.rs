@@ -11,6 +11,7 @@
 //! | [`transport`] | vhost-user for any device type ([`VirtioDevice`](crate::transport::device_type::VirtioDevice), [`DeviceSession`](crate::transport::device_type::DeviceSession)): one control thread per device socket, the session (negotiation, memory table, vrings), message handling, hostile-frontend guards | [`runtime`] |
 //! | [`scsi`] | the virtio-scsi device: its device type and sessions, command requests, the control and event queues, LUN tables and hot plug | [`runtime`], [`spec`], [`transport`] |
 //! | [`blk`] | the virtio-blk device: one disk, its configuration space, block requests | [`runtime`], [`spec`], [`transport`] |
+//! | [`service`] | running under a service manager: readiness notifications, sockets passed in, the pidfile, user and group names | nothing else in the crate |
 //! | [`config`], [`daemon`], [`registry`], [`manage`], [`rpc`], [`admin`], [`sandbox`] | the daemon: command line and file, start and stop, the devices and workers and every change to them, the management API (JSON-RPC) and legacy commands on the admin socket, seccomp | everything |
 //!
 //! # Threads and what each owns
@@ -89,6 +90,7 @@ pub mod rpc;
 pub mod runtime;
 pub mod sandbox;
 pub mod scsi;
+pub mod service;
 pub mod spec;
 pub mod transport;
 

@@ -7,8 +7,12 @@ use std::time::Duration;
 use clap::Parser;
 use sqcq_target::admin::AdminCli;
 use sqcq_target::daemon::SHUTDOWN_GRACE;
+use sqcq_target::runtime::error_chain;
+use sqcq_target::service::ServiceEnv;
+use sqcq_target::service::notify::{Notifier, NotifyState};
+use sqcq_target::service::pidfile::Pidfile;
 use sqcq_target::{Cli, Daemon};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "admin") {
@@ -24,17 +28,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let cli = Cli::parse();
-    let from_file = cli.config.is_some();
-    let config = match cli.into_config() {
-        Ok(c) => c,
-        Err(e) => {
-            error!("{}", sqcq_target::runtime::error_chain(&e));
-            return ExitCode::from(2);
-        }
-    };
-    // Block SIGTERM and SIGINT before any thread starts, so every thread
-    // inherits the mask and only `sigwait` below receives them.
+    // Block SIGTERM, SIGINT and SIGHUP before any thread starts, so every
+    // thread inherits the mask and only `sigwait` below receives them (a
+    // SIGHUP while starting waits for it instead of killing the daemon).
     let signals = match block_signals() {
         Ok(s) => s,
         Err(e) => {
@@ -42,19 +38,44 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let cli = Cli::parse();
+    let from_file = cli.config.is_some();
+    // SAFETY: no other thread has started yet (the logger starts none).
+    let service = unsafe { ServiceEnv::take() };
+    let notifier = service.notifier.unwrap_or_else(|e| {
+        warn!("{}: readiness will not be reported", error_chain(&e));
+        Notifier::none()
+    });
+    let config = match cli.into_config() {
+        Ok(c) => c,
+        Err(e) => return failed(&notifier, ExitCode::from(2), &error_chain(&e)),
+    };
+    let sockets = match service.sockets {
+        Ok(s) => s,
+        Err(e) => return failed(&notifier, ExitCode::FAILURE, &error_chain(&e)),
+    };
+    // Taken before any socket is bound: a second daemon with the same
+    // pidfile stops here, with the pidfile's error.
+    let pidfile = match config
+        .service
+        .pidfile
+        .as_deref()
+        .map(Pidfile::create)
+        .transpose()
+    {
+        Ok(p) => p,
+        Err(e) => return failed(&notifier, ExitCode::FAILURE, &error_chain(&e)),
+    };
     let stopper = match Stopper::spawn() {
         Ok(s) => s,
         Err(e) => {
-            error!("cannot start the shutdown thread: {e}");
-            return ExitCode::FAILURE;
+            let why = format!("cannot start the shutdown thread: {e}");
+            return failed(&notifier, ExitCode::FAILURE, &why);
         }
     };
-    let daemon = match Daemon::start(&config) {
+    let daemon = match Daemon::start_with(&config, sockets) {
         Ok(d) => d,
-        Err(e) => {
-            error!("{}", sqcq_target::runtime::error_chain(&e));
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return failed(&notifier, ExitCode::FAILURE, &error_chain(&e)),
     };
     // A reload (SIGHUP, the config_reload method) reads the command line
     // and the file it names again.
@@ -68,16 +89,98 @@ fn main() -> ExitCode {
     // Every socket listens and every thread runs: from here on the daemon
     // only serves.
     if let Err(e) = sqcq_target::sandbox::apply(config.seccomp) {
-        error!("{}", sqcq_target::runtime::error_chain(&e));
         daemon.shutdown();
-        return ExitCode::FAILURE;
+        return failed(&notifier, ExitCode::FAILURE, &error_chain(&e));
     }
     if config.seccomp != sqcq_target::sandbox::SeccompMode::Off {
         info!(mode = ?config.seccomp, "seccomp filter applied to every thread");
     }
-    let signal = wait_signal(&signals);
-    info!("signal {signal}: stopping (finishing in-flight I/O)");
-    stopper.stop(daemon, SHUTDOWN_GRACE + SHUTDOWN_MARGIN)
+    notify(
+        &notifier,
+        &[NotifyState::Ready, NotifyState::Status(&serving(&daemon))],
+    );
+    loop {
+        match wait_signal(&signals) {
+            libc::SIGHUP => reload(&daemon, &notifier),
+            signal => {
+                info!("signal {signal}: stopping (finishing in-flight I/O)");
+                notify(
+                    &notifier,
+                    &[
+                        NotifyState::Stopping,
+                        NotifyState::Status("stopping: finishing in-flight I/O"),
+                    ],
+                );
+                let code = stopper.stop(daemon, SHUTDOWN_GRACE + SHUTDOWN_MARGIN);
+                // Removed once the daemon is gone, not before.
+                drop(pidfile);
+                return code;
+            }
+        }
+    }
+}
+
+/// SIGHUP: reads the command line and the configuration file again and
+/// applies what can change at run time, as the `config_reload` method
+/// does ([`Daemon::reload_source`]; each change is logged as
+/// `reload: ...`). Never stops the daemon.
+fn reload(daemon: &Daemon, notifier: &Notifier) {
+    info!("SIGHUP: reload");
+    let mut reloading = vec![
+        NotifyState::Reloading,
+        NotifyState::Status("reloading the configuration"),
+    ];
+    // systemd 253 and later want the time with RELOADING=1.
+    reloading.extend(NotifyState::monotonic_usec_now().ok());
+    notify(notifier, &reloading);
+    match daemon.reload_source() {
+        Ok(report) => info!(
+            changed = report.changed.len(),
+            errors = report.errors.len(),
+            "SIGHUP: reload done"
+        ),
+        Err(e) => warn!("SIGHUP: {}", e.message),
+    }
+    notify(
+        notifier,
+        &[NotifyState::Ready, NotifyState::Status(&serving(daemon))],
+    );
+}
+
+/// The status line: "serving 2 devices, 1 worker".
+fn serving(daemon: &Daemon) -> String {
+    format!(
+        "serving {}, {}",
+        count(daemon.device_count(), "device"),
+        count(daemon.workers(), "worker")
+    )
+}
+
+/// Sends `states` to the service manager; a failure is only logged.
+fn notify(notifier: &Notifier, states: &[NotifyState<'_>]) {
+    if let Err(e) = notifier.notify(states) {
+        warn!("{}", error_chain(&e));
+    }
+}
+
+/// Logs why the daemon cannot start, tells the service manager, returns
+/// `code`.
+fn failed(notifier: &Notifier, code: ExitCode, why: &str) -> ExitCode {
+    error!("{why}");
+    notify(
+        notifier,
+        &[NotifyState::Status(&format!("failed to start: {why}"))],
+    );
+    code
+}
+
+/// "1 device", "2 devices".
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }
 
 /// Time allowed for the daemon's threads to end after the grace period.
@@ -184,7 +287,7 @@ fn block_signals() -> std::io::Result<libc::sigset_t> {
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid sigset_t owned by this frame.
     unsafe { libc::sigemptyset(&mut set) };
-    for sig in [libc::SIGTERM, libc::SIGINT] {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         // SAFETY: `set` was initialised by sigemptyset.
         unsafe { libc::sigaddset(&mut set, sig) };
     }

@@ -29,6 +29,7 @@ use crate::transport::session::MoveError;
 
 /// Most devices a daemon serves (each has a thread, a socket, eventfds).
 pub const MAX_DEVICES: usize = 1024;
+use crate::transport::listen::SocketSource;
 
 /// A change that could not be made.
 #[derive(Debug, Error)]
@@ -234,6 +235,8 @@ pub struct Registry {
     /// What the daemon was started with, outside its devices and workers:
     /// what a reload cannot change.
     settings: Mutex<Option<DaemonConfig>>,
+    /// Where device sockets come from.
+    sockets: SocketSource,
     devices: Mutex<BTreeMap<u32, Entry>>,
     /// Held for the whole of every change, so changes never interleave.
     changes: Mutex<()>,
@@ -266,6 +269,7 @@ impl Registry {
         Registry {
             pool,
             settings: Mutex::new(None),
+            sockets: SocketSource::default(),
             devices: Mutex::new(BTreeMap::new()),
             changes: Mutex::new(()),
         }
@@ -275,6 +279,14 @@ impl Registry {
     /// change to what is outside its devices and workers).
     pub fn set_settings(&self, config: &DaemonConfig) {
         *plain(self.settings.lock()) = Some(fixed(config));
+    }
+
+    /// The registry, its devices' sockets coming from `sockets` (passed
+    /// in by the service manager, or bound with the configured
+    /// ownership).
+    pub fn with_sockets(mut self, sockets: SocketSource) -> Self {
+        self.sockets = sockets;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u32, Entry>> {
@@ -333,17 +345,15 @@ impl Registry {
             queue_size: config.queue_size,
             queue_map: config.queue_map.clone(),
         };
-        let handle = DeviceHandle::spawn(
-            id,
-            &config.socket_path,
-            params,
-            device,
-            Arc::clone(&self.pool),
-        )
-        .map_err(|source| DaemonError::Io {
-            what: format!("device {}", config.socket_path.display()),
-            source,
-        })?;
+        let socket = self
+            .sockets
+            .listen(&config.socket_path)
+            .map_err(DaemonError::from)?;
+        let handle = DeviceHandle::spawn(id, socket, params, device, Arc::clone(&self.pool))
+            .map_err(|source| DaemonError::Io {
+                what: format!("device {}", config.socket_path.display()),
+                source,
+            })?;
         self.lock().insert(
             id,
             Entry {

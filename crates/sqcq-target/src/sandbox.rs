@@ -9,7 +9,8 @@
 //! `docs/target.md`, "Sandbox"), then narrowed where arguments allow:
 //! `ioctl` only with the requests the daemon issues, `mmap` and
 //! `mprotect` never executable, `socket` for Unix sockets only (devices
-//! created at run time), `clone` for threads only (workers and devices
+//! created at run time; `fchownat` only on a descriptor, for their
+//! sockets' owner and group), `clone` for threads only (workers and devices
 //! created at run time; `clone3`, whose flags a filter cannot see, is
 //! answered ENOSYS so that the C library uses `clone`). Everything else
 //! (network sockets, `execve`, `ptrace`, `mount`, new processes, ...)
@@ -134,6 +135,12 @@ const ALLOWED: &[libc::c_long] = &[
     // staleness, see `transport::listen`).
     libc::SYS_bind,
     libc::SYS_listen,
+    // The mode of such a socket (`--socket-mode`): `transport::listen`
+    // changes it through the /proc link of an O_PATH descriptor of the
+    // socket file (its owner and group: `fchownat`, below). Like
+    // `openat`, the path cannot be filtered; files only the daemon's user
+    // may change.
+    libc::SYS_fchmodat,
     libc::SYS_getsockname,
     // Workers and device control threads created at run time: clone3 is
     // answered ENOSYS by a second filter (its flags are in memory, out of
@@ -197,6 +204,14 @@ pub fn filter(mode: SeccompMode) -> Result<Option<BpfProgram>, SandboxError> {
     // Unix sockets only.
     let unix = u64::try_from(libc::AF_UNIX).unwrap_or(u64::MAX);
     rules.insert(libc::SYS_socket, vec![rule(0, SeccompCmpOp::Eq, unix)?]);
+    // The owner and group of a new socket (`--socket-owner`,
+    // `--socket-group`): `fchownat` in the one form `transport::listen`
+    // uses, on a descriptor (AT_EMPTY_PATH).
+    let empty_path = u64::try_from(libc::AT_EMPTY_PATH).unwrap_or(u64::MAX);
+    rules.insert(
+        libc::SYS_fchownat,
+        vec![rule(4, SeccompCmpOp::Eq, empty_path)?],
+    );
     // Threads, never processes: CLONE_THREAD, CLONE_VM and CLONE_SIGHAND
     // set in the flags.
     let thread = u64::try_from(libc::CLONE_THREAD | libc::CLONE_VM | libc::CLONE_SIGHAND)
@@ -350,5 +365,60 @@ mod tests {
     fn off_builds_no_filter() {
         assert!(filter(SeccompMode::Off).unwrap().is_none());
         assert!(filter(SeccompMode::Kill).unwrap().is_some());
+    }
+
+    /// What `sqcqd` does under the filter as a service: `STOPPING=1` and
+    /// `RELOADING=1` (with the time) through the socket made before it,
+    /// the pidfile's removal, and a socket with a mode and group (a device
+    /// created at run time: `fchownat` and `fchmodat` above).
+    #[test]
+    fn notifications_the_pidfile_and_socket_ownership_work_under_the_filter() {
+        use crate::service::notify::{Notifier, NotifyState};
+        use crate::service::pidfile::Pidfile;
+        use crate::transport::listen::{ListeningSocket, SocketOwnership};
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("sqcq-sandbox-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let address = dir.join("notify");
+        let rx = std::os::unix::net::UnixDatagram::bind(&address).unwrap();
+        let notifier = Notifier::to(address.as_os_str()).unwrap();
+        let pidfile = Pidfile::create(&dir.join("sqcqd.pid")).unwrap();
+        let socket = dir.join("dev.sock");
+        // SAFETY: getegid has no preconditions.
+        let gid = unsafe { libc::getegid() };
+        let ownership = SocketOwnership {
+            mode: Some(0o660),
+            uid: None,
+            gid: Some(gid),
+        };
+        let path = socket.clone();
+        let (sent, bound) = filtered(move || {
+            let mut states = vec![NotifyState::Stopping, NotifyState::Reloading];
+            states.extend(NotifyState::monotonic_usec_now().ok());
+            let sent = notifier.notify(&states).map_err(|e| e.to_string());
+            drop(pidfile);
+            let bound = ListeningSocket::bind(&path, &ownership)
+                .map(|_socket| {
+                    let m = std::fs::symlink_metadata(&path).unwrap();
+                    (m.mode() & 0o7777, m.gid())
+                })
+                .map_err(|e| crate::runtime::error_chain(&e));
+            (sent, bound)
+        });
+        sent.unwrap();
+        let mut buf = [0u8; 128];
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let n = rx.recv(&mut buf).unwrap();
+        let msg = String::from_utf8_lossy(&buf[..n]);
+        assert!(
+            msg.starts_with("STOPPING=1\nRELOADING=1\nMONOTONIC_USEC="),
+            "{msg}"
+        );
+        assert!(!dir.join("sqcqd.pid").exists(), "pidfile removed");
+        assert_eq!(bound.unwrap(), (0o660, gid));
+        assert!(!socket.exists(), "removed when dropped");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

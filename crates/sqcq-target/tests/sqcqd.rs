@@ -63,42 +63,6 @@ fn sqcqd_rejects_a_bad_lun_spec() {
     assert!(!status.success());
 }
 
-/// Sends SIGTERM and checks that the daemon exits 0 within the documented
-/// bound (15 s, plus slack).
-fn sigterm_exits_zero(child: &mut std::process::Child) {
-    // SAFETY: kill() with a valid pid and signal number.
-    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    assert_eq!(rc, 0);
-    let deadline = Instant::now() + Duration::from_secs(17);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("sqcqd did not exit after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert!(status.success(), "exit status {status:?}");
-}
-
-/// Prints the daemon's log and kills it if the test fails.
-struct LogOnPanic(std::path::PathBuf, u32);
-
-impl Drop for LogOnPanic {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "sqcqd log:\n{}",
-                std::fs::read_to_string(&self.0).unwrap_or_default()
-            );
-            // SAFETY: kill() with a pid and a signal number.
-            unsafe { libc::kill(self.1 as libc::pid_t, libc::SIGKILL) };
-        }
-    }
-}
-
 fn sqcqd_on(socket: &std::path::Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_sqcqd"))
         .arg("--socket-path")

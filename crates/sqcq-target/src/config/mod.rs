@@ -12,11 +12,16 @@ use crate::sandbox::SeccompMode;
 pub use crate::spec::{BackstoreKind, LunSpec, LunSpecError, parse_size};
 
 mod poll;
+mod service;
 
 pub use crate::runtime::options::{
     DEFAULT_STATS_INTERVAL, MAX_CPU, PollOptions, QueueMap, RingMode, spin_config,
 };
 pub use poll::{FilePoll, PollArgs, parse_spin_us};
+pub use service::{DEFAULT_ADMIN_SOCKET_MODE, FileService, ServiceArgs, parse_mode};
+
+use crate::service::account::AccountError;
+use crate::transport::listen::SocketOwnership;
 
 /// Default request queues per device.
 pub const DEFAULT_NUM_QUEUES: u16 = 1;
@@ -53,6 +58,9 @@ pub enum ConfigError {
     /// The configuration is inconsistent.
     #[error("{0}")]
     Invalid(String),
+    /// A socket's owner or group names no user or group.
+    #[error("socket ownership")]
+    Account(#[from] AccountError),
 }
 
 impl FromStr for QueueMap {
@@ -168,10 +176,28 @@ pub struct DaemonConfig {
 }
 
 /// How the daemon runs as a service.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceConfig {
     /// The pidfile, locked while the daemon runs.
     pub pidfile: Option<PathBuf>,
+    /// Owner, group and mode of the vhost-user sockets the daemon binds.
+    pub socket_ownership: SocketOwnership,
+    /// Owner, group and mode of the admin socket (by default mode
+    /// [`DEFAULT_ADMIN_SOCKET_MODE`]).
+    pub admin_socket_ownership: SocketOwnership,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            pidfile: None,
+            socket_ownership: SocketOwnership::default(),
+            admin_socket_ownership: SocketOwnership {
+                mode: Some(DEFAULT_ADMIN_SOCKET_MODE),
+                ..SocketOwnership::default()
+            },
+        }
+    }
 }
 
 /// Command line of `sqcqd`.
@@ -220,6 +246,9 @@ pub struct Cli {
     /// Poll mode, CPU placement and statistics.
     #[command(flatten)]
     pub poll: PollArgs,
+    /// Pidfile and socket ownership.
+    #[command(flatten)]
+    pub service: ServiceArgs,
 }
 
 #[derive(Deserialize)]
@@ -233,6 +262,8 @@ struct FileConfig {
     device: Vec<FileDevice>,
     #[serde(default)]
     poll: FilePoll,
+    #[serde(default)]
+    service: FileService,
 }
 
 #[derive(Deserialize)]
@@ -276,6 +307,7 @@ impl Cli {
             config.seccomp = mode;
         }
         config.poll = self.poll.apply(config.poll);
+        config.service = self.service.apply(config.service)?;
         if let Some(socket_path) = self.socket_path {
             config.devices.push(DeviceConfig {
                 device_type: self.device_type,
@@ -366,7 +398,7 @@ pub fn parse_toml(
         poll: file.poll.into(),
         admin_socket: file.admin_socket,
         seccomp: file.seccomp,
-        service: ServiceConfig::default(),
+        service: file.service.resolve()?,
     })
 }
 

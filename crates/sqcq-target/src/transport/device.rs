@@ -12,7 +12,6 @@
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -145,16 +144,21 @@ pub struct DeviceHandle {
 }
 
 impl DeviceHandle {
-    /// Binds the socket (removing a stale one) and starts the control
-    /// thread.
+    /// Starts the control thread, serving `socket` (bound, or passed in
+    /// by the service manager: see [`ListeningSocket`]).
     pub fn spawn(
         id: u32,
-        socket_path: &Path,
+        socket: ListeningSocket,
         params: DeviceParams,
         device: Arc<dyn VirtioDevice>,
         pool: Arc<WorkerPool>,
     ) -> io::Result<Self> {
-        let socket = ListeningSocket::bind(socket_path).map_err(io::Error::other)?;
+        let socket_path = socket.path().to_owned();
+        let passed = if socket.adopted() {
+            " (passed by the service manager)"
+        } else {
+            ""
+        };
         let vrings = device.local_queues() + usize::from(device.max_request_queues());
         let info = Arc::new(DeviceInfo {
             id,
@@ -196,7 +200,11 @@ impl DeviceHandle {
         let thread = std::thread::Builder::new()
             .name(format!("sqcq-dev{id}"))
             .spawn(move || control.run())?;
-        info!(device = id, "listening on {}", socket_path.display());
+        info!(
+            device = id,
+            "listening on {}{passed}",
+            socket_path.display()
+        );
         Ok(DeviceHandle {
             shared,
             stop,

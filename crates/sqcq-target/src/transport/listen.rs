@@ -7,16 +7,33 @@
 //! reported; a socket some process still accepts on is reported as in use
 //! instead of being taken over. On drop the socket file is removed only if
 //! the path still names the socket this process created.
+//!
+//! Every socket the daemon creates gets its owner, group and mode
+//! ([`SocketOwnership`]) between `bind` and `listen`: until `listen` a
+//! connection is refused whatever the file's mode, so there is no moment
+//! in which the socket accepts a connection with the mode or owner the
+//! umask and the daemon's user gave it. A socket passed in by the service
+//! manager ([`ListeningSocket::adopt`]) is used as it was made, and its
+//! file is left in place when the daemon ends: it is the service
+//! manager's.
 
+use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
-use tracing::info;
+use tracing::{info, warn};
 
-/// Why a socket could not be bound.
+/// Connections the kernel queues for a socket before the daemon accepts
+/// them (what std's `UnixListener::bind` uses).
+const BACKLOG: i32 = 128;
+
+/// Why a socket could not be bound or adopted.
 #[derive(Debug, Error)]
 pub enum ListenError {
     /// Something that is not a socket is at the path.
@@ -38,20 +55,175 @@ pub enum ListenError {
         #[source]
         source: io::Error,
     },
+    /// The owner, group or mode could not be set.
+    #[error("cannot set the {what} of {path} to {value}{hint}")]
+    Ownership {
+        /// The path.
+        path: PathBuf,
+        /// What was being set: `owner`, `group`, `owner and group`, `mode`.
+        what: &'static str,
+        /// The value, e.g. `107` or `0660`.
+        value: String,
+        /// What to do about EPERM.
+        hint: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A socket passed in by the service manager cannot serve.
+    #[error("the socket passed for {path} is not {wanted}")]
+    NotListening {
+        /// The path it was passed for.
+        path: PathBuf,
+        /// What it is not: a listening `AF_UNIX` stream socket.
+        wanted: &'static str,
+    },
 }
 
-/// A bound, listening Unix socket; removes its file on drop.
+/// Owner, group and mode of a socket file the daemon creates; `None`
+/// leaves what `bind` gave (the daemon's user and group, `0777` less the
+/// umask). Ids are resolved from names when the configuration is read
+/// ([`crate::service::account`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketOwnership {
+    /// Permission bits (at most `0o777`).
+    pub mode: Option<u32>,
+    /// Owner uid (changing it needs root, or `CAP_CHOWN`).
+    pub uid: Option<u32>,
+    /// Group gid (a daemon that is not root can only set one of its own
+    /// groups).
+    pub gid: Option<u32>,
+}
+
+impl SocketOwnership {
+    /// Sets the owner and group, then the mode, of the socket file at
+    /// `path`, which must be the socket `bind` just created (it is not
+    /// listening yet). The file is opened `O_PATH | O_NOFOLLOW` and
+    /// changed through that descriptor, so a symbolic link put at the path
+    /// meanwhile is not followed.
+    fn apply(&self, path: &Path) -> Result<(), ListenError> {
+        if *self == SocketOwnership::default() {
+            return Ok(());
+        }
+        let err = |what: &'static str, value: String, source: io::Error| {
+            let hint = if source.raw_os_error() == Some(libc::EPERM) {
+                ": only root can give a socket to another user, and a daemon \
+                 that is not root can only set a group it is a member of"
+            } else {
+                ""
+            };
+            ListenError::Ownership {
+                path: path.to_owned(),
+                what,
+                value,
+                hint,
+                source,
+            }
+        };
+        let io_err = |source| ListenError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let cpath = CString::new(path.as_os_str().as_bytes())
+            .map_err(|e| io_err(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+        // SAFETY: `cpath` is NUL-terminated; the descriptor returned is
+        // owned below.
+        let fd = unsafe {
+            libc::open(
+                cpath.as_ptr(),
+                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io_err(io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        if !file.metadata().map_err(io_err)?.file_type().is_socket() {
+            return Err(ListenError::NotASocket(path.to_owned()));
+        }
+        if self.uid.is_some() || self.gid.is_some() {
+            // -1 (as the unsigned id_t) leaves an id unchanged.
+            let uid = self.uid.unwrap_or(u32::MAX);
+            let gid = self.gid.unwrap_or(u32::MAX);
+            // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH acts
+            // on `fd` itself.
+            let rc = unsafe { libc::fchownat(fd, c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) };
+            if rc != 0 {
+                let (what, value) = match (self.uid, self.gid) {
+                    (Some(u), Some(g)) => ("owner and group", format!("{u}:{g}")),
+                    (Some(u), None) => ("owner", u.to_string()),
+                    _ => ("group", gid.to_string()),
+                };
+                return Err(err(what, value, io::Error::last_os_error()));
+            }
+        }
+        if let Some(mode) = self.mode {
+            // chmod has no form that acts on an O_PATH descriptor before
+            // Linux 6.6 (fchmodat2); its /proc link names the same inode.
+            // `fchmodat` itself, the one call the seccomp filter allows
+            // for this (`crate::sandbox`).
+            let proc = CString::new(format!("/proc/self/fd/{fd}"))
+                .map_err(|e| io_err(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+            // SAFETY: `proc` is NUL-terminated; no pointer is kept.
+            let rc = unsafe { libc::fchmodat(libc::AT_FDCWD, proc.as_ptr(), mode, 0) };
+            if rc != 0 {
+                return Err(err(
+                    "mode",
+                    format!("{mode:04o}"),
+                    io::Error::last_os_error(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where sockets come from: the one the service manager passed in for a
+/// path (kept for as long as the daemon runs, each use a duplicate), else
+/// a new one bound with the configured ownership.
+#[derive(Debug, Default)]
+pub struct SocketSource {
+    ownership: SocketOwnership,
+    passed: BTreeMap<PathBuf, OwnedFd>,
+}
+
+impl SocketSource {
+    /// Binds with `ownership`, except the paths of `passed`.
+    pub fn new(ownership: SocketOwnership, passed: BTreeMap<PathBuf, OwnedFd>) -> Self {
+        SocketSource { ownership, passed }
+    }
+
+    /// The socket at `path`: the passed one, adopted, or a new one.
+    pub fn listen(&self, path: &Path) -> Result<ListeningSocket, ListenError> {
+        match self.passed.get(path) {
+            Some(fd) => {
+                let fd = fd.try_clone().map_err(|source| ListenError::Io {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                ListeningSocket::adopt(fd, path)
+            }
+            None => ListeningSocket::bind(path, &self.ownership),
+        }
+    }
+}
+
+/// A bound, listening Unix socket; removes its file on drop, unless it
+/// was passed in by the service manager.
 #[derive(Debug)]
 pub struct ListeningSocket {
     listener: UnixListener,
     path: PathBuf,
-    /// Device and inode of the socket file, to recognise it on drop.
-    file_id: (u64, u64),
+    /// Device and inode of the socket file, to recognise it on drop;
+    /// `None` for an adopted socket, whose file is not ours to remove.
+    file_id: Option<(u64, u64)>,
 }
 
 impl ListeningSocket {
-    /// Binds `path`, replacing only a stale socket.
-    pub fn bind(path: &Path) -> Result<Self, ListenError> {
+    /// Binds `path`, replacing only a stale socket, and gives it the
+    /// owner, group and mode of `ownership` before it listens.
+    pub fn bind(path: &Path, ownership: &SocketOwnership) -> Result<Self, ListenError> {
         let io_err = |source| ListenError::Io {
             path: path.to_owned(),
             source,
@@ -76,16 +248,79 @@ impl ListeningSocket {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(e)),
         }
-        let listener = UnixListener::bind(path).map_err(|e| match e.kind() {
+        let socket = bind_only(path).map_err(|e| match e.kind() {
             // Another daemon bound it between our check and our bind.
             io::ErrorKind::AddrInUse => ListenError::InUse(path.to_owned()),
             _ => io_err(e),
         })?;
         let m = std::fs::symlink_metadata(path).map_err(io_err)?;
+        // From here the file is ours: dropping `bound` removes it if a
+        // later step fails.
+        let bound = ListeningSocket {
+            listener: UnixListener::from(socket),
+            path: path.to_owned(),
+            file_id: Some((m.dev(), m.ino())),
+        };
+        ownership.apply(path)?;
+        // SAFETY: listen on a socket descriptor `bound` owns.
+        if unsafe { libc::listen(bound.listener.as_raw_fd(), BACKLOG) } != 0 {
+            return Err(io_err(io::Error::last_os_error()));
+        }
+        Ok(bound)
+    }
+
+    /// Takes a listening socket the service manager passed in for `path`
+    /// (used only to name it): checks that it is a listening `AF_UNIX`
+    /// stream socket and sets it close-on-exec. Its owner, group and mode
+    /// stay as the service manager made them, and its file is not removed
+    /// on drop.
+    pub fn adopt(fd: OwnedFd, path: &Path) -> Result<Self, ListenError> {
+        let io_err = |source| ListenError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let not = |wanted| ListenError::NotListening {
+            path: path.to_owned(),
+            wanted,
+        };
+        let raw = fd.as_raw_fd();
+        match sockopt(raw, libc::SO_TYPE) {
+            Ok(t) if t == libc::SOCK_STREAM => {}
+            Ok(_) => return Err(not("a stream socket")),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => return Err(not("a socket")),
+            Err(e) => return Err(io_err(e)),
+        }
+        if sockopt(raw, libc::SO_ACCEPTCONN).map_err(io_err)? != 1 {
+            return Err(not("listening"));
+        }
+        let listener = UnixListener::from(fd);
+        let bound = match listener.local_addr() {
+            Ok(a) => a.as_pathname().map(Path::to_owned),
+            // std's answer for another address family.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                return Err(not("an AF_UNIX socket"));
+            }
+            Err(e) => return Err(io_err(e)),
+        };
+        // SAFETY: F_GETFD on a descriptor `fd` owns.
+        let flags = unsafe { libc::fcntl(raw, libc::F_GETFD) };
+        // SAFETY: F_SETFD on the same descriptor.
+        if flags < 0 || unsafe { libc::fcntl(raw, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
+            return Err(io_err(io::Error::last_os_error()));
+        }
+        if bound.as_deref() != Some(path) {
+            warn!(
+                "the socket passed for {} is bound at {}",
+                path.display(),
+                bound
+                    .as_deref()
+                    .map_or("(no path)".into(), |b| b.display().to_string())
+            );
+        }
         Ok(ListeningSocket {
             listener,
             path: path.to_owned(),
-            file_id: (m.dev(), m.ino()),
+            file_id: None,
         })
     }
 
@@ -93,12 +328,88 @@ impl ListeningSocket {
     pub fn listener(&self) -> &UnixListener {
         &self.listener
     }
+
+    /// The path the socket was bound or passed in for.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the service manager passed this socket in.
+    pub fn adopted(&self) -> bool {
+        self.file_id.is_none()
+    }
+}
+
+/// A new `AF_UNIX` stream socket bound to `path`, not listening.
+fn bind_only(path: &Path) -> io::Result<OwnedFd> {
+    // SAFETY: an all-zero sockaddr_un is valid; the path is copied in
+    // below within its bounds.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::sa_family_t::try_from(libc::AF_UNIX).unwrap_or_default();
+    let bytes = path.as_os_str().as_bytes();
+    // One byte stays for the terminating NUL.
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a socket path must be 1 to {} bytes without NUL",
+                addr.sun_path.len() - 1
+            ),
+        ));
+    }
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = libc::c_char::from_ne_bytes([*src]);
+    }
+    // SAFETY: socket() takes no pointer.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sockaddr_un>();
+    // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes.
+    let rc = unsafe {
+        libc::bind(
+            fd,
+            (&raw const addr).cast::<libc::sockaddr>(),
+            libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(socket)
+}
+
+/// An integer `SOL_SOCKET` option of `fd`.
+fn sockopt(fd: RawFd, option: i32) -> io::Result<i32> {
+    let mut value: libc::c_int = 0;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4);
+    // SAFETY: `value` and `len` are valid out pointers of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            (&raw mut value).cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 impl Drop for ListeningSocket {
     fn drop(&mut self) {
+        let Some(id) = self.file_id else {
+            return;
+        };
         let ours = std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| m.file_type().is_socket() && (m.dev(), m.ino()) == self.file_id);
+            .is_ok_and(|m| m.file_type().is_socket() && (m.dev(), m.ino()) == id);
         if ours {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -121,7 +432,7 @@ mod tests {
         let d = dir("file");
         let p = d.join("disk.img");
         std::fs::write(&p, b"precious").unwrap();
-        let e = ListeningSocket::bind(&p).unwrap_err();
+        let e = ListeningSocket::bind(&p, &SocketOwnership::default()).unwrap_err();
         assert!(matches!(e, ListenError::NotASocket(_)), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), b"precious");
         std::fs::remove_dir_all(d).unwrap();
@@ -131,15 +442,16 @@ mod tests {
     fn a_live_socket_is_in_use_and_a_stale_one_is_replaced() {
         let d = dir("live");
         let p = d.join("s.sock");
-        let first = ListeningSocket::bind(&p).unwrap();
-        let e = ListeningSocket::bind(&p).unwrap_err();
+        let first = ListeningSocket::bind(&p, &SocketOwnership::default()).unwrap();
+        let e = ListeningSocket::bind(&p, &SocketOwnership::default()).unwrap_err();
         assert!(matches!(e, ListenError::InUse(_)), "{e}");
         drop(first);
         assert!(!p.exists(), "removed on drop");
         // A killed daemon leaves its socket file behind.
         let stale = UnixListener::bind(d.join("other.sock")).unwrap();
         drop(stale);
-        let second = ListeningSocket::bind(&d.join("other.sock")).unwrap();
+        let second =
+            ListeningSocket::bind(&d.join("other.sock"), &SocketOwnership::default()).unwrap();
         drop(second);
         assert!(!d.join("other.sock").exists(), "removed on drop");
         std::fs::remove_dir_all(d).unwrap();
@@ -149,11 +461,102 @@ mod tests {
     fn drop_leaves_a_file_that_replaced_the_socket() {
         let d = dir("replaced");
         let p = d.join("s.sock");
-        let s = ListeningSocket::bind(&p).unwrap();
+        let s = ListeningSocket::bind(&p, &SocketOwnership::default()).unwrap();
         std::fs::remove_file(&p).unwrap();
         std::fs::write(&p, b"someone else's").unwrap();
         drop(s);
         assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn owner_group_and_mode_are_set_before_it_listens() {
+        let d = dir("owner");
+        let p = d.join("s.sock");
+        // SAFETY: getuid has no preconditions.
+        let root = unsafe { libc::getuid() } == 0;
+        // SAFETY: getegid has no preconditions.
+        let egid = unsafe { libc::getegid() };
+        // As root, ids that differ from what bind gives; otherwise the
+        // daemon's own group (the only kind it may set).
+        let (uid, gid) = if root {
+            (Some(65534), 65534)
+        } else {
+            (None, egid)
+        };
+        let ownership = SocketOwnership {
+            mode: Some(0o640),
+            uid,
+            gid: Some(gid),
+        };
+        let s = ListeningSocket::bind(&p, &ownership).unwrap();
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        assert!(m.file_type().is_socket());
+        assert_eq!(m.mode() & 0o7777, 0o640);
+        assert_eq!(m.gid(), gid);
+        if let Some(u) = uid {
+            assert_eq!(m.uid(), u);
+        }
+        assert_eq!(
+            sockopt(s.listener().as_raw_fd(), libc::SO_ACCEPTCONN).unwrap(),
+            1
+        );
+        UnixStream::connect(&p).unwrap();
+        drop(s);
+        assert!(!p.exists(), "removed on drop");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_refused_ownership_is_an_error_and_leaves_no_file() {
+        // SAFETY: getuid has no preconditions.
+        if unsafe { libc::getuid() } == 0 {
+            // Root may give a socket to anyone.
+            return;
+        }
+        let d = dir("refused");
+        let p = d.join("s.sock");
+        let e = ListeningSocket::bind(
+            &p,
+            &SocketOwnership {
+                uid: Some(0),
+                ..SocketOwnership::default()
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, ListenError::Ownership { .. }), "{e}");
+        assert!(e.to_string().contains("only root"), "{e}");
+        assert!(!p.exists(), "the half-made socket is removed");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn adopt_takes_only_a_listening_unix_stream_socket_and_leaves_its_file() {
+        let d = dir("adopt");
+        let p = d.join("passed.sock");
+        let passed = UnixListener::bind(&p).unwrap();
+        let s = ListeningSocket::adopt(passed.into(), &p).unwrap();
+        assert!(s.adopted());
+        // SAFETY: F_GETFD on a descriptor `s` owns.
+        let flags = unsafe { libc::fcntl(s.listener().as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        UnixStream::connect(&p).unwrap();
+        drop(s);
+        assert!(p.exists(), "the service manager's socket file stays");
+
+        let refused = |fd: OwnedFd, wanted: &str| {
+            let e = ListeningSocket::adopt(fd, &p).unwrap_err();
+            assert!(
+                matches!(e, ListenError::NotListening { wanted: w, .. } if w == wanted),
+                "{e}"
+            );
+        };
+        let dgram = std::os::unix::net::UnixDatagram::bind(d.join("dgram")).unwrap();
+        refused(dgram.into(), "a stream socket");
+        refused(bind_only(&d.join("unlistened")).unwrap(), "listening");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        refused(tcp.into(), "an AF_UNIX socket");
+        refused(std::fs::File::open("/dev/null").unwrap().into(), "a socket");
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -8,7 +8,7 @@ pub(crate) mod backend_channel;
 pub mod device;
 pub mod device_type;
 pub(crate) mod handler;
-pub(crate) mod listen;
+pub mod listen;
 pub(crate) mod memory;
 pub(crate) mod session;
 pub(crate) mod shared_map;

@@ -131,3 +131,44 @@ pub fn start_with(dir: &TempDir, workers: usize, poll: PollOptions) -> (Daemon, 
     config.validate().unwrap();
     (Daemon::start(&config).unwrap(), socket)
 }
+
+/// Sends SIGTERM and checks that the daemon exits 0 within the documented
+/// bound (15 s, plus slack).
+pub fn sigterm_exits_zero(child: &mut std::process::Child) {
+    // SAFETY: kill() with a valid pid and signal number.
+    let rc = unsafe { libc::kill(pid(child.id()), libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(17);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sqcqd did not exit after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// Prints the daemon's log and kills it if the test fails.
+pub struct LogOnPanic(pub std::path::PathBuf, pub u32);
+
+impl Drop for LogOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "sqcqd log:\n{}",
+                std::fs::read_to_string(&self.0).unwrap_or_default()
+            );
+            // SAFETY: kill() with a pid and a signal number.
+            unsafe { libc::kill(pid(self.1), libc::SIGKILL) };
+        }
+    }
+}
+
+/// A child's pid as `kill` takes it.
+pub fn pid(id: u32) -> libc::pid_t {
+    libc::pid_t::try_from(id).expect("a pid fits pid_t")
+}
