@@ -23,6 +23,8 @@ fn main() -> ExitCode {
     }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // No colour codes in a journal or a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -86,8 +88,9 @@ fn main() -> ExitCode {
                 .into_config()
         }));
     }
-    // Every socket listens and every thread runs: from here on the daemon
-    // only serves.
+    // Every configured socket listens and every configured thread runs:
+    // from here on the daemon serves, and changes only through its
+    // management API.
     if let Err(e) = sqcq_target::sandbox::apply(config.seccomp) {
         daemon.shutdown();
         return failed(&notifier, ExitCode::FAILURE, &error_chain(&e));
@@ -186,8 +189,8 @@ fn count(n: usize, what: &str) -> String {
 /// Time allowed for the daemon's threads to end after the grace period.
 const SHUTDOWN_MARGIN: Duration = Duration::from_secs(5);
 
-/// A thread, started before the seccomp filter (which allows no new
-/// process or thread), that stops the daemon when told to.
+/// A thread, started before anything else, that stops the daemon when
+/// told to (so that a stop never depends on creating a thread).
 struct Stopper {
     daemon: mpsc::Sender<Daemon>,
     done: mpsc::Receiver<()>,

@@ -1,5 +1,5 @@
 //! The optional seccomp filter (`--seccomp errno|kill`): once every
-//! socket listens and every thread runs, the daemon limits itself to the
+//! configured socket listens and thread runs, the daemon limits itself to the
 //! system calls it needs to serve devices, built with rust-vmm's
 //! `seccompiler` (Firecracker's), applied to all threads at once (TSYNC).
 //!

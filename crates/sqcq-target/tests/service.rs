@@ -732,3 +732,79 @@ fn the_contrib_example_configuration_is_valid() {
     assert_eq!(config.devices.len(), 2);
     assert_eq!(config.service.socket_ownership.mode, Some(0o660));
 }
+
+/// SIGHUP makes the daemon what its (changed) configuration file says:
+/// a LUN added, a worker added and a queue attached to it, a device
+/// added; what the management API lists afterwards is what a daemon
+/// started from the new file lists.
+#[test]
+fn sighup_applies_the_changed_configuration_file() {
+    let dir = TempDir::new("svc-reload");
+    let mut notify = NotifySocket::path(&dir.path("notify"));
+    let admin = dir.path("admin.sock");
+    let file = dir.path("sqcqd.toml");
+    let (a, b) = (dir.path("a.sock"), dir.path("b.sock"));
+    let before = format!(
+        "workers = 1\nadmin-socket = {admin:?}\n\n\
+         [[device]]\nsocket-path = {a:?}\nnum-queues = 2\nqueue-size = 64\n\
+         [[device.lun]]\nkind = \"ram\"\nsize = \"1M\"\n"
+    );
+    let after = format!(
+        "{}queue-map = \"1:1\"\n\
+         [[device.lun]]\nkind = \"ram\"\nsize = \"1M\"\n\
+         [[device.lun]]\nkind = \"null\"\nsize = \"1G\"\n\n\
+         [[device]]\ntype = \"blk\"\nsocket-path = {b:?}\nqueue-size = 64\n\
+         [[device.lun]]\nkind = \"null\"\nsize = \"1G\"\n",
+        before
+            .replace("workers = 1", "workers = 2")
+            .split("[[device.lun]]")
+            .next()
+            .unwrap()
+    );
+    std::fs::write(&file, &before).unwrap();
+    let log = dir.path("sqcqd.log");
+    let mut cmd = Command::new(SQCQD);
+    cmd.env("NOTIFY_SOCKET", &notify.address)
+        .arg("--config")
+        .arg(&file);
+    let (mut child, _guard) = spawn(&mut cmd, &log);
+    notify.wait_for("READY=1");
+    std::fs::write(&file, &after).unwrap();
+    // SAFETY: kill() with a child's pid and a signal number.
+    assert_eq!(unsafe { libc::kill(pid(child.id()), libc::SIGHUP) }, 0);
+    wait_until("the reload applied", || {
+        notify.receive();
+        notify
+            .messages
+            .iter()
+            .filter(|m| m.lines().any(|l| l == "READY=1"))
+            .count()
+            == 2
+    });
+    let list = |admin: &Path| {
+        let v = sqcq_target::rpc::call(admin, "device_list", Default::default())
+            .unwrap()
+            .unwrap();
+        // What a configuration describes: not the socket directory.
+        let mut v = v.to_string();
+        v = v.replace(&dir.0.display().to_string(), "DIR");
+        v
+    };
+    let reloaded = list(&admin);
+    assert!(b.exists(), "the new device listens");
+    sigterm_exits_zero(&mut child);
+    // The same file, from the start.
+    let mut fresh = Command::new(SQCQD);
+    fresh.arg("--config").arg(&file);
+    let mut notify2 = NotifySocket::path(&dir.path("notify2"));
+    fresh.env("NOTIFY_SOCKET", &notify2.address);
+    let (mut child2, _guard2) = spawn(&mut fresh, &dir.path("fresh.log"));
+    notify2.wait_for("READY=1");
+    assert_eq!(
+        reloaded,
+        list(&admin),
+        "SIGHUP gives what a fresh start gives"
+    );
+    assert!(reloaded.contains("\"assigned_worker\":1"), "{reloaded}");
+    sigterm_exits_zero(&mut child2);
+}
