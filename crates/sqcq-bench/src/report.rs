@@ -360,6 +360,24 @@ fn scaled(mut v: f64, base: f64, units: &[&str]) -> String {
 mod tests {
     use super::*;
 
+    /// A one-job 4 KiB randread report of `stats`.
+    fn randread_report(stats: JobStats, target: Option<TargetCpu>) -> Report {
+        Report {
+            name: "job".into(),
+            device_type: "scsi",
+            rw: "randread",
+            bs: 4096,
+            iodepth: 1,
+            mode: "notify",
+            sqcq_extra: serde_json::Map::new(),
+            device: String::new(),
+            device_json: json!({}),
+            jobs: vec![Ok(stats)],
+            driver_cpu: CpuTime::default(),
+            target,
+        }
+    }
+
     #[test]
     fn numbers_read_like_fio() {
         assert_eq!(si(25_312.0), "25.3k");
@@ -376,20 +394,7 @@ mod tests {
         stats.read.record(4096, Duration::from_micros(20));
         stats.runtime = Duration::from_secs(1);
         stats.notify.kicks = 1;
-        let report = Report {
-            name: "job".into(),
-            device_type: "scsi",
-            rw: "randread",
-            bs: 4096,
-            iodepth: 1,
-            mode: "notify",
-            sqcq_extra: serde_json::Map::new(),
-            device: String::new(),
-            device_json: json!({}),
-            jobs: vec![Ok(stats)],
-            driver_cpu: CpuTime::default(),
-            target: None,
-        };
+        let report = randread_report(stats, None);
         let v = report.json();
         let read = &v["jobs"][0]["read"];
         assert_eq!(read["iops"], json!(1.0));
@@ -411,19 +416,9 @@ mod tests {
             name: format!("sqcq-worker{}", tid - 10),
             cpu: CpuTime { user, system: 0.5 },
         };
-        let report = Report {
-            name: "job".into(),
-            device_type: "scsi",
-            rw: "randread",
-            bs: 4096,
-            iodepth: 1,
-            mode: "notify",
-            sqcq_extra: serde_json::Map::new(),
-            device: String::new(),
-            device_json: json!({}),
-            jobs: vec![Ok(stats)],
-            driver_cpu: CpuTime::default(),
-            target: Some(TargetCpu {
+        let report = randread_report(
+            stats,
+            Some(TargetCpu {
                 pid: 7,
                 name: "sqcqd",
                 cpu: CpuTime {
@@ -432,7 +427,7 @@ mod tests {
                 },
                 threads: vec![worker(10, 0.25), worker(11, 0.25)],
             }),
-        };
+        );
         let target = &report.json()["sqcq"]["target_cpu"];
         assert_eq!(target["us_per_io"], json!(2e6));
         assert_eq!(target["threads"][1]["name"], json!("sqcq-worker1"));

@@ -10,29 +10,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("sqcq-restart-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn daemon(bin: &Path, dir: &Path, device: &str, extra: &[&str]) -> Child {
     let lun = format!(
@@ -74,7 +57,7 @@ fn killed_under_load(
     let Some(bin) = sqcqd() else {
         return Value::Null;
     };
-    let dir = Scratch::new(name);
+    let dir = Scratch::new("restart", name);
     let socket = dir.0.join("vhost.sock");
     let mut d = daemon(&bin, &dir.0, device, daemon_args);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -179,7 +162,7 @@ fn scsi_fua_writes_survive_kill_9_in_every_mode() {
 #[test]
 fn without_reconnect_a_kill_fails_the_load() {
     let Some(bin) = sqcqd() else { return };
-    let dir = Scratch::new("no-reconnect");
+    let dir = Scratch::new("restart", "no-reconnect");
     let socket = dir.0.join("vhost.sock");
     let mut d = daemon(&bin, &dir.0, "blk", &[]);
     while !socket.exists() {

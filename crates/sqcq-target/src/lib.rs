@@ -33,7 +33,9 @@
 //!   the ring and its eventfds, and the device's handler: for SCSI one
 //!   backstore queue per LUN and the requests in flight) and waits in one
 //!   epoll set for their kicks and backstore completions. The virtqueue-to-worker map is explicit (`--queue-map`)
-//!   or round robin, and logged (`device D vq Q -> worker W`). Control
+//!   or round robin, and logged (`device D vq Q -> worker W`); workers are
+//!   created and freed, and queues moved between them, while the daemon
+//!   runs ([`registry`], through the control threads). Control
 //!   threads hand queues over through a channel and an eventfd (start,
 //!   stop, new call fd, drain for a task management function); the request
 //!   path takes no lock shared between workers.

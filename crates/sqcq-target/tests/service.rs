@@ -385,21 +385,26 @@ fn pidfile_fd_is_cloexec(pid: u32, path: &Path) -> bool {
     panic!("{pid} holds no descriptor on {}", path.display());
 }
 
+/// A group the daemon may give its sockets, by name or number, and its
+/// id: as root a name the daemon resolves that differs from what bind
+/// gives; otherwise the test's own group, the only kind it may set.
+fn settable_group() -> (String, u32) {
+    if root() {
+        ("nogroup".to_owned(), NOBODY)
+    } else {
+        // SAFETY: getegid has no preconditions.
+        let g = unsafe { libc::getegid() };
+        (g.to_string(), g)
+    }
+}
+
 #[test]
 fn sockets_get_the_configured_mode_owner_and_group_whatever_the_umask() {
     let dir = TempDir::new("svc-owner");
     let mut notify = NotifySocket::path(&dir.path("notify"));
     let socket = dir.path("vhost.sock");
     let admin = dir.path("sqcqd.admin");
-    // As root: names, resolved by the daemon, that differ from what bind
-    // gives. Otherwise the test's own group, the only kind it may set.
-    let (group, gid) = if root() {
-        ("nogroup".to_owned(), NOBODY)
-    } else {
-        // SAFETY: getegid has no preconditions.
-        let g = unsafe { libc::getegid() };
-        (g.to_string(), g)
-    };
+    let (group, gid) = settable_group();
     let mut cmd = Command::new(SQCQD);
     cmd.env("NOTIFY_SOCKET", &notify.address)
         .arg("--socket-path")
@@ -448,13 +453,7 @@ fn a_socket_made_at_run_time_under_the_filter_gets_the_ownership() {
     let dir = TempDir::new("svc-runtime");
     let mut notify = NotifySocket::path(&dir.path("notify"));
     let admin = dir.path("sqcqd.admin");
-    let (group, gid) = if root() {
-        ("nogroup".to_owned(), NOBODY)
-    } else {
-        // SAFETY: getegid has no preconditions.
-        let g = unsafe { libc::getegid() };
-        (g.to_string(), g)
-    };
+    let (group, gid) = settable_group();
     let mut cmd = Command::new(SQCQD);
     cmd.env("NOTIFY_SOCKET", &notify.address)
         .args(["--seccomp", "kill", "--socket-path"])

@@ -92,3 +92,22 @@ pub fn vhost_device_scsi() -> Option<PathBuf> {
         ))
     }
 }
+
+/// A temporary directory of its own, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// `<tmp>/sqcq-<what>-<name>-<pid>`, empty.
+    pub fn new(what: &str, name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sqcq-{what}-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

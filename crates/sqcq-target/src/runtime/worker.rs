@@ -5,9 +5,10 @@
 //! their kick eventfds, their backstore completion descriptors and its own
 //! wake eventfd. Control threads hand it work through a channel and the
 //! wake eventfd: start, stop, a new call eventfd, a drain for a task
-//! management function. A pool serves every device of the daemon; which
-//! worker serves which queue is explicit (`--queue-map`) or round robin,
-//! and logged.
+//! management function, a release for a move to another worker. A pool
+//! serves every device of the daemon; which worker serves which queue is
+//! explicit (`--queue-map`, or attached at run time) or round robin, and
+//! logged. Workers are created and freed while the daemon runs.
 //!
 //! The loop also serves polled queues (see `poll`):
 //! its `epoll_wait` timeout is the smallest [`ServedQueue::poll_timeout`],
