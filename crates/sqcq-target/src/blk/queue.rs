@@ -50,6 +50,8 @@ struct Slot {
     writable: Vec<Buf>,
     /// Bytes of data-in on success (IN).
     data_in: u32,
+    /// Bytes of data-out (OUT).
+    data_out: u64,
 }
 
 /// The virtio-blk request handler of one request queue.
@@ -317,6 +319,10 @@ impl BlkQueue {
         slot.mem = Some(Arc::clone(mem));
         slot.writable.clone_from(&c.writable);
         slot.data_in = data_in;
+        slot.data_out = match op {
+            IoOp::Write { .. } => c.readable_len - HEADER_SIZE as u64,
+            _ => 0,
+        };
         self.in_flight += 1;
         self.uncommitted = true;
         true
@@ -339,7 +345,10 @@ impl BlkQueue {
             // What a read wrote through the iovecs, whatever its result.
             guest::mark_written(mem, &slot.writable, 0, u64::from(slot.data_in));
             let (status, data_in) = match result {
-                Ok(_) => (Status::Ok, slot.data_in),
+                Ok(_) => {
+                    ring.transferred(u64::from(slot.data_in), slot.data_out);
+                    (Status::Ok, slot.data_in)
+                }
                 Err(e) => {
                     let d = ring.device();
                     DeviceMetrics::bump(&d.metrics.io_errors);

@@ -1,23 +1,33 @@
 //! The daemon's figures, in one place: per device, the count of
 //! everything its frontend did wrong and of queue failures; per virtqueue,
-//! what it served and how. Admin `stats`, the per-queue log line and
-//! `--stats-file` all read these (through [`QueueSnapshot`]); nothing else
-//! counts.
+//! what it served and how (requests, bytes, service times, notifications,
+//! polling); per worker, its wake-ups and CPU time. Admin `stats`, the
+//! per-queue log line and `--stats-file` all read these (through
+//! [`QueueSnapshot`] and [`WorkerSnapshot`]); nothing else counts.
 //!
 //! Every counter is cumulative since the daemon started (a queue that is
 //! stopped and started again, or served by another worker, goes on
 //! counting), like a Prometheus counter. A queue's figures are written by
 //! the one worker that serves it, at most once per batch (kicks: per
-//! drained kick; poll-loop figures: at every statistics tick and when the
-//! queue stops), in a cache line of their own; error counters are touched
-//! only on error paths. All accesses are Relaxed: these are statistics and
-//! order nothing. A queue moves between workers only through a stop and a
-//! start handed over by channel, which orders the two writers.
+//! drained kick; requests, bytes and service times: per published batch,
+//! from the `BatchFigures` the queue gathers meanwhile; poll-loop
+//! figures: at every statistics tick and when the queue stops), in cache
+//! lines of their own; error counters are touched only on error paths.
+//! All accesses are Relaxed: these are statistics and order nothing. A
+//! queue moves between workers only through a stop and a start handed
+//! over by channel, which orders the two writers.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use serde::Serialize;
 use sqcq_protocol::{QueueStats, counted_since};
+
+use crate::runtime::latency::{BUCKETS, LatencySnapshot, PendingLatency};
+use crate::runtime::pass;
+
+mod worker;
+
+pub use worker::{WorkerMetrics, WorkerSnapshot};
 
 /// How a queue learns of new requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -75,6 +85,9 @@ const NW_KNOWN: u8 = 1;
 const NW_SQ: u8 = 2;
 const NW_CQ: u8 = 4;
 
+/// No worker recorded in [`QueueMetrics::worker`].
+const NO_WORKER: u32 = u32::MAX;
+
 /// The figures of one virtqueue of a device.
 #[derive(Debug, Default)]
 #[repr(align(64))]
@@ -88,9 +101,31 @@ pub struct QueueMetrics {
     sleeps: AtomicU64,
     ema_ns: AtomicU64,
     interval_ns: AtomicU64,
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+    in_flight: AtomicU32,
+    /// The worker serving (or that last served) the queue, or
+    /// [`NO_WORKER`].
+    worker: AtomicU32,
     mode: AtomicU8,
     state: AtomicU8,
     need_wakeup: AtomicU8,
+    /// Requests per service-time bucket (see [`crate::runtime::latency`]).
+    latency: [AtomicU64; BUCKETS],
+    latency_sum_ns: AtomicU64,
+}
+
+/// What the requests of a batch add to their queue's figures, gathered
+/// by the worker in plain fields and taken in once per published batch
+/// ([`QueueMetrics::took_in`]).
+#[derive(Debug, Default)]
+pub(crate) struct BatchFigures {
+    /// Bytes read from the medium.
+    pub(crate) read_bytes: u64,
+    /// Bytes written to the medium.
+    pub(crate) written_bytes: u64,
+    /// Service times of the requests completed.
+    pub(crate) latency: PendingLatency,
 }
 
 /// Adds `n` to a counter only one thread writes: a load and a store, no
@@ -103,16 +138,23 @@ fn add(counter: &AtomicU64, n: u64) {
 }
 
 impl QueueMetrics {
-    /// The queue started in `mode`.
+    /// The queue started in `mode`, on the worker this thread is (if it
+    /// is one, see `pass::enter_worker`).
     pub fn started(&self, mode: QueueMode) {
         self.mode
             .store(QueueMode::code(Some(mode)), Ordering::Relaxed);
+        let worker = pass::worker().and_then(|w| u32::try_from(w).ok());
+        self.worker
+            .store(worker.unwrap_or(NO_WORKER), Ordering::Relaxed);
+        self.in_flight.store(0, Ordering::Relaxed);
         self.state.store(RUNNING, Ordering::Relaxed);
         self.need_wakeup.store(0, Ordering::Relaxed);
     }
 
-    /// The queue stopped (it keeps its figures and whether it broke).
+    /// The queue stopped (it keeps its figures and whether it broke);
+    /// requests it abandoned are no longer in flight.
     pub fn stopped(&self) {
+        self.in_flight.store(0, Ordering::Relaxed);
         self.state.fetch_and(!RUNNING, Ordering::Relaxed);
     }
 
@@ -131,6 +173,24 @@ impl QueueMetrics {
     /// notification pending there).
     pub fn called(&self) {
         add(&self.calls, 1);
+    }
+
+    /// Takes in what the requests of a batch added (and clears `batch`).
+    pub(crate) fn took_in(&self, batch: &mut BatchFigures) {
+        add(&self.read_bytes, std::mem::take(&mut batch.read_bytes));
+        add(
+            &self.written_bytes,
+            std::mem::take(&mut batch.written_bytes),
+        );
+        batch.latency.drain(
+            |i, n| add(&self.latency[i], n),
+            |ns| add(&self.latency_sum_ns, ns),
+        );
+    }
+
+    /// Requests taken from the ring and not completed yet.
+    pub(crate) fn in_flight(&self, n: u32) {
+        self.in_flight.store(n, Ordering::Relaxed);
     }
 
     /// Kicks received (the eventfd's count).
@@ -169,13 +229,26 @@ impl QueueMetrics {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let state = self.state.load(Ordering::Relaxed);
         let nw = self.need_wakeup.load(Ordering::Relaxed);
+        let worker = self.worker.load(Ordering::Relaxed);
+        let mut latency = LatencySnapshot {
+            sum_ns: get(&self.latency_sum_ns),
+            ..LatencySnapshot::default()
+        };
+        for (b, c) in latency.buckets.iter_mut().zip(&self.latency) {
+            *b = get(c);
+        }
         Some(QueueSnapshot {
             device,
             vq,
             mode,
+            worker: (worker != NO_WORKER).then(|| usize::try_from(worker).unwrap_or(usize::MAX)),
             running: state & RUNNING != 0,
             broken: state & BROKEN != 0,
             completions: get(&self.completions),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            read_bytes: get(&self.read_bytes),
+            written_bytes: get(&self.written_bytes),
+            latency,
             publishes: get(&self.publishes),
             calls: get(&self.calls),
             kicks: get(&self.kicks),
@@ -200,12 +273,26 @@ pub struct QueueSnapshot {
     pub vq: u16,
     /// How it is (or was last) served.
     pub mode: QueueMode,
+    /// The worker serving it (or that last served it), if it was started
+    /// by one.
+    pub worker: Option<usize>,
     /// Whether it runs now.
     pub running: bool,
     /// Whether it was found broken since it last started.
     pub broken: bool,
     /// Requests completed (used elements published).
     pub completions: u64,
+    /// Requests taken from the ring and not completed yet (as of the
+    /// worker's last pass over the queue; 0 once stopped).
+    pub in_flight: u32,
+    /// Bytes read from the medium by requests that succeeded (SCSI READ,
+    /// virtio-blk IN).
+    pub read_bytes: u64,
+    /// Bytes written to the medium by requests that succeeded (SCSI
+    /// WRITE, virtio-blk OUT).
+    pub written_bytes: u64,
+    /// Service times of the completed requests.
+    pub latency: LatencySnapshot,
     /// Stores of `used->idx` (one per batch).
     pub publishes: u64,
     /// Calls sent (notifications the driver asked for).

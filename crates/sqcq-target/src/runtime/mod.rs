@@ -5,15 +5,18 @@
 //! batching (`used`), the kick, ring-poll and SQ-doorbell sources with
 //! the workers' spin loop (`poll`, `ring_poll`), eventfds that never
 //! block (`eventfd`, `stall`), CPU binding (`cpu`), which worker serves
-//! which queue ([`placement`]), and the figures
-//! ([`metrics`], `stats`, `ratelimit`).
+//! which queue ([`placement`]), and the figures ([`metrics`], `latency`,
+//! `stats`, `ratelimit`) with the worker's pass clock that times requests
+//! (`pass`).
 
 pub(crate) mod chain;
 pub(crate) mod cpu;
 pub(crate) mod eventfd;
 pub(crate) mod guest;
+pub mod latency;
 pub mod metrics;
 pub(crate) mod options;
+pub(crate) mod pass;
 pub mod placement;
 pub(crate) mod poll;
 pub(crate) mod queue;

@@ -20,20 +20,13 @@
 //!   worker sleeps in `epoll_wait` on the kick eventfds;
 //! - whatever wakes it, every queue clears NEED_WAKEUP and polls again.
 
-use std::sync::OnceLock;
-use std::time::Instant;
-
 use sqcq_protocol::Poll;
 
+use crate::runtime::pass;
 use crate::runtime::queue::ServedQueue;
 
 /// Poll passes over a worker's queues between two yields of the CPU.
 pub const BATCH: u32 = 16;
-/// Nanoseconds on a monotonic clock: the pollers' time base.
-pub fn now_ns() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
 
 /// One turn of a worker's poll loop over its polled queues: clears
 /// NEED_WAKEUP after a sleep, runs up to [`BATCH`] poll passes, and when
@@ -52,7 +45,9 @@ pub(crate) fn spin(queues: &mut [Option<ServedQueue>]) {
         return;
     }
     for _ in 0..BATCH {
-        let now = now_ns();
+        // Each poll pass is a pass of the worker (`pass`): what it takes
+        // and completes carries this time.
+        let now = pass::begin();
         let mut expired = true;
         for q in queues.iter_mut().flatten() {
             if q.is_polled() && q.poll_once(now) != Poll::Expired {
@@ -60,6 +55,13 @@ pub(crate) fn spin(queues: &mut [Option<ServedQueue>]) {
             }
         }
         if expired && sleep_all(queues, now) {
+            // The worker sleeps: the queues' poll figures are brought up
+            // to date for whoever reads them before the next statistics
+            // tick (a scrape). Not earlier: a sleep prepared can still be
+            // cancelled, which takes its count back.
+            for q in queues.iter_mut().flatten().filter(|q| q.is_polled()) {
+                q.flush_poll_figures();
+            }
             return;
         }
         std::hint::spin_loop();

@@ -29,7 +29,8 @@ use crate::guest_warn;
 use crate::runtime::chain::{self, Chain, ChainBuffers, ChainError};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest::GuestMem;
-use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
+use crate::runtime::metrics::{BatchFigures, DeviceMetrics, QueueMetrics};
+use crate::runtime::pass;
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::tracking::{Recovery, TrackedQueue};
 use crate::runtime::used::UsedRing;
@@ -277,6 +278,19 @@ pub struct Vring {
     tracking: Option<TrackedQueue>,
     broken: bool,
     requests: u64,
+    /// When each head in flight was taken (the pass clock, [`pass`]), by
+    /// head index.
+    taken_at: Box<[u64]>,
+    /// The pass time of the chains being taken now (read from the pass
+    /// clock once per batch, not per chain).
+    taking_at: u64,
+    /// Requests accepted and not completed, and the figure last shown in
+    /// the queue's metrics.
+    in_flight: u32,
+    in_flight_shown: u32,
+    /// What the requests completed since the last published batch add to
+    /// the queue's figures.
+    figures: BatchFigures,
 }
 
 impl std::fmt::Debug for Vring {
@@ -346,6 +360,11 @@ impl ServedQueue {
             tracking,
             broken: false,
             requests: 0,
+            taken_at: vec![0; usize::from(ring.size)].into_boxed_slice(),
+            taking_at: 0,
+            in_flight: 0,
+            in_flight_shown: 0,
+            figures: BatchFigures::default(),
         };
         if let Some(m) = ring_state.metrics() {
             m.started(ring_state.mode());
@@ -367,6 +386,7 @@ impl ServedQueue {
             return;
         }
         let mem = self.ring.mem.memory().into_inner();
+        self.ring.taking_at = pass::now();
         let (table, size) = (
             GuestAddress(self.ring.queue.desc_table()),
             self.ring.queue.size(),
@@ -566,6 +586,7 @@ impl ServedQueue {
             }
             return false;
         }
+        ring.taking_at = pass::now();
         let mut budget = ring.queue.size();
         while budget > 0 {
             let chain = match ring.queue.iter(&**mem) {
@@ -671,9 +692,11 @@ impl Vring {
     /// `max_segments` buffers), counting and logging (rate-limited) what
     /// a guest can get wrong: a head made available while `in_flight`
     /// says it still is, a chain that cannot be followed, buffers in the
-    /// wrong order or outside memory.
+    /// wrong order or outside memory. A request or a bad chain (which the
+    /// handler answers) is in flight from now on, taken at the time of
+    /// this pass, until [`Self::complete`].
     pub fn accept(
-        &self,
+        &mut self,
         chain: Chain<'_>,
         mem: &GuestMem,
         max_segments: usize,
@@ -689,6 +712,10 @@ impl Vring {
                 "head {head} made available while in flight: ignored");
             return Accepted::Duplicate;
         }
+        if let Some(t) = self.taken_at.get_mut(usize::from(head)) {
+            *t = self.taking_at;
+        }
+        self.in_flight = self.in_flight.wrapping_add(1);
         match parsed {
             Ok(()) => Accepted::Request(head),
             Err(e) => {
@@ -722,8 +749,15 @@ impl Vring {
     }
 
     /// Puts a completed request on the used ring (published with the
-    /// batch). A used ring that cannot be written is logged.
+    /// batch), and its service time in the queue's figures. A used ring
+    /// that cannot be written is logged.
     pub fn complete(&mut self, mem: &GuestMem, head: u16, len: u32) {
+        let taken = self.taken_at.get(usize::from(head)).copied();
+        let now = pass::now();
+        self.figures
+            .latency
+            .record(now.saturating_sub(taken.unwrap_or(now)));
+        self.in_flight = self.in_flight.saturating_sub(1);
         match self.used.push(mem, head, len) {
             Ok(()) => {
                 if let Some(t) = self.tracking.as_mut() {
@@ -735,6 +769,14 @@ impl Vring {
                     "cannot complete head {head}: {e}");
             }
         }
+    }
+
+    /// A request completing now moved `read` bytes from the medium to
+    /// the driver and `written` bytes from the driver to the medium (reads
+    /// and writes that succeeded).
+    pub fn transferred(&mut self, read: u64, written: u64) {
+        self.figures.read_bytes = self.figures.read_bytes.wrapping_add(read);
+        self.figures.written_bytes = self.figures.written_bytes.wrapping_add(written);
     }
 
     /// The used index now covers `batch` more requests: their in-flight
@@ -750,16 +792,29 @@ impl Vring {
         self.device.metrics.queue(self.key.vq)
     }
 
-    /// Counts one published batch in the queue's metrics, whichever way
-    /// the queue is notified.
-    fn count_batch(&self, batch: u16) {
-        if let Some(m) = self.metrics() {
+    /// Counts one published batch in the queue's metrics, with what its
+    /// requests add, whichever way the queue is notified.
+    fn count_batch(&mut self, batch: u16) {
+        if let Some(m) = self.device.metrics.queue(self.key.vq) {
             m.batch(batch);
+            m.took_in(&mut self.figures);
+        }
+    }
+
+    /// Shows the requests in flight in the queue's metrics if that
+    /// changed (once per publish: after every batch taken or reaped).
+    fn show_in_flight(&mut self) {
+        if self.in_flight != self.in_flight_shown {
+            self.in_flight_shown = self.in_flight;
+            if let Some(m) = self.metrics() {
+                m.in_flight(self.in_flight);
+            }
         }
     }
 
     /// Publishes completed requests and notifies the driver if it asked.
     pub(crate) fn publish(&mut self, mem: &GuestMem) {
+        self.show_in_flight();
         if self.publish_doorbell(mem) {
             return;
         }
@@ -890,7 +945,8 @@ pub(crate) fn drain_fd(fd: RawFd) {
     let _ = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
 }
 
-/// Waits up to `ms` milliseconds for `fd` to become readable.
+/// Waits up to `ms` milliseconds for `fd` to become readable (a stopping
+/// queue waiting for its backstore); what comes after is a new pass.
 pub(crate) fn wait_readable(fd: RawFd, ms: i32) {
     let mut pfd = libc::pollfd {
         fd,
@@ -899,4 +955,5 @@ pub(crate) fn wait_readable(fd: RawFd, ms: i32) {
     };
     // SAFETY: one valid pollfd for the duration of the call.
     let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
+    pass::begin();
 }

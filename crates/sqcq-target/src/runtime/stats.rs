@@ -1,5 +1,6 @@
 //! Where the figures of [`crate::runtime::metrics`] go: the RFC's log line every
-//! interval, and a JSON snapshot of every queue for the load generator.
+//! interval, a JSON snapshot of every queue for the load generator, and
+//! whoever asks (the Prometheus endpoint, admin `stats`).
 //!
 //! Each worker logs its own queues (the figures of the last interval, in
 //! `sqcq_protocol::QueueStats`' format: `vq[N] cq=... ema_lat=...
@@ -8,7 +9,7 @@
 //! `--stats-file` atomically (a temporary file, then `rename`) at most
 //! once per interval, and when a frontend disconnects, after its queues
 //! stopped, so the file then holds the figures at the end of the
-//! connection.
+//! connection. It also knows every running worker's figures.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -19,7 +20,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::runtime::metrics::{DeviceMetrics, QueueSnapshot};
+use crate::runtime::metrics::{DeviceMetrics, QueueSnapshot, WorkerMetrics, WorkerSnapshot};
+use crate::runtime::pass;
 
 #[derive(Serialize)]
 struct Snapshot {
@@ -28,10 +30,12 @@ struct Snapshot {
 
 struct Board {
     devices: Vec<Weak<DeviceMetrics>>,
+    workers: Vec<Weak<WorkerMetrics>>,
     written: Instant,
 }
 
-/// Every device's figures, for the statistics file and whoever asks.
+/// Every device's and worker's figures, for the statistics file and
+/// whoever asks.
 pub struct StatsBoard {
     interval: Option<Duration>,
     file: Option<PathBuf>,
@@ -55,6 +59,7 @@ impl StatsBoard {
             file,
             board: Mutex::new(Board {
                 devices: Vec::new(),
+                workers: Vec::new(),
                 written: Instant::now(),
             }),
         }
@@ -70,6 +75,40 @@ impl StatsBoard {
         let mut b = self.lock();
         b.devices.retain(|d| d.strong_count() > 0);
         b.devices.push(Arc::downgrade(device));
+    }
+
+    /// The figures of worker `id`, which is the calling thread (see
+    /// [`WorkerMetrics`]); listed until the worker drops them.
+    pub(crate) fn enter_worker(&self, id: usize) -> Arc<WorkerMetrics> {
+        let m = Arc::new(WorkerMetrics::on_this_thread(id));
+        let mut b = self.lock();
+        b.workers.retain(|w| w.strong_count() > 0);
+        b.workers.push(Arc::downgrade(&m));
+        m
+    }
+
+    /// Every running worker's figures, by worker number, with the number
+    /// of running queues each serves (of `queues`, a [`Self::snapshot`]).
+    pub fn workers(&self, queues: &[QueueSnapshot]) -> Vec<WorkerSnapshot> {
+        let workers: Vec<_> = self
+            .lock()
+            .workers
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut out: Vec<_> = workers
+            .iter()
+            .map(|w| {
+                let id = w.id();
+                let served = queues
+                    .iter()
+                    .filter(|q| q.running && q.worker == Some(id))
+                    .count();
+                w.snapshot(served)
+            })
+            .collect();
+        out.sort_by_key(|w| w.worker);
+        out
     }
 
     /// Every queue that ever ran, ordered by device and virtqueue.
@@ -128,26 +167,37 @@ fn write_atomically(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// A worker's statistics clock: when its next log line is due, and the
-/// figures of its previous one.
+/// A worker's statistics clock: when its next log line is due (on the
+/// worker's pass clock, [`pass`], which its loop reads once per wake-up:
+/// the ticker reads no clock of its own), and the figures of its previous
+/// one.
 #[derive(Debug, Default)]
 pub(crate) struct StatsTicker {
-    next: Option<Instant>,
+    /// Pass-clock nanoseconds.
+    next: Option<u64>,
     last: BTreeMap<(u32, u16), QueueSnapshot>,
 }
 
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl StatsTicker {
-    /// Time left until the next tick (`None`: statistics are off).
+    /// Time left until the next tick (`None`: statistics are off), from
+    /// the time of the pass that ends.
     pub(crate) fn timeout(&mut self, board: &StatsBoard) -> Option<Duration> {
-        let interval = board.interval()?;
-        let next = *self.next.get_or_insert_with(|| Instant::now() + interval);
-        Some(next.saturating_duration_since(Instant::now()))
+        let interval = nanos(board.interval()?);
+        let now = pass::now();
+        let next = *self
+            .next
+            .get_or_insert_with(|| now.saturating_add(interval));
+        Some(Duration::from_nanos(next.saturating_sub(now)))
     }
 
-    /// Whether a tick is due now (then the caller brings its queues'
-    /// figures up to date and calls [`Self::tick`]).
+    /// Whether a tick is due in this pass (then the caller brings its
+    /// queues' figures up to date and calls [`Self::tick`]).
     pub(crate) fn due(&self, board: &StatsBoard) -> bool {
-        board.interval().is_some() && self.next.is_none_or(|n| n <= Instant::now())
+        board.interval().is_some() && self.next.is_none_or(|n| n <= pass::now())
     }
 
     /// Logs the figures of the interval of every queue in `queues` (the
@@ -161,7 +211,7 @@ impl StatsTicker {
         let Some(interval) = board.interval() else {
             return;
         };
-        self.next = Some(Instant::now() + interval);
+        self.next = Some(pass::now().saturating_add(nanos(interval)));
         let mut seen = BTreeMap::new();
         for q in queues {
             let key = (q.device, q.vq);

@@ -594,6 +594,8 @@ impl Worker {
                 Err(e) => error!(worker = self.id, "cannot bind to cpu{cpu}: {e}"),
             }
         }
+        // This thread's figures, and its pass clock (`pass`).
+        let figures = self.board.enter_worker(self.id);
         let mut events = vec![EpollEvent::default(); 64];
         loop {
             let stats = self.ticker.timeout(&self.board);
@@ -613,6 +615,7 @@ impl Worker {
                     break;
                 }
             };
+            figures.woke();
             for ev in &events[..n] {
                 let t = ev.data();
                 if t == WAKE_TOKEN {

@@ -493,6 +493,13 @@ fn complete_request(
         guest::mark_written(mem, &slot.writable, slot.resp_len, slot.transfer);
     }
     let writable_len: u64 = slot.writable.iter().map(|s| u64::from(s.len)).sum();
+    if slot.error.is_none() {
+        match slot.kind {
+            OpKind::Read => ring.transferred(slot.transfer, 0),
+            OpKind::Write => ring.transferred(0, slot.transfer),
+            OpKind::Other => {}
+        }
+    }
     let (resp, sense, n, data) = match &slot.error {
         None => (
             CmdResp::completed(

@@ -1,0 +1,122 @@
+//! The figures of one worker thread: how often its loop woke, and its CPU
+//! time (read from the thread's CPU clock when asked, so the loop pays
+//! nothing for it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use super::add;
+use crate::runtime::pass;
+
+/// One worker's figures, made on the worker's own thread
+/// (`StatsBoard::enter_worker`) and kept while
+/// it runs.
+#[derive(Debug)]
+pub struct WorkerMetrics {
+    id: usize,
+    wakeups: AtomicU64,
+    /// The thread's CPU-time clock (`pthread_getcpuclockid`).
+    cpu_clock: Option<libc::clockid_t>,
+}
+
+impl WorkerMetrics {
+    /// The figures of worker `id`, which is the calling thread: it is
+    /// marked as that worker ([`pass::enter_worker`]) and its first pass
+    /// begins.
+    pub(crate) fn on_this_thread(id: usize) -> Self {
+        pass::enter_worker(id);
+        pass::begin();
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: no argument, no precondition.
+        let this = unsafe { libc::pthread_self() };
+        // SAFETY: `this` is the calling thread, and `clock` a valid place
+        // for the result.
+        let rc = unsafe { libc::pthread_getcpuclockid(this, &raw mut clock) };
+        WorkerMetrics {
+            id,
+            wakeups: AtomicU64::new(0),
+            cpu_clock: (rc == 0).then_some(clock),
+        }
+    }
+
+    /// The worker's number.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The worker's loop woke (from `epoll_wait`): a new pass begins.
+    /// Called by the worker only.
+    pub(crate) fn woke(&self) {
+        add(&self.wakeups, 1);
+        pass::begin();
+    }
+
+    /// The figures as they are; `queues` is how many queues the worker
+    /// serves now.
+    pub fn snapshot(&self, queues: usize) -> WorkerSnapshot {
+        WorkerSnapshot {
+            worker: self.id,
+            queues,
+            wakeups: self.wakeups.load(Ordering::Relaxed),
+            cpu_ns: self.cpu_clock.and_then(cpu_time_ns),
+        }
+    }
+}
+
+/// The time on a thread CPU clock; `None` if the thread is gone.
+fn cpu_time_ns(clock: libc::clockid_t) -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; an invalid clock (the
+    // thread ended) only makes the call fail.
+    if unsafe { libc::clock_gettime(clock, &raw mut ts) } != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u64::try_from(ts.tv_nsec).ok()?;
+    secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+}
+
+/// One worker's figures at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct WorkerSnapshot {
+    /// Worker number.
+    pub worker: usize,
+    /// Request queues it serves now.
+    pub queues: usize,
+    /// Times its loop woke from `epoll_wait` (events, a timeout, or a
+    /// poll turn that found its queues busy).
+    pub wakeups: u64,
+    /// CPU time of the thread, ns (`None` if it could not be read).
+    pub cpu_ns: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_counts_its_wakeups_and_its_cpu_time() {
+        let m = std::thread::spawn(|| {
+            let m = WorkerMetrics::on_this_thread(2);
+            assert_eq!(pass::worker(), Some(2));
+            m.woke();
+            m.woke();
+            // Burn some CPU so that the clock moves.
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(5) {
+                std::hint::spin_loop();
+            }
+            let s = m.snapshot(3);
+            assert_eq!((s.worker, s.queues, s.wakeups), (2, 3, 2));
+            assert!(s.cpu_ns.unwrap() >= 1_000_000, "{s:?}");
+            m
+        })
+        .join()
+        .unwrap();
+        assert_eq!(m.snapshot(0).cpu_ns, None, "the thread is gone");
+    }
+}
