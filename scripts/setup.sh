@@ -3,11 +3,12 @@
 # everything is present this costs a few dpkg queries and nothing else.
 set -euo pipefail
 
-# Debian packages the test suite uses: spin (the models), gcc, and
+# Debian packages the test suite uses: spin (the models), gcc,
 # qemu-system-common for qemu-storage-daemon, the vhost-user-blk peer of
-# sqcq-bench's blk tests.
+# sqcq-bench's blk tests, and python3-prometheus-client, Prometheus'
+# reference parser that the metrics tests check sqcqd's endpoint with.
 # shellcheck source=scripts/lib/packages.sh
 source "$(dirname "$0")/lib/packages.sh"
-ensure_packages setup spin gcc qemu-system-common
+ensure_packages setup spin gcc qemu-system-common python3-prometheus-client
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }

@@ -13,6 +13,7 @@ use crate::admin::AdminServer;
 use crate::config::DaemonConfig;
 use crate::runtime::worker::WorkerPool;
 
+use crate::prometheus::{MetricsListen, MetricsServer, Scrape};
 use crate::registry::{Origin, Registry, RegistryError, ReloadReport};
 use crate::rpc::{ConfigSource, Context};
 use crate::scsi::device::ScsiDevice;
@@ -81,6 +82,7 @@ pub struct Daemon {
     /// What the management API acts on.
     ctx: Arc<Context>,
     admin: Option<AdminServer>,
+    metrics: Option<MetricsServer>,
 }
 
 impl Daemon {
@@ -127,6 +129,7 @@ impl Daemon {
             registry,
             ctx,
             admin: None,
+            metrics: None,
         };
         for d in &config.devices {
             if let Err(e) = daemon.registry.create(d.clone(), Origin::Config) {
@@ -166,6 +169,18 @@ impl Daemon {
                 }
             }
         }
+        if let Some(listen) = &config.service.metrics {
+            match daemon.spawn_metrics(listen) {
+                Ok(m) => daemon.metrics = Some(m),
+                Err(source) => {
+                    daemon.shutdown();
+                    return Err(DaemonError::Io {
+                        what: format!("metrics endpoint {listen}"),
+                        source,
+                    });
+                }
+            }
+        }
         Ok(daemon)
     }
 
@@ -177,6 +192,25 @@ impl Daemon {
     /// Worker threads.
     pub fn workers(&self) -> usize {
         self.pool.len()
+    }
+
+    /// The Prometheus endpoint, rendering the devices and workers there
+    /// are at each scrape.
+    fn spawn_metrics(&self, listen: &MetricsListen) -> io::Result<MetricsServer> {
+        let registry = Arc::clone(&self.registry);
+        let render = move |out: &mut String| {
+            let devices: Vec<_> = (registry.ids().into_iter())
+                .filter_map(|id| registry.control(id).ok())
+                .collect();
+            Scrape::collect(&devices, registry.pool().stats()).render(out);
+        };
+        MetricsServer::spawn(listen, Arc::new(render))
+    }
+
+    /// Where the Prometheus endpoint listens, if there is one (with the
+    /// port chosen when port 0 was asked).
+    pub fn metrics_endpoint(&self) -> Option<&MetricsListen> {
+        self.metrics.as_ref().map(MetricsServer::endpoint)
     }
 
     /// The devices and workers, for changes at run time.
@@ -229,6 +263,9 @@ impl Daemon {
         self.pool.begin_shutdown(SHUTDOWN_GRACE);
         if let Some(admin) = self.admin {
             admin.shutdown();
+        }
+        if let Some(metrics) = self.metrics {
+            metrics.shutdown();
         }
         self.registry.shutdown();
         self.pool.shutdown();

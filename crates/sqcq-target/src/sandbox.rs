@@ -158,9 +158,11 @@ const ALLOWED: &[libc::c_long] = &[
 ];
 
 /// `ioctl` requests the daemon issues: socket queue lengths, terminal
-/// detection of the logger, block device size and discards.
+/// detection of the logger, block device size and discards, the metrics
+/// endpoint's connections made non-blocking.
 const IOCTLS: &[libc::Ioctl] = &[
     libc::FIONREAD,
+    libc::FIONBIO,
     libc::TIOCOUTQ,
     libc::TCGETS,
     0x1268,      // BLKSSZGET
@@ -329,6 +331,38 @@ mod tests {
         assert_eq!(exec_mem, (true, libc::EPERM), "executable mmap");
         assert!(eventfd >= 0, "eventfd2 is allowed");
         assert_eq!(ioctl, (-1, libc::EPERM), "an ioctl the daemon never issues");
+    }
+
+    /// The metrics endpoint, started before the filter as the daemon does,
+    /// serves a scrape on a thread the filter applies to.
+    #[test]
+    fn the_metrics_endpoint_serves_under_the_filter() {
+        use crate::prometheus::{MetricsListen, server};
+        use std::io::{Read, Write};
+        use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+        let listen = MetricsListen::Tcp("127.0.0.1:0".parse().unwrap());
+        let (listener, endpoint) = server::Listener::bind(&listen).unwrap();
+        let MetricsListen::Tcp(addr) = endpoint else {
+            unreachable!()
+        };
+        let stop = EventFd::new(EFD_NONBLOCK).unwrap();
+        let thread_stop = stop.try_clone().unwrap();
+        let thread = std::thread::spawn(move || {
+            let program = filter(SeccompMode::Errno).unwrap().unwrap();
+            seccompiler::apply_filter(&program).unwrap();
+            server::serve(&listener, &thread_stop, &|out: &mut String| {
+                out.push_str("up 1\n");
+            });
+        });
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nup 1\n"), "{answer}");
+        stop.write(1).unwrap();
+        thread.join().unwrap();
     }
 
     #[test]

@@ -90,6 +90,12 @@ impl BlkDevice {
         self.backstore.geometry()
     }
 
+    /// The disk's capacity in bytes (Relaxed: a figure; see
+    /// [`Self::resize`] for what orders a change).
+    pub fn capacity_bytes(&self) -> u64 {
+        self.sectors.load(Ordering::Relaxed) * sqcq_wire::blk::SECTOR_SIZE
+    }
+
     /// The disk's logical block size.
     pub fn block_size(&self) -> u32 {
         self.backstore.geometry().block_size

@@ -8,6 +8,7 @@ use clap::Parser;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::prometheus::MetricsListen;
 use crate::sandbox::SeccompMode;
 pub use crate::spec::{BackstoreKind, LunSpec, LunSpecError, parse_size};
 
@@ -185,6 +186,9 @@ pub struct ServiceConfig {
     /// Owner, group and mode of the admin socket (by default mode
     /// [`DEFAULT_ADMIN_SOCKET_MODE`]).
     pub admin_socket_ownership: SocketOwnership,
+    /// Where the Prometheus endpoint listens (`None`: no endpoint; see
+    /// [`crate::prometheus`]).
+    pub metrics: Option<MetricsListen>,
 }
 
 impl Default for ServiceConfig {
@@ -196,6 +200,7 @@ impl Default for ServiceConfig {
                 mode: Some(DEFAULT_ADMIN_SOCKET_MODE),
                 ..SocketOwnership::default()
             },
+            metrics: None,
         }
     }
 }
@@ -513,6 +518,36 @@ mod tests {
         assert_eq!(c.devices[1].queue_size, 128);
         assert_eq!(c.devices[1].luns[0].block_size, 4096);
         assert_eq!(c.devices[0].queue_map.0, vec![(0, 0), (1, 1)]);
+    }
+
+    #[test]
+    fn the_metrics_endpoint_from_the_file_or_the_command_line() {
+        let file = "[service]\nmetrics-listen = \"unix:/run/m.sock\"\n\
+                    [[device]]\nsocket-path = \"/tmp/x\"\n";
+        let c = parse_toml(file, 1, 1, 128).unwrap();
+        assert_eq!(
+            c.service.metrics,
+            Some(MetricsListen::Unix("/run/m.sock".into()))
+        );
+        assert!(parse_toml("[service]\nmetrics-listen = \"9393\"\n", 1, 1, 128).is_err());
+        let cli = Cli::parse_from([
+            "sqcqd",
+            "--socket-path",
+            "/tmp/s",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]);
+        let c = cli.into_config().unwrap();
+        assert_eq!(
+            c.service.metrics,
+            Some(MetricsListen::Tcp("127.0.0.1:0".parse().unwrap()))
+        );
+        let off = Cli::parse_from(["sqcqd", "--socket-path", "/tmp/s"]);
+        assert_eq!(
+            off.into_config().unwrap().service.metrics,
+            None,
+            "off by default"
+        );
     }
 
     #[test]

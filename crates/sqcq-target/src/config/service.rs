@@ -1,6 +1,7 @@
-//! How the daemon runs as a service: the pidfile and the owner, group and
-//! mode of its sockets, from the command line and from the `[service]`
-//! table of the TOML file (the command line wins). User and group names
+//! How the daemon runs as a service: the pidfile, the owner, group and
+//! mode of its sockets, and the metrics endpoint, from the command line
+//! and from the `[service]` table of the TOML file (the command line
+//! wins). User and group names
 //! are resolved here, once.
 
 use std::path::PathBuf;
@@ -8,6 +9,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Deserializer};
 
 use super::{ConfigError, ServiceConfig};
+use crate::prometheus::MetricsListen;
 use crate::service::account::{group_id, user_id};
 use crate::transport::listen::SocketOwnership;
 
@@ -42,6 +44,11 @@ pub struct ServiceArgs {
     /// Group of the admin socket.
     #[arg(long, value_name = "GROUP|GID")]
     pub admin_socket_group: Option<String>,
+    /// Serve Prometheus metrics (GET /metrics) on ADDR: a local IP:PORT
+    /// such as 127.0.0.1:9393, or unix:PATH (mode 0600) [default: no
+    /// endpoint].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<MetricsListen>,
 }
 
 /// The `[service]` table of the TOML file.
@@ -57,6 +64,7 @@ pub struct FileService {
     admin_socket_mode: Option<u32>,
     admin_socket_owner: Option<String>,
     admin_socket_group: Option<String>,
+    metrics_listen: Option<MetricsListen>,
 }
 
 /// A socket's permission bits in octal, `0660` or `660`: at most `0777`.
@@ -115,6 +123,7 @@ impl FileService {
                 self.admin_socket_owner.as_deref(),
                 self.admin_socket_group.as_deref(),
             )?,
+            metrics: self.metrics_listen,
         })
     }
 }
@@ -124,6 +133,9 @@ impl ServiceArgs {
     pub fn apply(self, mut config: ServiceConfig) -> Result<ServiceConfig, ConfigError> {
         if self.pidfile.is_some() {
             config.pidfile = self.pidfile;
+        }
+        if self.metrics_listen.is_some() {
+            config.metrics = self.metrics_listen;
         }
         config.socket_ownership = ownership(
             config.socket_ownership,

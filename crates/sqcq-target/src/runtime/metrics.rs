@@ -2,8 +2,9 @@
 //! everything its frontend did wrong and of queue failures; per virtqueue,
 //! what it served and how (requests, bytes, service times, notifications,
 //! polling); per worker, its wake-ups and CPU time. Admin `stats`, the
-//! per-queue log line and `--stats-file` all read these (through
-//! [`QueueSnapshot`] and [`WorkerSnapshot`]); nothing else counts.
+//! per-queue log line, `--stats-file` and the Prometheus endpoint
+//! ([`crate::prometheus`]) all read these (through [`QueueSnapshot`] and
+//! [`WorkerSnapshot`]); nothing else counts.
 //!
 //! Every counter is cumulative since the daemon started (a queue that is
 //! stopped and started again, or served by another worker, goes on
