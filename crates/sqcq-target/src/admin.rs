@@ -35,15 +35,15 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use thiserror::Error;
-use tracing::{error, info, warn};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use tracing::{info, warn};
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::registry::Registry;
 use crate::rpc::Context;
+use crate::runtime::stoppable::StoppableThread;
 use crate::scsi::hotplug::HotplugError;
 use crate::spec::{LunSpec, LunSpecError, parse_size};
 use crate::transport::listen::ListeningSocket;
@@ -244,8 +244,7 @@ fn stats(registry: &Registry) -> String {
 /// The admin socket's thread.
 #[derive(Debug)]
 pub struct AdminServer {
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
+    thread: StoppableThread,
 }
 
 impl AdminServer {
@@ -253,38 +252,20 @@ impl AdminServer {
     /// default mode 0600, or passed in by the service manager).
     pub fn spawn(socket: ListeningSocket, ctx: Arc<Context>) -> io::Result<Self> {
         let path = socket.path().to_owned();
-        let stop = EventFd::new(EFD_NONBLOCK)?;
-        let thread_stop = stop.try_clone()?;
         // The thread owns the socket: it is removed when the thread ends.
-        let thread = std::thread::Builder::new()
-            .name("sqcq-admin".into())
-            .spawn(move || serve(socket.listener(), &thread_stop, &ctx))?;
+        let thread = StoppableThread::spawn(
+            "sqcq-admin".into(),
+            "the admin thread".into(),
+            move |stop| serve(socket.listener(), &stop, &ctx),
+        )?;
         info!("admin socket {}", path.display());
-        Ok(AdminServer {
-            stop,
-            thread: Some(thread),
-        })
+        Ok(AdminServer { thread })
     }
 
     /// Stops serving (after the command running, if any) and removes the
     /// socket.
     pub fn shutdown(mut self) {
-        self.stop_thread();
-    }
-
-    fn stop_thread(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            error!("admin thread panicked");
-        }
-    }
-}
-
-impl Drop for AdminServer {
-    fn drop(&mut self) {
-        self.stop_thread();
+        self.thread.stop();
     }
 }
 

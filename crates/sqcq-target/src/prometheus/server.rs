@@ -19,11 +19,12 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::runtime::stoppable::StoppableThread;
 
 use super::MetricsListen;
 use super::text::CONTENT_TYPE;
@@ -46,8 +47,7 @@ pub type Render = Arc<dyn Fn(&mut String) + Send + Sync>;
 /// The endpoint's thread.
 #[derive(Debug)]
 pub struct MetricsServer {
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
+    thread: StoppableThread,
     endpoint: MetricsListen,
 }
 
@@ -154,19 +154,15 @@ impl MetricsServer {
         {
             warn!("metrics endpoint on {addr}: reachable from other hosts");
         }
-        let stop = EventFd::new(EFD_NONBLOCK)?;
-        let thread_stop = stop.try_clone()?;
         // The thread owns the listener: a Unix socket is removed when it
         // ends.
-        let thread = std::thread::Builder::new()
-            .name("sqcq-metrics".into())
-            .spawn(move || serve(&listener, &thread_stop, &*render))?;
+        let thread = StoppableThread::spawn(
+            "sqcq-metrics".into(),
+            "the metrics thread".into(),
+            move |stop| serve(&listener, &stop, &*render),
+        )?;
         info!("metrics endpoint {}", endpoint.url());
-        Ok(MetricsServer {
-            stop,
-            thread: Some(thread),
-            endpoint,
-        })
+        Ok(MetricsServer { thread, endpoint })
     }
 
     /// Where it listens (with the port chosen when port 0 was asked).
@@ -177,22 +173,7 @@ impl MetricsServer {
     /// Stops serving (closing every connection) and removes a Unix
     /// socket.
     pub fn shutdown(mut self) {
-        self.stop_thread();
-    }
-
-    fn stop_thread(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            error!("metrics thread panicked");
-        }
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop_thread();
+        self.thread.stop();
     }
 }
 

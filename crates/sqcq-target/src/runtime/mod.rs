@@ -24,6 +24,7 @@ pub(crate) mod ratelimit;
 pub(crate) mod ring_poll;
 pub(crate) mod stall;
 pub(crate) mod stats;
+pub(crate) mod stoppable;
 pub(crate) mod tracking;
 pub(crate) mod used;
 pub(crate) mod worker;

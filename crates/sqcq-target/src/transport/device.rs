@@ -15,7 +15,6 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 
 use thiserror::Error;
 use tracing::{error, info, warn};
@@ -28,6 +27,7 @@ use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::placement::QueuePlacement;
 use crate::runtime::queue::DeviceInfo;
 use crate::runtime::ratelimit::{DEFAULT_BURST, RateLimiter};
+use crate::runtime::stoppable::StoppableThread;
 use crate::runtime::worker::WorkerPool;
 use crate::transport::backend_channel;
 pub use crate::transport::device_type::DeviceParams;
@@ -138,9 +138,10 @@ pub struct DeviceShared {
 #[derive(Debug)]
 pub struct DeviceHandle {
     shared: Arc<DeviceShared>,
-    stop: EventFd,
     manage: ManageLink,
-    thread: Option<JoinHandle<()>>,
+    /// The control thread; it owns the socket and removes it when it
+    /// ends.
+    thread: StoppableThread,
 }
 
 impl DeviceHandle {
@@ -178,7 +179,6 @@ impl DeviceHandle {
             connected: AtomicBool::new(false),
         });
         pool.stats().register(&shared.info.metrics);
-        let stop = EventFd::new(EFD_NONBLOCK)?;
         let (manage_tx, requests) = mpsc::channel();
         let manage_wake = EventFd::new(EFD_NONBLOCK)?;
         let manage = ManageLink {
@@ -187,19 +187,24 @@ impl DeviceHandle {
             wake: Arc::new(manage_wake.try_clone()?),
             pool: Arc::clone(&pool),
         };
-        let control = ControlThread {
-            shared: Arc::clone(&shared),
-            pool,
-            socket,
-            stop: stop.try_clone()?,
-            requests,
-            manage_wake,
-            epoll: Epoll::new()?,
-            lingering: Vec::new(),
-        };
-        let thread = std::thread::Builder::new()
-            .name(format!("sqcq-dev{id}"))
-            .spawn(move || control.run())?;
+        let (control_shared, epoll) = (Arc::clone(&shared), Epoll::new()?);
+        let thread = StoppableThread::spawn(
+            format!("sqcq-dev{id}"),
+            format!("the control thread of device {id}"),
+            move |stop| {
+                ControlThread {
+                    shared: control_shared,
+                    pool,
+                    socket,
+                    stop,
+                    requests,
+                    manage_wake,
+                    epoll,
+                    lingering: Vec::new(),
+                }
+                .run();
+            },
+        )?;
         info!(
             device = id,
             "listening on {}{passed}",
@@ -207,9 +212,8 @@ impl DeviceHandle {
         );
         Ok(DeviceHandle {
             shared,
-            stop,
             manage,
-            thread: Some(thread),
+            thread,
         })
     }
 
@@ -227,23 +231,7 @@ impl DeviceHandle {
     /// Stops accepting, stops every queue after its in-flight requests,
     /// and waits for the control thread.
     pub fn shutdown(mut self) {
-        self.stop_thread();
-    }
-
-    fn stop_thread(&mut self) {
-        let _ = self.stop.write(1);
-        // The control thread owns the socket and removes it when it ends.
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            error!(device = self.shared.info.id, "control thread panicked");
-        }
-    }
-}
-
-impl Drop for DeviceHandle {
-    fn drop(&mut self) {
-        self.stop_thread();
+        self.thread.stop();
     }
 }
 
