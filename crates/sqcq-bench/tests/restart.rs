@@ -130,14 +130,6 @@ fn killed_under_load(
     json
 }
 
-/// Every notification mode, with the daemon options it needs.
-const MODES: [(&str, &[&str]); 4] = [
-    ("notify", &[]),
-    ("ring-poll", &["--poll", "ring"]),
-    ("sqcq", &[]),
-    ("sqcq-inline", &[]),
-];
-
 #[test]
 fn blk_survives_kill_9_in_every_mode() {
     for (mode, daemon_args) in MODES {

@@ -181,14 +181,6 @@ fn moved_under_load(name: &str, device: &str, mode: &str, daemon_args: &[&str]) 
     )
 }
 
-/// Every notification mode, with the daemon options it needs.
-const MODES: [(&str, &[&str]); 4] = [
-    ("notify", &[]),
-    ("ring-poll", &["--poll", "ring"]),
-    ("sqcq", &[]),
-    ("sqcq-inline", &[]),
-];
-
 #[test]
 fn blk_queues_move_between_workers_under_load_in_every_mode() {
     for (mode, daemon_args) in MODES {

@@ -247,7 +247,10 @@ pub fn clone3_filter() -> Result<BpfProgram, SandboxError> {
     BpfProgram::try_from(filter).map_err(SandboxError::Build)
 }
 
-/// Set once a filter is applied.
+/// Set once a filter is applied. Relaxed: it guards no data; it is read
+/// by threads acting on management requests, which come over sockets
+/// long after the start, and a stale `false` would only try a call the
+/// filter then refuses.
 static ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether the filter is applied (what the daemon may still do depends

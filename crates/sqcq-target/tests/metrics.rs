@@ -23,9 +23,7 @@ use common::driver::*;
 use common::*;
 use serde_json::Value;
 use sqcq_driver::scsi::Cdb;
-use sqcq_target::config::{
-    BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, PollOptions, QueueMap,
-};
+use sqcq_target::config::{BackstoreKind, DeviceConfig, DeviceType, PollOptions, QueueMap};
 use sqcq_target::prometheus::MetricsListen;
 
 /// A Python with `prometheus_client`: `$SQCQ_PYTHON`, Debian's
@@ -221,25 +219,7 @@ fn check_shape(f: &Value) {
 /// LUN of 1 GiB), two request queues on two workers, and the endpoint on
 /// `listen`.
 fn start_daemon(dir: &TempDir, listen: MetricsListen) -> (sqcq_target::Daemon, PathBuf) {
-    let socket = dir.path("scsi.sock");
-    let mut config = DaemonConfig {
-        poll: PollOptions::default(),
-        workers: 2,
-        admin_socket: None,
-        seccomp: Default::default(),
-        service: Default::default(),
-        devices: vec![DeviceConfig {
-            device_type: DeviceType::Scsi,
-            socket_path: socket.clone(),
-            luns: vec![
-                lun(BackstoreKind::Ram, 8 << 20),
-                lun(BackstoreKind::Null, 1 << 30),
-            ],
-            num_queues: 2,
-            queue_size: QUEUE_SIZE,
-            queue_map: QueueMap(vec![(0, 0), (1, 1)]),
-        }],
-    };
+    let (mut config, socket) = config_with(dir, 2, PollOptions::default());
     config.service.metrics = Some(listen);
     config.validate().unwrap();
     (sqcq_target::Daemon::start(&config).unwrap(), socket)

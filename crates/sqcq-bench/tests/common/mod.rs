@@ -111,3 +111,11 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Every notification mode, with the `sqcqd` options it needs.
+pub const MODES: [(&str, &[&str]); 4] = [
+    ("notify", &[]),
+    ("ring-poll", &["--poll", "ring"]),
+    ("sqcq", &[]),
+    ("sqcq-inline", &[]),
+];

@@ -20,8 +20,11 @@ pub struct QueuePlacement {
     running: Box<[AtomicUsize]>,
 }
 
+// Relaxed throughout: a slot is a number read for a decision or a
+// listing, and publishes no other data; the control thread that starts a
+// queue, and the change lock of the registry, order what must be.
 fn get(slot: Option<&AtomicUsize>) -> Option<usize> {
-    slot.map(|s| s.load(Ordering::Acquire))
+    slot.map(|s| s.load(Ordering::Relaxed))
         .filter(|&w| w != NONE)
 }
 
@@ -60,7 +63,7 @@ impl QueuePlacement {
     pub fn assign(&self, rq: u16, worker: Option<usize>) -> bool {
         match self.assigned.get(usize::from(rq)) {
             Some(s) => {
-                s.store(worker.unwrap_or(NONE), Ordering::Release);
+                s.store(worker.unwrap_or(NONE), Ordering::Relaxed);
                 true
             }
             None => false,
@@ -75,7 +78,7 @@ impl QueuePlacement {
     /// Records where request queue `rq` runs (`None`: stopped).
     pub fn set_running(&self, rq: u16, worker: Option<usize>) {
         if let Some(s) = self.running.get(usize::from(rq)) {
-            s.store(worker.unwrap_or(NONE), Ordering::Release);
+            s.store(worker.unwrap_or(NONE), Ordering::Relaxed);
         }
     }
 

@@ -105,6 +105,13 @@ pub fn start(dir: &TempDir, workers: usize) -> (Daemon, PathBuf) {
 
 /// Like [`start`], with poll options (`--no-sqcq`, `--poll ring`, ...).
 pub fn start_with(dir: &TempDir, workers: usize, poll: PollOptions) -> (Daemon, PathBuf) {
+    let (config, socket) = config_with(dir, workers, poll);
+    config.validate().unwrap();
+    (Daemon::start(&config).unwrap(), socket)
+}
+
+/// The configuration [`start_with`] starts, and its device's socket.
+pub fn config_with(dir: &TempDir, workers: usize, poll: PollOptions) -> (DaemonConfig, PathBuf) {
     let socket = dir.path("scsi.sock");
     let config = DaemonConfig {
         poll,
@@ -128,8 +135,7 @@ pub fn start_with(dir: &TempDir, workers: usize, poll: PollOptions) -> (Daemon, 
             },
         }],
     };
-    config.validate().unwrap();
-    (Daemon::start(&config).unwrap(), socket)
+    (config, socket)
 }
 
 /// Sends SIGTERM and checks that the daemon exits 0 within the documented
