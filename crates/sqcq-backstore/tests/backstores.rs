@@ -261,8 +261,23 @@ fn file_completion_work_can_be_steered_to_cpus() {
 }
 
 #[test]
-fn null_reads_zeros_and_drops_writes() {
+fn null_leaves_read_buffers_alone_unless_asked_to_zero_them() {
     let null = NullBackstore::new(1 << 20, 4096).unwrap();
+    assert!(!null.geometry().unmapped_reads_zero);
+    let mut q = null.open_queue(2).unwrap();
+    let mut b = Buf::new(8192);
+    b.bytes().fill(0xaa);
+    assert_eq!(
+        run(&mut *q, IoOp::Read { offset: 0 }, &[b.iov(0, 8192)]).unwrap(),
+        8192
+    );
+    assert!(b.bytes().iter().all(|&x| x == 0xaa), "untouched");
+}
+
+#[test]
+fn null_reads_zeros_and_drops_writes() {
+    let null = NullBackstore::new(1 << 20, 4096).unwrap().zero_reads(true);
+    assert!(null.geometry().unmapped_reads_zero);
     let mut q = null.open_queue(2).unwrap();
     let mut b = Buf::new(8192);
     b.bytes().fill(0xaa);

@@ -42,8 +42,9 @@ use sqcq_protocol::{
 };
 
 use crate::poll_stats::{PollStats, StatsCell};
-use crate::sqcq::{POLLS_PER_YIELD, now_ns};
+use crate::sqcq::now_ns;
 use crate::vring::SplitQueue;
+use sqcq_protocol::yielder::Yielder;
 
 /// Polls of the used ring between two checks of the deadline and the
 /// socket (and, in `poll-queue`, a `yield_now`, so that a device sharing
@@ -209,6 +210,8 @@ pub struct QueueEvents {
     /// Where the queue's poller reports: kicks and calls are copied there
     /// as they are counted.
     report: Option<Arc<StatsCell>>,
+    /// When the submitter's spinning waits give the CPU away ([`pace`]).
+    yielder: Yielder,
 }
 
 impl QueueEvents {
@@ -223,6 +226,7 @@ impl QueueEvents {
             timeout,
             counters: NotifyCounters::default(),
             calls_elsewhere: false,
+            yielder: Yielder::new(),
             report: None,
         })
     }
@@ -629,24 +633,26 @@ impl UsedCount {
     }
 }
 
-/// One empty poll of a spinning wait that may sleep: checks the deadline
-/// and the socket every [`POLLS_PER_CHECK`] polls, and yields every
-/// [`POLLS_PER_YIELD`] (the thread that will write the index may be
-/// waiting for this CPU). The doorbell modes pace their spins alike.
+/// One empty poll of a spinning wait that may sleep (`polls` counts this
+/// wait's empty polls): checks the deadline and the socket every
+/// [`POLLS_PER_CHECK`] polls, and yields the CPU when the queue's
+/// [`Yielder`] says (the thread that will write the index may be waiting
+/// for this CPU). A wait that needs no empty poll found its work at
+/// once: the first empty poll of a wait tells the yielder that the
+/// previous wait found work. The doorbell modes pace their spins alike.
 pub(crate) fn pace(
     polls: &mut u32,
     events: &mut QueueEvents,
     deadline: Instant,
 ) -> Result<(), NotifyError> {
     *polls = polls.wrapping_add(1);
+    if *polls == 1 {
+        events.yielder.busy();
+    }
     if polls.is_multiple_of(POLLS_PER_CHECK) {
         events.check_alive(deadline)?;
     }
-    if polls.is_multiple_of(POLLS_PER_YIELD) {
-        std::thread::yield_now();
-    } else {
-        std::hint::spin_loop();
-    }
+    events.yielder.idle();
     Ok(())
 }
 

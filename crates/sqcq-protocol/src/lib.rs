@@ -8,8 +8,9 @@
 //! the other side that one notification is owed. The normative text is
 //! `docs/spec/virtio-sqcq.md`.
 //!
-//! This crate is the protocol and nothing else: no I/O, no threads, no
-//! clock, `no_std` without the `std` feature. Both the device (`sqcq-target`)
+//! This crate is the protocol and nothing else: no I/O, no threads,
+//! `no_std` without the `std` feature; the pollers take the time as an
+//! argument, and [`clock`] (`std`) is the cheap clock both sides feed them. Both the device (`sqcq-target`)
 //! and the driver (`sqcq-driver`) build on it:
 //!
 //! - [`layout`]: where the doorbells are ([`doorbell_location`]) and which
@@ -45,6 +46,8 @@
 #![cfg_attr(not(any(feature = "std", test)), no_std)]
 #![deny(missing_docs)]
 
+#[cfg(feature = "std")]
+pub mod clock;
 pub mod doorbell;
 #[cfg(feature = "guest-memory")]
 pub mod guest;
@@ -54,6 +57,8 @@ pub mod poller;
 pub mod spin;
 pub mod stats;
 mod sync;
+#[cfg(feature = "std")]
+pub mod yielder;
 
 /// Feature bit number of VIRTIO_F_SQCQ_POLL.
 pub const VIRTIO_F_SQCQ_POLL: u32 = 42;

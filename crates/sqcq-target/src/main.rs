@@ -75,6 +75,9 @@ fn main() -> ExitCode {
             return failed(&notifier, ExitCode::FAILURE, &why);
         }
     };
+    // The poll clock chooses its counter (reading /sys) and measures the
+    // TSC's rate now, before any worker polls or a filter is applied.
+    info!(source = ?sqcq_protocol::clock::source(), "poll clock");
     let daemon = match Daemon::start_with(&config, sockets) {
         Ok(d) => d,
         Err(e) => return failed(&notifier, ExitCode::FAILURE, &error_chain(&e)),

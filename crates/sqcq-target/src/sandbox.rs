@@ -264,6 +264,9 @@ pub fn apply(mode: SeccompMode) -> Result<(), SandboxError> {
     match filter(mode)? {
         Some(program) => {
             let clone3 = clone3_filter()?;
+            // The poll clock reads /sys once to choose its counter: done
+            // here if nothing read it yet, before `openat` is forbidden.
+            let _ = sqcq_protocol::clock::source();
             // Before the filter: from its first instant, nothing may try
             // what it forbids.
             ACTIVE.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -18,7 +18,8 @@ use thiserror::Error;
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum BackstoreKind {
-    /// Reads zeros, drops writes (measures the transport alone).
+    /// Drops writes; reads leave their buffers alone, or zero them with
+    /// `zero` (measures the transport alone).
     Null,
     /// Keeps data in memory.
     Ram,
@@ -59,6 +60,11 @@ pub struct LunSpec {
     /// NAA WWN (VPD page 0x83), `0x5...`.
     #[serde(default, deserialize_with = "de_wwn")]
     pub wwn: Option<u64>,
+    /// Null LUNs: reads fill their buffers with zeros. Off by default, as
+    /// for Linux's null_blk and SPDK's null bdev: a read leaves the
+    /// initiator's buffer as it was.
+    #[serde(default)]
+    pub zero: bool,
 }
 
 /// Why a spec's backstore could not be opened.
@@ -77,13 +83,20 @@ impl LunSpec {
     /// created when `create` says so, never resized).
     pub fn open_backstore(&self) -> Result<Arc<dyn Backstore>, OpenError> {
         let block_size = self.block_size;
+        if self.zero && self.kind != BackstoreKind::Null {
+            return Err(OpenError::Spec("zero is an option of null LUNs"));
+        }
         Ok(match self.kind {
             BackstoreKind::Null | BackstoreKind::Ram => {
                 let size = self
                     .size
                     .ok_or(OpenError::Spec("null and ram LUNs need size="))?;
                 if self.kind == BackstoreKind::Null {
-                    Arc::new(NullBackstore::new(size, block_size).map_err(OpenError::Backstore)?)
+                    Arc::new(
+                        NullBackstore::new(size, block_size)
+                            .map_err(OpenError::Backstore)?
+                            .zero_reads(self.zero),
+                    )
                 } else {
                     Arc::new(RamBackstore::new(size, block_size).map_err(OpenError::Backstore)?)
                 }
@@ -124,7 +137,7 @@ impl FromStr for LunSpec {
     type Err = LunSpecError;
 
     /// Parses `kind=null|ram|file,size=..,path=..,create,block-size=512|4096,
-    /// ro,serial=..,wwn=0x..,lun=N`.
+    /// ro,serial=..,wwn=0x..,lun=N,zero`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why: String| LunSpecError {
             spec: s.to_owned(),
@@ -141,6 +154,7 @@ impl FromStr for LunSpec {
             read_only: false,
             serial: None,
             wwn: None,
+            zero: false,
         };
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = part.split_once('=').unwrap_or((part, ""));
@@ -162,6 +176,7 @@ impl FromStr for LunSpec {
                 }
                 "ro" | "read-only" => spec.read_only = value.is_empty() || value == "on",
                 "create" => spec.create = value.is_empty() || value == "on",
+                "zero" => spec.zero = value.is_empty() || value == "on",
                 "serial" => spec.serial = Some(value.to_owned()),
                 "wwn" => spec.wwn = Some(parse_wwn(value).map_err(err)?),
                 "lun" => {
@@ -175,6 +190,9 @@ impl FromStr for LunSpec {
             }
         }
         spec.kind = kind.ok_or_else(|| err("kind= is required".to_owned()))?;
+        if spec.zero && spec.kind != BackstoreKind::Null {
+            return Err(err("zero is an option of null LUNs".to_owned()));
+        }
         if spec.block_size != 512 && spec.block_size != 4096 {
             return Err(err("block-size must be 512 or 4096".to_owned()));
         }

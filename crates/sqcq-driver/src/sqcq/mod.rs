@@ -48,9 +48,6 @@ pub mod poll_thread;
 #[cfg(test)]
 mod tests;
 
-use std::sync::OnceLock;
-use std::time::Instant;
-
 pub use crate::poll_stats::PollStats;
 pub use bell::{DoorbellError, GuestBell};
 pub use poll_thread::{PollGroup, PollGroupBuilder, PollThreads};
@@ -77,13 +74,9 @@ pub fn parked_queue(
     Ok(Virtqueue::with_notifier(index, ring, notifier, events))
 }
 
-/// Nanoseconds since the first call: the clock of every poller here.
+/// Nanoseconds since the first call: the clock of every poller here (the
+/// TSC where the kernel trusts it, [`sqcq_protocol::clock`]).
+#[inline]
 pub(crate) fn now_ns() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+    sqcq_protocol::clock::now_ns()
 }
-
-/// Polls of a spinning loop between two `yield_now`s: on a machine with
-/// more runnable threads than CPUs the thread that will write the doorbell
-/// may be waiting for this very CPU.
-pub(crate) const POLLS_PER_YIELD: u32 = 16;

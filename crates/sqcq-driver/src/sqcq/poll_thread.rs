@@ -25,11 +25,12 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::bell::{CqBell, DoorbellError, QueueShared, ThreadState, queue_doorbells};
 use super::notifier::DoorbellNotifier;
-use super::{POLLS_PER_YIELD, now_ns};
+use super::now_ns;
 use crate::memory::DriverMemory;
 use crate::notify::{Notifier, QueueEvents};
 use crate::poll_stats::PollStats;
 use crate::vring::SplitQueue;
+use sqcq_protocol::yielder::Yielder;
 
 /// Polls between two stores of the statistics while spinning.
 const POLLS_PER_STATS: u32 = 1024;
@@ -271,15 +272,18 @@ impl PollThread {
 
     fn run(mut self) {
         let mut polls = 0u32;
+        let mut yielder = Yielder::new();
         // Acquire: pairs with the Release store in `PollGroup::stop`.
         while !self.state.stop.load(Ordering::Acquire) {
             let now = now_ns();
             let mut spinning = false;
+            let mut found = false;
             for w in &mut self.watched {
                 match w.poller.poll(now) {
                     Poll::Work(idx) => {
                         w.forward(idx);
                         spinning = true;
+                        found = true;
                     }
                     Poll::Idle => spinning = true,
                     Poll::Expired => {}
@@ -290,10 +294,10 @@ impl PollThread {
                 if polls.is_multiple_of(POLLS_PER_STATS) {
                     self.watched.iter().for_each(Watched::store_stats);
                 }
-                if polls.is_multiple_of(POLLS_PER_YIELD) {
-                    std::thread::yield_now();
+                if found {
+                    yielder.busy();
                 } else {
-                    std::hint::spin_loop();
+                    yielder.idle();
                 }
                 continue;
             }

@@ -9,8 +9,6 @@
 //! records its worker in its figures without being told.
 
 use std::cell::Cell;
-use std::sync::OnceLock;
-use std::time::Instant;
 
 thread_local! {
     /// The time of the thread's current pass, ns since [`now_ns`]'s origin.
@@ -20,10 +18,11 @@ thread_local! {
 }
 
 /// Nanoseconds on a monotonic clock (origin: the first call in the
-/// process): the pollers' and the pass clock's time base.
+/// process): the pollers' and the pass clock's time base, the TSC where
+/// the kernel trusts it ([`sqcq_protocol::clock`]).
+#[inline]
 pub fn now_ns() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+    sqcq_protocol::clock::now_ns()
 }
 
 /// Reads the clock: a new pass of this thread begins now. Returns the

@@ -9,11 +9,14 @@
 //! worker:
 //!
 //! - while any polled queue is within its spin window, the worker polls
-//!   them all in batches of [`BATCH`] passes, yields the CPU after each
-//!   batch (on 2 CPUs the driver thread that will ring the doorbell may be
-//!   waiting for this very CPU), and looks at its epoll set without
-//!   blocking between batches (commands, kicks of classic queues,
-//!   backstore completions);
+//!   them all, pass after pass, with no system call while work flows. A
+//!   pass that finds nothing counts toward a yield of the CPU (on 2 CPUs
+//!   the driver thread that will ring the doorbell may be waiting for this
+//!   very CPU), paced by the worker's [`Yielder`]: after 16 idle passes
+//!   while yields hand the CPU to another thread, after up to 1024 while
+//!   they find it free. A turn ends at a yield, or after [`BUSY_TURN_NS`];
+//!   between turns the worker looks at its epoll set without blocking
+//!   (commands, kicks of classic queues, backstore completions);
 //! - once every polled queue's window has expired, each sets NEED_WAKEUP
 //!   (or re-enables ring notifications) and re-checks; if one finds work,
 //!   the others cancel their sleep and polling goes on; otherwise the
@@ -21,19 +24,23 @@
 //! - whatever wakes it, every queue clears NEED_WAKEUP and polls again.
 
 use sqcq_protocol::Poll;
+use sqcq_protocol::yielder::Yielder;
 
 use crate::runtime::pass;
 use crate::runtime::queue::ServedQueue;
 
-/// Poll passes over a worker's queues between two yields of the CPU.
-pub const BATCH: u32 = 16;
+/// How long a turn of polling goes on at most before the worker looks
+/// at its epoll set (one `epoll_wait` with no timeout) and takes the
+/// next turn: the bound on how late a command, a classic queue's kick or
+/// a backstore completion is seen while polled queues keep it busy.
+pub const BUSY_TURN_NS: u64 = 50_000;
 
 /// One turn of a worker's poll loop over its polled queues: clears
-/// NEED_WAKEUP after a sleep, runs up to [`BATCH`] poll passes, and when
+/// NEED_WAKEUP after a sleep, then polls them pass after pass, and when
 /// every window has expired, tries to put every queue to sleep. Returns
-/// without yielding when they all sleep (the worker then blocks in
-/// `epoll_wait`), after one yield of the CPU otherwise.
-pub(crate) fn spin(queues: &mut [Option<ServedQueue>]) {
+/// when they all sleep (the worker then blocks in `epoll_wait`), after a
+/// yield of the CPU (`yielder`), or after [`BUSY_TURN_NS`].
+pub(crate) fn spin(queues: &mut [Option<ServedQueue>], yielder: &mut Yielder) {
     let mut any = false;
     for q in queues.iter_mut().flatten().filter(|q| q.is_polled()) {
         // Woken from epoll, or still polling: either way poll again, on
@@ -44,14 +51,21 @@ pub(crate) fn spin(queues: &mut [Option<ServedQueue>]) {
     if !any {
         return;
     }
-    for _ in 0..BATCH {
+    let start = pass::now();
+    loop {
         // Each poll pass is a pass of the worker (`pass`): what it takes
         // and completes carries this time.
         let now = pass::begin();
         let mut expired = true;
-        for q in queues.iter_mut().flatten() {
-            if q.is_polled() && q.poll_once(now) != Poll::Expired {
-                expired = false;
+        let mut found = false;
+        for q in queues.iter_mut().flatten().filter(|q| q.is_polled()) {
+            match q.poll_once(now) {
+                Poll::Work(_) => {
+                    found = true;
+                    expired = false;
+                }
+                Poll::Idle => expired = false,
+                Poll::Expired => {}
             }
         }
         if expired && sleep_all(queues, now) {
@@ -64,9 +78,15 @@ pub(crate) fn spin(queues: &mut [Option<ServedQueue>]) {
             }
             return;
         }
-        std::hint::spin_loop();
+        if found {
+            yielder.busy();
+        } else if yielder.idle() {
+            return;
+        }
+        if now.wrapping_sub(start) >= BUSY_TURN_NS {
+            return;
+        }
     }
-    std::thread::yield_now();
 }
 
 /// Every polled queue asks for a notification and re-checks. Returns

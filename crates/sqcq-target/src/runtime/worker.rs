@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLo
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use sqcq_protocol::yielder::Yielder;
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -597,6 +598,8 @@ impl Worker {
         // This thread's figures, and its pass clock (`pass`).
         let figures = self.board.enter_worker(self.id);
         let mut events = vec![EpollEvent::default(); 64];
+        // When the poll loop gives the CPU away (`poll::spin`).
+        let mut yielder = Yielder::new();
         loop {
             let stats = self.ticker.timeout(&self.board);
             let timeout = self
@@ -651,7 +654,7 @@ impl Worker {
                 q.pass();
             }
             self.check_drains();
-            crate::runtime::poll::spin(&mut self.queues);
+            crate::runtime::poll::spin(&mut self.queues, &mut yielder);
             if self.ticker.due(&self.board) {
                 let served = self.queues.iter_mut().flatten();
                 let snapshots: Vec<_> = served

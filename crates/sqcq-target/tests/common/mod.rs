@@ -94,6 +94,7 @@ pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
         read_only: false,
         serial: None,
         wwn: None,
+        zero: false,
     }
 }
 
