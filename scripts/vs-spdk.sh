@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# sqcq side by side with SPDK on this machine: SPDK's vhost-scsi target
+# and its initiator (bdevperf, virtio-user SCSI bdev) against sqcqd and
+# sqcq-bench, each cell in one invocation, interleaved, repeated.
+#
+#   SPDK_DIR=<an SPDK tree you built> scripts/vs-spdk.sh [options]
+#
+# SPDK is optional and never part of the project: this script only runs a
+# build you made aside from SPDK's public source (build/bin/vhost,
+# build/examples/bdevperf, scripts/rpc.py); it never fetches or builds
+# SPDK. Neither the README's main job nor CI need it.
+#
+# Cells (null device, 4 KiB, one request queue, one target thread on
+# TARGET_CPU, one initiator thread on INIT_CPU; SPDK's target polls, the
+# others as named):
+#   bdevperf   -> spdk          SPDK vhost, null bdev
+#   sqcq-bench -> spdk          ring-poll (what SPDK's target offers)
+#   bdevperf   -> sqcqd-ring    sqcqd --poll ring
+#   bdevperf   -> sqcqd-kick    sqcqd (kicks and calls)
+#   sqcq-bench -> sqcqd         sqcq-inline, sqcq and ring-poll (bit 42 or
+#                               not: the project's best doorbell modes)
+# With --scaling the same with 2 request queues on 2 target threads (SPDK:
+# 2 reactors), 2 initiator jobs (bdevperf: 2 reactors).
+#
+# For each run: IOPS, mean latency, and CPU ns per I/O of each side (the
+# target's process, and the rest of the machine, i.e. the initiator).
+# After the sqcqd runs, sqcqd's CPU over IDLE_SECS with no load.
+#
+# Options:
+#   --reps N        repeats, interleaved cell by cell (default 3)
+#   --secs S        seconds per run (default 5)
+#   --qd "1 32"     queue depths
+#   --rw "randread randwrite"
+#   --scaling       2 queues / 2 target threads / 2 jobs instead of 1
+#   --out DIR       results (default target/vs-spdk/<stamp>)
+# Environment: SPDK_DIR (required), SQCQ_BIN (default target/release, built
+# here if missing), TARGET_CPU (0), INIT_CPU (1), IDLE_SECS (10), PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+reps=3 secs=5 qds="1 32" rws="randread randwrite" scaling=0 out=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --reps) reps=$2; shift ;;
+        --secs) secs=$2; shift ;;
+        --qd) qds=$2; shift ;;
+        --rw) rws=$2; shift ;;
+        --scaling) scaling=1 ;;
+        --out) out=$2; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "vs-spdk: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+: "${SPDK_DIR:?SPDK_DIR: an SPDK tree built aside (build/bin/vhost, build/examples/bdevperf)}"
+for f in build/bin/vhost build/examples/bdevperf scripts/rpc.py; do
+    [ -e "$SPDK_DIR/$f" ] || { echo "vs-spdk: $SPDK_DIR/$f missing: build SPDK first (aside)" >&2; exit 2; }
+done
+py=${PYTHON:-/usr/bin/python3}
+tcpu=${TARGET_CPU:-0} icpu=${INIT_CPU:-1} idle_secs=${IDLE_SECS:-10}
+bin=${SQCQ_BIN:-$root/target/release}
+if [ -z "${SQCQ_BIN:-}" ]; then
+    cargo build --quiet --release -p sqcq-target -p sqcq-bench
+fi
+out=${out:-$root/target/vs-spdk/$(date +%Y%m%d-%H%M%S)}
+run=$out/run
+mkdir -p "$run"
+tsv=$out/results.tsv
+export LD_LIBRARY_PATH="$SPDK_DIR/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+exec > >(tee -a "$out/log.txt") 2>&1
+
+# ------------------------------------------------------------ machine
+hz=$(getconf CLK_TCK)
+mask() { local m=0 c; for c in "$@"; do m=$((m | (1 << c))); done; printf '0x%x' "$m"; }
+if [ "$scaling" = 1 ]; then
+    nq=2 tmask=$(mask 0 1) imask=$(mask 0 1) poll_cpus=0,1 workers=2 pin=(env)
+else
+    nq=1 tmask=$(mask "$tcpu") imask=$(mask "$icpu") poll_cpus=$tcpu workers=1 pin=(taskset -c "$icpu")
+fi
+mkdir -p /dev/hugepages
+mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
+[ "$(cat /proc/sys/vm/nr_hugepages)" -ge 1024 ] || echo 1024 > /proc/sys/vm/nr_hugepages
+ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+busy() { awk '/^cpu /{ print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+
+echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs, kernel $(uname -r)"
+echo "# sqcq $("$bin/sqcqd" --version) $(git -C "$root" rev-parse --short HEAD 2>/dev/null || true); SPDK $(cat "$SPDK_DIR/VERSION" 2>/dev/null || git -C "$SPDK_DIR" describe --tags 2>/dev/null || echo '?')"
+echo "# reps=$reps secs=$secs qd=[$qds] rw=[$rws] queues=$nq target CPUs $tmask, initiator CPUs $imask"
+echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf 'rep\tinitiator\ttarget\tmode\trw\tqd\tiops\tlat_us\ttarget_ns_io\tinitiator_ns_io\n' > "$tsv"
+
+# ------------------------------------------------------------ targets
+tpid=""
+spdk_rpc() { "$py" "$SPDK_DIR/scripts/rpc.py" -s "$run/vhost.rpc" "$@" > /dev/null; }
+start_spdk() {
+    rm -f "$run/vhost.0" "$run/vhost.rpc"
+    setsid "$SPDK_DIR/build/bin/vhost" -m "$tmask" -u -s 256 -S "$run" -r "$run/vhost.rpc" \
+        > "$run/vhost.log" 2>&1 < /dev/null &
+    tpid=$!
+    for _ in $(seq 100); do [ -S "$run/vhost.rpc" ] && break; sleep 0.1; done
+    spdk_rpc bdev_null_create Null0 1024 512
+    spdk_rpc vhost_create_scsi_controller --cpumask "$tmask" vhost.0
+    spdk_rpc vhost_scsi_controller_add_target vhost.0 0 Null0
+    [ -S "$run/vhost.0" ] || { cat "$run/vhost.log"; exit 1; }
+    sock=$run/vhost.0
+}
+start_sqcqd() { # POLL
+    rm -f "$run/sqcqd.sock"
+    setsid "$bin/sqcqd" --socket-path "$run/sqcqd.sock" --lun kind=null,size=1G --num-queues "$nq" \
+        --workers "$workers" --poll "$1" --poll-cpus "$poll_cpus" > "$run/sqcqd.log" 2>&1 < /dev/null &
+    tpid=$!
+    for _ in $(seq 100); do [ -S "$run/sqcqd.sock" ] && break; sleep 0.05; done
+    [ -S "$run/sqcqd.sock" ] || { cat "$run/sqcqd.log"; exit 1; }
+    sock=$run/sqcqd.sock
+}
+stop_target() {
+    [ -n "$tpid" ] || return 0
+    kill -INT "$tpid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$tpid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$tpid" 2>/dev/null || true
+    wait "$tpid" 2>/dev/null || true
+    tpid=""
+}
+trap stop_target EXIT
+
+# ---------------------------------------------------------- initiators
+# Each prints "iops lat_us".
+bdevperf() { # RW QD
+    local conf=$run/bdevperf.json o
+    printf '{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_virtio_attach_controller","params":{"name":"V0","trtype":"user","traddr":"%s","dev_type":"scsi","vq_count":%d,"vq_size":128}},{"method":"bdev_wait_for_examine"}]}]}\n' \
+        "$sock" "$nq" > "$conf"
+    o=$(timeout $((secs + 60)) "$SPDK_DIR/build/examples/bdevperf" -m "$imask" -u -g -s 512 \
+        -r "$run/bdevperf.rpc" --json "$conf" -q "$2" -o 4096 -w "$1" -t "$secs" 2>&1) || { echo "$o" >&2; return 1; }
+    echo "$o" | tr -d '\r' | awk '/^ *Total *:/ { print $3, $7 }'
+}
+bench() { # MODE RW QD
+    local o
+    o=$(timeout $((secs + 60)) "${pin[@]}" "$bin/sqcq-bench" --socket "$sock" --mode "$1" --rw "$2" \
+        --iodepth "$3" --numjobs "$nq" --bs 4k --runtime "$secs" --time_based --eta never \
+        --stats-interval 0 --output-format json 2> "$run/bench.err") || { cat "$run/bench.err" >&2; return 1; }
+    echo "$o" | "$py" -c 'import json, sys
+d = json.load(sys.stdin); io = sum(j[k]["total_ios"] for j in d["jobs"] for k in ("read", "write"))
+iops = sum(j[k]["iops"] for j in d["jobs"] for k in ("read", "write"))
+lat = sum(j[k]["lat_ns"]["mean"] * j[k]["total_ios"] for j in d["jobs"] for k in ("read", "write")) / max(io, 1)
+print(iops, lat / 1000)'
+}
+cell() { # REP INITIATOR TARGET MODE RW QD -- command
+    local rep=$1 ini=$2 tgt=$3 mode=$4 rw=$5 qd=$6 t0 t1 b0 b1 r iops lat tns ins
+    shift 7
+    t0=$(ticks "$tpid") b0=$(busy)
+    r=$("$@") || r="0 0"
+    t1=$(ticks "$tpid") b1=$(busy)
+    read -r iops lat <<< "$r"
+    read -r tns ins < <(awk -v i="$iops" -v s="$secs" -v t=$((t1 - t0)) -v b=$((b1 - b0)) -v hz="$hz" \
+        'BEGIN { n = i * s; if (n < 1) n = 1; printf "%.0f %.0f\n", t * 1e9 / hz / n, (b - t) * 1e9 / hz / n }')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%s\t%s\n' "$rep" "$ini" "$tgt" "$mode" "$rw" "$qd" \
+        "$iops" "$lat" "$tns" "$ins" | tee -a "$tsv"
+}
+
+# ---------------------------------------------------------------- run
+idle_ticks=()
+for rep in $(seq "$reps"); do
+    start_spdk; sleep 1
+    for rw in $rws; do for qd in $qds; do
+        cell "$rep" bdevperf spdk poll "$rw" "$qd" -- bdevperf "$rw" "$qd"
+        cell "$rep" sqcq-bench spdk ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
+    done; done
+    stop_target
+    for poll in ring kick; do
+        start_sqcqd "$poll"
+        for rw in $rws; do for qd in $qds; do
+            cell "$rep" bdevperf "sqcqd-$poll" "$poll" "$rw" "$qd" -- bdevperf "$rw" "$qd"
+            if [ "$poll" = ring ]; then
+                cell "$rep" sqcq-bench sqcqd-ring ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
+            else
+                for m in sqcq-inline sqcq; do
+                    cell "$rep" sqcq-bench sqcqd-kick "$m" "$rw" "$qd" -- bench "$m" "$rw" "$qd"
+                done
+            fi
+        done; done
+        if [ "$poll" = kick ]; then
+            # the load is over: what does sqcqd cost idle?
+            sleep 1
+            t0=$(ticks "$tpid"); sleep "$idle_secs"; t1=$(ticks "$tpid")
+            idle_ticks+=($((t1 - t0)))
+        fi
+        stop_target
+    done
+done
+echo "# sqcqd idle after load: ${idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+"$py" - "$tsv" > "$out/summary.md" << 'EOF'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+cells = {}
+for r in rows:
+    cells.setdefault((r["rw"], int(r["qd"]), r["initiator"], r["target"], r["mode"]), []).append(r)
+def med(rs, k):
+    return statistics.median(float(r[k]) for r in rs)
+base = {(rw, qd): med(rs, "iops") for (rw, qd, i, t, m), rs in cells.items() if i == "bdevperf" and t == "spdk"}
+print("| rw | QD | initiator -> target (mode) | IOPS (median) | vs bdevperf -> SPDK | mean lat us | target ns/IO | initiator ns/IO |")
+print("|---|---|---|---|---|---|---|---|")
+for key in sorted(cells, key=lambda k: (k[0], k[1])):
+    rw, qd, ini, tgt, mode = key
+    rs = cells[key]
+    iops = med(rs, "iops")
+    b = base.get((rw, qd))
+    ratio = "%.2fx" % (iops / b) if b else "-"
+    print("| %s | %d | %s -> %s (%s) | %s | %s | %.2f | %.0f | %.0f |" % (
+        rw, qd, ini, tgt, mode, f"{iops:,.0f}", ratio, med(rs, "lat_us"),
+        med(rs, "target_ns_io"), med(rs, "initiator_ns_io")))
+EOF
+cat "$out/summary.md"
+echo "# results: $tsv, $out/summary.md"
