@@ -12,6 +12,7 @@
 //! chain whenever it can.
 
 use crate::runtime::guest::GuestMem;
+use crate::runtime::regions;
 use thiserror::Error;
 use virtio_queue::DescriptorChain;
 use virtio_queue::desc::split::Descriptor;
@@ -91,7 +92,10 @@ impl Iterator for HeadWalk<'_> {
                 return None;
             }
             let at = self.table.0.checked_add(u64::from(self.next) * 16)?;
-            let desc: Descriptor = self.mem.read_obj(GuestAddress(at)).ok()?;
+            let desc = match regions::read_bytes::<16>(self.mem, at) {
+                Some(raw) => decode_descriptor(&raw),
+                None => self.mem.read_obj(GuestAddress(at)).ok()?,
+            };
             if desc.refers_to_indirect_table() {
                 // One level only, a table of whole descriptors.
                 if self.indirect || !desc.len().is_multiple_of(16) {
@@ -114,6 +118,34 @@ impl Iterator for HeadWalk<'_> {
             return Some(desc);
         }
     }
+}
+
+/// A split-ring descriptor from its 16 little-endian bytes.
+fn decode_descriptor(raw: &[u8; 16]) -> Descriptor {
+    let [
+        a0,
+        a1,
+        a2,
+        a3,
+        a4,
+        a5,
+        a6,
+        a7,
+        l0,
+        l1,
+        l2,
+        l3,
+        f0,
+        f1,
+        n0,
+        n1,
+    ] = *raw;
+    Descriptor::new(
+        u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+        u32::from_le_bytes([l0, l1, l2, l3]),
+        u16::from_le_bytes([f0, f1]),
+        u16::from_le_bytes([n0, n1]),
+    )
 }
 
 /// One buffer of a chain, in guest physical addresses.
@@ -214,7 +246,11 @@ pub fn parse(
             len: desc.len(),
         };
         let in_memory = usize::try_from(seg.len)
-            .map(|len| len == 0 || GuestMemoryBackend::check_range(mem, seg.addr, len))
+            .map(|len| {
+                len == 0
+                    || regions::host(mem, seg.addr.0, len).is_some()
+                    || GuestMemoryBackend::check_range(mem, seg.addr, len)
+            })
             .unwrap_or(false);
         if !in_memory {
             note(ChainError::OutOfMemory {

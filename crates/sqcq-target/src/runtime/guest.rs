@@ -27,6 +27,7 @@ use vm_memory::{
 };
 
 use crate::runtime::chain::Segment;
+use crate::runtime::regions;
 
 /// The page size of the vhost dirty log: one bit per 4 KiB of guest
 /// physical memory, whatever the host's page size (`VHOST_LOG_PAGE`).
@@ -238,6 +239,13 @@ pub fn read_at(
     let len = buf.len() as u64;
     for_each_piece(segs, offset, len, |addr, start, n| {
         let dst = &mut buf[start..start + n];
+        if let Some(p) = regions::host(mem, addr.0, n) {
+            // SAFETY: `host` found the piece inside one mapped region of
+            // `mem`, borrowed for the call; `dst` is ours, `n` bytes long,
+            // and cannot overlap guest memory the daemon only maps.
+            unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n) };
+            return Ok(());
+        }
         // A piece within one region (nearly always): one lookup, no
         // iterator over regions.
         if let Some((region, at)) = mem.to_region_addr(addr)
@@ -260,6 +268,12 @@ pub fn write_at(
     let len = buf.len() as u64;
     for_each_piece(segs, offset, len, |addr, start, n| {
         let src = &buf[start..start + n];
+        if let Some(p) = regions::host_unlogged(mem, addr.0, n) {
+            // SAFETY: as in `read_at`, for writing: the piece lies inside
+            // one mapped region of `mem`, and no log wants it marked.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, n) };
+            return Ok(());
+        }
         // As in `read_at`; the slice's bitmap marks what it writes.
         if let Some((region, at)) = mem.to_region_addr(addr)
             && let Ok(slice) = region.get_slice(at, n)
@@ -284,6 +298,14 @@ pub fn iovecs(
     out: &mut Vec<libc::iovec>,
 ) -> Result<(), GuestError> {
     for_each_piece(segs, offset, len, |addr, _start, n| {
+        // Marked by `mark_written` once written, whatever the path.
+        if let Some(p) = regions::host(mem, addr.0, n) {
+            out.push(libc::iovec {
+                iov_base: p.cast(),
+                iov_len: n,
+            });
+            return Ok(());
+        }
         // A piece within one region (nearly always): one lookup, one
         // iovec, no slice iterator.
         if let Some((region, at)) = mem.to_region_addr(addr)

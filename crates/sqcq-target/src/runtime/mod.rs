@@ -21,6 +21,7 @@ pub mod placement;
 pub(crate) mod poll;
 pub(crate) mod queue;
 pub(crate) mod ratelimit;
+pub(crate) mod regions;
 pub(crate) mod ring_poll;
 pub(crate) mod stall;
 pub(crate) mod stats;

@@ -22,16 +22,17 @@ use std::time::{Duration, Instant};
 use sqcq_protocol::SpinPolicy;
 use thiserror::Error;
 use tracing::{error, info};
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
 use crate::guest_warn;
-use crate::runtime::chain::{self, Chain, ChainBuffers, ChainError};
+use crate::runtime::chain::{self, Chain, ChainBuffers, ChainError, HeadWalk};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::{BatchFigures, DeviceMetrics, QueueMetrics};
 use crate::runtime::pass;
 use crate::runtime::ratelimit::RateLimiter;
+use crate::runtime::regions::{self, RegionTable};
 use crate::runtime::tracking::{Recovery, TrackedQueue};
 use crate::runtime::used::UsedRing;
 
@@ -307,6 +308,8 @@ impl std::fmt::Debug for Vring {
 pub struct ServedQueue {
     ring: Vring,
     handler: Box<dyn RequestHandler>,
+    /// The region table of the memory map last served (`regions`).
+    regions: Option<RegionTable>,
 }
 
 impl std::fmt::Debug for ServedQueue {
@@ -373,6 +376,7 @@ impl ServedQueue {
         let mut served = ServedQueue {
             ring: ring_state,
             handler,
+            regions: None,
         };
         served.resubmit(&resubmit);
         Ok(served)
@@ -547,9 +551,26 @@ impl ServedQueue {
             return;
         }
         let mem = self.ring.mem.memory().into_inner();
-        if self.take_available(&mem) {
-            self.complete_batch(&mem);
-        }
+        self.with_regions(&mem, |q| {
+            if q.take_available(&mem) {
+                q.complete_batch(&mem);
+            }
+        });
+    }
+
+    /// Runs `f` with the region table of `mem` installed on this thread
+    /// (`regions`): built again only when the memory map changed.
+    fn with_regions<R>(&mut self, mem: &Arc<GuestMem>, f: impl FnOnce(&mut Self) -> R) -> R {
+        let table = match self.regions.take() {
+            Some(t) if t.describes(mem) => t,
+            _ => RegionTable::new(mem),
+        };
+        let r = {
+            let _installed = table.install(mem);
+            f(self)
+        };
+        self.regions = Some(table);
+        r
     }
 
     /// After a batch: submits what the handler queued, completes what
@@ -564,8 +585,10 @@ impl ServedQueue {
     /// in flight).
     fn reap_all(&mut self) {
         let mem = self.ring.mem.memory().into_inner();
-        self.handler.reap(&mut self.ring, &mem);
-        self.ring.publish(&mem);
+        self.with_regions(&mem, |q| {
+            q.handler.reap(&mut q.ring, &mem);
+            q.ring.publish(&mem);
+        });
     }
 
     /// Handles every chain available now (at most a ring's worth); false
@@ -587,19 +610,45 @@ impl ServedQueue {
             return false;
         }
         ring.taking_at = pass::now();
-        let mut budget = ring.queue.size();
-        while budget > 0 {
-            let chain = match ring.queue.iter(&**mem) {
-                Ok(mut it) => it.next(),
-                Err(e) => {
-                    ring.ring_broken(&e);
-                    return false;
-                }
+        // virtio-queue's `AvailIter`, read once per batch: `avail->idx`
+        // (Acquire, pairing with the driver's Release store), then the
+        // entries up to it, each chain walked by `HeadWalk` with the same
+        // rules as its `DescriptorChain` (a test checks they agree), the
+        // accesses through the batch's region table (`regions`).
+        let q = &ring.queue;
+        if !q.ready() || q.avail_ring() == 0 {
+            ring.ring_broken(&virtio_queue::Error::QueueNotReady);
+            return false;
+        }
+        let (size, desc_table, avail_ring) = (q.size(), q.desc_table(), q.avail_ring());
+        let avail = match q.avail_idx(&**mem, std::sync::atomic::Ordering::Acquire) {
+            Ok(idx) => idx.0,
+            Err(e) => {
+                ring.ring_broken(&e);
+                return false;
+            }
+        };
+        let mut next = q.next_avail();
+        if avail.wrapping_sub(next) > size {
+            ring.ring_broken(&virtio_queue::Error::InvalidAvailRingIndex);
+            return false;
+        }
+        while next != avail {
+            // avail->ring[next % size], after the 4-byte flags and idx.
+            let at = avail_ring + 4 + 2 * u64::from(next % size);
+            let head = match regions::read_bytes::<2>(mem, at) {
+                Some(b) => u16::from_le_bytes(b),
+                // Outside the table: vm-memory's answer, and an entry it
+                // cannot read ends the batch, as `AvailIter` does.
+                None => match mem.read_obj::<u16>(GuestAddress(at)) {
+                    Ok(h) => u16::from_le(h),
+                    Err(_) => break,
+                },
             };
-            let Some(chain) = chain else { break };
-            budget -= 1;
-            let head = chain.head_index();
-            if head >= ring.queue.size() {
+            next = next.wrapping_add(1);
+            ring.queue.set_next_avail(next);
+            let chain = Chain::Head(HeadWalk::new(mem, GuestAddress(desc_table), size, head));
+            if head >= size {
                 let d = &ring.device;
                 DeviceMetrics::bump(&d.metrics.malformed_chains);
                 guest_warn!(d.limiter, device = %d.name, vq = ring.key.vq,
@@ -612,7 +661,7 @@ impl ServedQueue {
                 // flight already is a duplicate the handler ignores.
                 t.taken(head);
             }
-            self.handler.handle(ring, mem, Chain::Ring(chain));
+            self.handler.handle(ring, mem, chain);
         }
         true
     }
