@@ -75,9 +75,13 @@ exec > >(tee -a "$out/log.txt") 2>&1
 hz=$(getconf CLK_TCK)
 mask() { local m=0 c; for c in "$@"; do m=$((m | (1 << c))); done; printf '0x%x' "$m"; }
 if [ "$scaling" = 1 ]; then
+    # Both SPDK apps on both CPUs: each would lock its cores.
     nq=2 tmask=$(mask 0 1) imask=$(mask 0 1) poll_cpus=0,1 workers=2 pin=(env)
+    # bdevperf: a job on each reactor (-C), each its own queue.
+    spdk_opts=(--disable-cpumask-locks) bdevperf_opts=(-C)
 else
     nq=1 tmask=$(mask "$tcpu") imask=$(mask "$icpu") poll_cpus=$tcpu workers=1 pin=(taskset -c "$icpu")
+    spdk_opts=() bdevperf_opts=()
 fi
 mkdir -p /dev/hugepages
 mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
@@ -96,7 +100,7 @@ tpid=""
 spdk_rpc() { "$py" "$SPDK_DIR/scripts/rpc.py" -s "$run/vhost.rpc" "$@" > /dev/null; }
 start_spdk() {
     rm -f "$run/vhost.0" "$run/vhost.rpc"
-    setsid "$SPDK_DIR/build/bin/vhost" -m "$tmask" -u -s 256 -S "$run" -r "$run/vhost.rpc" \
+    setsid "$SPDK_DIR/build/bin/vhost" -m "$tmask" "${spdk_opts[@]}" -u -s 256 -S "$run" -r "$run/vhost.rpc" \
         > "$run/vhost.log" 2>&1 < /dev/null &
     tpid=$!
     for _ in $(seq 100); do [ -S "$run/vhost.rpc" ] && break; sleep 0.1; done
@@ -131,8 +135,8 @@ bdevperf() { # RW QD
     local conf=$run/bdevperf.json o
     printf '{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_virtio_attach_controller","params":{"name":"V0","trtype":"user","traddr":"%s","dev_type":"scsi","vq_count":%d,"vq_size":128}},{"method":"bdev_wait_for_examine"}]}]}\n' \
         "$sock" "$nq" > "$conf"
-    o=$(timeout $((secs + 60)) "$SPDK_DIR/build/examples/bdevperf" -m "$imask" -u -g -s 512 \
-        -r "$run/bdevperf.rpc" --json "$conf" -q "$2" -o 4096 -w "$1" -t "$secs" 2>&1) || { echo "$o" >&2; return 1; }
+    o=$(timeout $((secs + 60)) "$SPDK_DIR/build/examples/bdevperf" -m "$imask" "${spdk_opts[@]}" -u -g -s 512 \
+        -r "$run/bdevperf.rpc" --json "$conf" "${bdevperf_opts[@]}" -q "$2" -o 4096 -w "$1" -t "$secs" 2>&1) || { echo "$o" >&2; return 1; }
     echo "$o" | tr -d '\r' | awk '/^ *Total *:/ { print $3, $7 }'
 }
 bench() { # MODE RW QD
@@ -200,12 +204,16 @@ for r in rows:
     cells.setdefault((r["rw"], int(r["qd"]), r["initiator"], r["target"], r["mode"]), []).append(r)
 def med(rs, k):
     return statistics.median(float(r[k]) for r in rs)
-base = {(rw, qd): med(rs, "iops") for (rw, qd, i, t, m), rs in cells.items() if i == "bdevperf" and t == "spdk"}
+base = {(rw, qd): med(ok, "iops") for (rw, qd, i, t, m), rs in cells.items()
+        if i == "bdevperf" and t == "spdk" and (ok := [r for r in rs if float(r["iops"]) > 0])}
 print("| rw | QD | initiator -> target (mode) | IOPS (median) | vs bdevperf -> SPDK | mean lat us | target ns/IO | initiator ns/IO |")
 print("|---|---|---|---|---|---|---|---|")
 for key in sorted(cells, key=lambda k: (k[0], k[1])):
     rw, qd, ini, tgt, mode = key
-    rs = cells[key]
+    rs = [r for r in cells[key] if float(r["iops"]) > 0]
+    if not rs:
+        print("| %s | %d | %s -> %s (%s) | failed (%d runs) | | | | |" % (rw, qd, ini, tgt, mode, len(cells[key])))
+        continue
     iops = med(rs, "iops")
     b = base.get((rw, qd))
     ratio = "%.2fx" % (iops / b) if b else "-"

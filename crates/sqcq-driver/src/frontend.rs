@@ -222,12 +222,16 @@ impl Negotiated {
 
     /// Request queues usable: the configuration's `num_queues` (for
     /// virtio-blk only with VIRTIO_BLK_F_MQ, else one), bounded by the
-    /// vrings the device has.
+    /// vrings the device has. A virtio-scsi device whose configuration
+    /// cannot be read (no VHOST_USER_PROTOCOL_F_CONFIG, as SPDK's vhost
+    /// target) has the vrings it reports: QEMU's vhost-user-scsi takes
+    /// `num_queues` from its own property then, not from the device.
     pub fn request_queues(&self) -> u16 {
         let first = self.device.first_request_queue();
         let by_vrings = self.vrings.saturating_sub(u64::from(first));
         let configured = match &self.config {
-            DeviceConfig::Scsi(c) => c.num_queues,
+            DeviceConfig::Scsi(c) if self.config_read => c.num_queues,
+            DeviceConfig::Scsi(_) => u32::MAX,
             DeviceConfig::Blk(c) if self.has(VIRTIO_BLK_F_MQ) => u32::from(c.num_queues),
             DeviceConfig::Blk(_) => 1,
         };
@@ -602,5 +606,34 @@ impl Frontend {
 
     fn protocol_features(&self) -> bool {
         self.negotiated.acked & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scsi(vrings: u64, config: Option<u32>) -> Negotiated {
+        Negotiated {
+            offered: 0,
+            acked: 0,
+            protocol_offered: VhostUserProtocolFeatures::empty(),
+            protocol_acked: VhostUserProtocolFeatures::empty(),
+            vrings,
+            device: DeviceType::Scsi,
+            config: DeviceConfig::Scsi(ScsiConfig {
+                num_queues: config.unwrap_or(1),
+                ..ScsiConfig::default()
+            }),
+            config_read: config.is_some(),
+        }
+    }
+
+    #[test]
+    fn scsi_request_queues_come_from_the_config_or_else_the_vrings() {
+        assert_eq!(scsi(10, Some(4)).request_queues(), 4, "as configured");
+        assert_eq!(scsi(4, Some(4)).request_queues(), 2, "bounded by vrings");
+        assert_eq!(scsi(10, None).request_queues(), 8, "no config: vrings - 2");
+        assert_eq!(scsi(3, None).request_queues(), 1, "no MQ: three vrings");
     }
 }
