@@ -506,8 +506,10 @@ impl ServedQueue {
     /// Backstore completion descriptor `source` fired.
     pub fn on_completion(&mut self, source: usize) {
         let mem = self.ring.mem.memory().into_inner();
-        self.handler.completed(&mut self.ring, &mem, source);
-        self.ring.publish(&mem);
+        self.with_regions(&mem, |q| {
+            q.handler.completed(&mut q.ring, &mem, source);
+            q.ring.publish(&mem);
+        });
     }
 
     /// Processes every available request, then re-enables notifications
@@ -525,24 +527,26 @@ impl ServedQueue {
             return;
         }
         let mem = self.ring.mem.memory().into_inner();
-        loop {
-            if let Err(e) = self.ring.queue.disable_notification(&*mem) {
-                self.ring.ring_broken(&e);
-                return;
-            }
-            if !self.take_available(&mem) {
-                return;
-            }
-            self.complete_batch(&mem);
-            match self.ring.queue.enable_notification(&*mem) {
-                Ok(true) => continue,
-                Ok(false) => return,
-                Err(e) => {
-                    self.ring.ring_broken(&e);
+        self.with_regions(&mem, |q| {
+            loop {
+                if let Err(e) = q.ring.queue.disable_notification(&*mem) {
+                    q.ring.ring_broken(&e);
                     return;
                 }
+                if !q.take_available(&mem) {
+                    return;
+                }
+                q.complete_batch(&mem);
+                match q.ring.queue.enable_notification(&*mem) {
+                    Ok(true) => continue,
+                    Ok(false) => return,
+                    Err(e) => {
+                        q.ring.ring_broken(&e);
+                        return;
+                    }
+                }
             }
-        }
+        });
     }
 
     /// Takes every available request, then completes what it can.
@@ -634,8 +638,12 @@ impl ServedQueue {
             return false;
         }
         while next != avail {
-            // avail->ring[next % size], after the 4-byte flags and idx.
-            let at = avail_ring + 4 + 2 * u64::from(next % size);
+            // avail->ring[next % size], after the 4-byte flags and idx
+            // (a ready queue's size is a power of two, never 0).
+            let Some(slot) = next.checked_rem(size) else {
+                break;
+            };
+            let at = avail_ring + 4 + 2 * u64::from(slot);
             let head = match regions::read_bytes::<2>(mem, at) {
                 Some(b) => u16::from_le_bytes(b),
                 // Outside the table: vm-memory's answer, and an entry it
