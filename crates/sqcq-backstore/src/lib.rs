@@ -8,7 +8,8 @@
 //! [`BackstoreQueue::commit`] sends the batch with at most one system call,
 //! [`BackstoreQueue::reap`] collects completions without blocking.
 //!
-//! - [`NullBackstore`]: reads zeros, drops writes, like Linux's null_blk;
+//! - [`NullBackstore`]: drops writes and leaves read buffers alone (or
+//!   zeroes them), like Linux's null_blk;
 //!   measures the transport alone.
 //! - [`RamBackstore`]: keeps data in anonymous memory.
 //! - [`FileBackstore`]: a regular file or block device through io_uring,

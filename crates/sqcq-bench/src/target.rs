@@ -134,8 +134,9 @@ impl Target {
     /// Starts `kind` (found at `bin`) with one LUN or disk of `size`
     /// bytes: for sqcqd a null one, or a RAM one when the data must read
     /// back (`keep_data`); for vhost-device-scsi a sparse image file; for
-    /// qemu-storage-daemon a null-co node (zero-filling reads, as sqcqd's
-    /// null backstore does), or a sparse image file with `keep_data`.
+    /// qemu-storage-daemon a null-co node (reads leave their buffers
+    /// alone, as sqcqd's null backstore does), or a sparse image file
+    /// with `keep_data`.
     /// A sqcqd asked for several devices serves them from one process,
     /// each with such a LUN or disk ([`MultiDevice`]); the peers serve
     /// one.
@@ -246,7 +247,7 @@ impl Target {
                     let path = image.display().to_string().replace(',', ",,");
                     format!("driver=file,node-name=disk0,filename={path}")
                 } else {
-                    format!("driver=null-co,node-name=disk0,size={size},read-zeroes=on")
+                    format!("driver=null-co,node-name=disk0,size={size},read-zeroes=off")
                 };
                 let socket = socket.display().to_string().replace(',', ",,");
                 cmd.arg("--blockdev").arg(node).arg("--export").arg(format!(
