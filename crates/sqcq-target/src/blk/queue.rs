@@ -31,7 +31,7 @@ use tracing::{debug, error, warn};
 
 use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::guest_warn;
-use crate::runtime::chain::{Chain, ChainBuffers, Segment as Buf};
+use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
 use crate::runtime::guest;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
@@ -386,7 +386,7 @@ fn finish(
 }
 
 impl RequestHandler for BlkQueue {
-    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: Chain<'_>) {
+    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: HeadWalk<'_>) {
         let slots = &self.slots;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             slots[usize::from(h)].busy

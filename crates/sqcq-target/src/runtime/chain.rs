@@ -1,9 +1,10 @@
 //! Turning a descriptor chain the guest built into checked buffer lists.
 //!
-//! virtio-queue's chain iterator already refuses what it cannot follow
-//! (loops, chains longer than the queue, descriptor indices out of range,
-//! nested or misaligned indirect tables, descriptor tables outside guest
-//! memory), but it reports all of those by ending early. [`parse`] notices
+//! A chain walk ([`HeadWalk`], with the rules of virtio-queue's chain
+//! iterator; the control queue uses that iterator itself) already refuses
+//! what it cannot follow (loops, chains longer than the queue, descriptor
+//! indices out of range, nested indirect tables, descriptor tables outside
+//! guest memory), but it reports all of those by ending early. [`parse`] notices
 //! the early end (the last descriptor still says NEXT, or there was none)
 //! and adds the checks the device needs: every buffer inside guest memory,
 //! device-readable buffers before device-writable ones, a bounded number of
@@ -14,40 +15,8 @@
 use crate::runtime::guest::GuestMem;
 use crate::runtime::regions;
 use thiserror::Error;
-use virtio_queue::DescriptorChain;
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
-
-/// A descriptor chain to serve: one the available ring gave
-/// (virtio-queue's iterator), or one found by its head index alone
-/// ([`HeadWalk`]), as a request resubmitted after a reconnect is.
-#[derive(Debug)]
-pub enum Chain<'a> {
-    /// Taken from the available ring.
-    Ring(DescriptorChain<&'a GuestMem>),
-    /// Resubmitted by head index.
-    Head(HeadWalk<'a>),
-}
-
-impl Chain<'_> {
-    /// The chain's head index.
-    pub fn head_index(&self) -> u16 {
-        match self {
-            Chain::Ring(c) => c.head_index(),
-            Chain::Head(w) => w.head,
-        }
-    }
-}
-
-impl Iterator for Chain<'_> {
-    type Item = Descriptor;
-    fn next(&mut self) -> Option<Descriptor> {
-        match self {
-            Chain::Ring(c) => c.next(),
-            Chain::Head(w) => w.next(),
-        }
-    }
-}
 
 /// The descriptors of the chain at `head` of a descriptor table, with
 /// the rules of virtio-queue's `DescriptorChain` (which cannot be built
@@ -55,7 +24,8 @@ impl Iterator for Chain<'_> {
 /// (the table's, or an indirect table's), one level of indirection to a
 /// table whose length is a multiple of 16, at most 2^32 bytes in all; the
 /// walk ends early where a chain breaks those rules. A test checks both
-/// walks agree on arbitrary tables.
+/// walks agree on arbitrary tables. Every request chain is walked this
+/// way: from the available ring, and resubmitted after a reconnect.
 #[derive(Debug)]
 pub struct HeadWalk<'a> {
     mem: &'a GuestMem,
@@ -81,6 +51,11 @@ impl<'a> HeadWalk<'a> {
             indirect: false,
             bytes: 0,
         }
+    }
+
+    /// The chain's head index.
+    pub fn head_index(&self) -> u16 {
+        self.head
     }
 }
 

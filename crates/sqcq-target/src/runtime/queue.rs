@@ -26,7 +26,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
 use crate::guest_warn;
-use crate::runtime::chain::{self, Chain, ChainBuffers, ChainError, HeadWalk};
+use crate::runtime::chain::{self, ChainBuffers, ChainError, HeadWalk};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::{BatchFigures, DeviceMetrics, QueueMetrics};
@@ -114,7 +114,7 @@ pub struct DeviceInfo {
 pub trait RequestHandler {
     /// A chain taken from the available ring (its head index is within
     /// the ring).
-    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: Chain<'_>);
+    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: HeadWalk<'_>);
 
     /// Submits to the backstores what [`Self::handle`] queued (once per
     /// batch).
@@ -401,7 +401,7 @@ impl ServedQueue {
                 m.resubmitted();
             }
             let walk = chain::HeadWalk::new(&mem, table, size, head);
-            self.handler.handle(&mut self.ring, &mem, Chain::Head(walk));
+            self.handler.handle(&mut self.ring, &mem, walk);
         }
         self.complete_batch(&mem);
     }
@@ -655,7 +655,6 @@ impl ServedQueue {
             };
             next = next.wrapping_add(1);
             ring.queue.set_next_avail(next);
-            let chain = Chain::Head(HeadWalk::new(mem, GuestAddress(desc_table), size, head));
             if head >= size {
                 let d = &ring.device;
                 DeviceMetrics::bump(&d.metrics.malformed_chains);
@@ -669,6 +668,7 @@ impl ServedQueue {
                 // flight already is a duplicate the handler ignores.
                 t.taken(head);
             }
+            let chain = HeadWalk::new(mem, GuestAddress(desc_table), size, head);
             self.handler.handle(ring, mem, chain);
         }
         true
@@ -754,7 +754,7 @@ impl Vring {
     /// this pass, until [`Self::complete`].
     pub fn accept(
         &mut self,
-        chain: Chain<'_>,
+        chain: HeadWalk<'_>,
         mem: &GuestMem,
         max_segments: usize,
         out: &mut ChainBuffers,

@@ -143,7 +143,7 @@ impl RequestHandler for ScsiQueue {
         &mut self,
         ring: &mut Vring,
         mem: &Arc<GuestMem>,
-        chain: crate::runtime::chain::Chain<'_>,
+        chain: crate::runtime::chain::HeadWalk<'_>,
     ) {
         self.handle_chain(ring, mem, chain);
     }

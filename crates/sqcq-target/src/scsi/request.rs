@@ -25,7 +25,7 @@ use sqcq_scsi::{
 };
 
 use crate::guest_warn;
-use crate::runtime::chain::{Chain, Segment};
+use crate::runtime::chain::{HeadWalk, Segment};
 use crate::runtime::guest;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
@@ -112,7 +112,12 @@ impl ScsiQueue {
     /// Handles one chain popped from the available ring: parse, execute
     /// (emulated commands complete at once, medium commands are submitted
     /// to the backstore and complete when reaped).
-    pub(crate) fn handle_chain(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: Chain<'_>) {
+    pub(crate) fn handle_chain(
+        &mut self,
+        ring: &mut Vring,
+        mem: &Arc<GuestMem>,
+        chain: HeadWalk<'_>,
+    ) {
         let inflight = &self.inflight;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             inflight.is_busy(h)
