@@ -35,6 +35,17 @@ pub struct Args {
     /// I/Os in flight per job.
     #[arg(long, default_value_t = 1)]
     pub iodepth: u16,
+    /// Make new I/Os visible to the device (publish the ring's index, or
+    /// ring the SQ doorbell) every this many, as fio's
+    /// `iodepth_batch_submit`: 1 (the default) hands each over as soon as
+    /// it is written, so the device can start on it while the job writes
+    /// the next; 0 publishes all that are ready at once.
+    #[arg(
+        long = "iodepth_batch_submit",
+        alias = "iodepth_batch",
+        default_value_t = 1
+    )]
+    pub iodepth_batch_submit: u16,
     /// Jobs per device, each with its own request queue and thread.
     #[arg(long, default_value_t = 1)]
     pub numjobs: u16,
@@ -124,6 +135,12 @@ pub struct Args {
     /// Do not negotiate indirect descriptors.
     #[arg(long = "no-indirect")]
     pub no_indirect: bool,
+    /// Back the driver's memory (rings, headers, data buffers) with huge
+    /// pages (a hugetlb memfd): fewer TLB misses on both sides, since the
+    /// device maps the same pages. Needs huge pages reserved in
+    /// /proc/sys/vm/nr_hugepages.
+    #[arg(long)]
+    pub hugepages: bool,
     /// Bound on every wait for the device, in seconds.
     #[arg(long = "io-timeout", default_value = "30", value_parser = parse_time)]
     pub io_timeout: Duration,

@@ -14,8 +14,8 @@ use sqcq_driver::scsi::{
 };
 use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollStats, PollThreads, parked_queue};
 use sqcq_driver::{
-    Buffer, DeviceType, DriverMemory, Frontend, FrontendConfig, Negotiated, NotifyMode,
-    QueueConfig, QueueEvents, SplitQueue, Virtqueue,
+    Buffer, DeviceType, DriverMemory, Frontend, FrontendConfig, MemoryConfig, Negotiated,
+    NotifyMode, QueueConfig, QueueEvents, SplitQueue, Virtqueue,
 };
 use sqcq_protocol::SpinConfig;
 use virtio_bindings::virtio_ring::{
@@ -58,6 +58,8 @@ pub struct DeviceSpec {
     pub event_idx: bool,
     /// Negotiate indirect descriptors if offered.
     pub indirect: bool,
+    /// Back the driver memory with huge pages.
+    pub huge_pages: bool,
     /// Bound on every wait.
     pub timeout: Duration,
     /// The LUN (virtio-scsi).
@@ -188,7 +190,10 @@ impl Device {
                 spec.queue_size
             )));
         }
-        let mut mem = DriverMemory::new(memory_size(spec)?)?;
+        let mut mem = DriverMemory::with_config(&MemoryConfig {
+            huge_pages: spec.huge_pages,
+            ..MemoryConfig::new(memory_size(spec)?)
+        })?;
         let config = |size| QueueConfig::negotiated(size, neg.acked, indirect_max);
         let events = |frontend: &Frontend| -> Result<QueueEvents, BenchError> {
             QueueEvents::new(Some(frontend.hangup_fd()?), spec.timeout).map_err(BenchError::Eventfd)

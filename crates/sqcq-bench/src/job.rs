@@ -42,6 +42,8 @@ pub struct JobSpec {
     pub ramp: Duration,
     /// Bursts the load pass is split into (1: one continuous run).
     pub bursts: u32,
+    /// Publish the new I/Os every this many (at least 1).
+    pub batch_submit: u16,
     /// Bound on the wait for the poll threads to fall asleep between two
     /// bursts.
     pub idle_timeout: Duration,
@@ -218,7 +220,8 @@ impl Job {
             clock.tick(now, &mut self.q.queue, &mut self.stats);
             let time_up = pass != Pass::Check && clock.end.is_some_and(|end| now >= end);
             let stop = time_up || abort.raised();
-            let mut added = false;
+            // I/Os written and not yet published.
+            let mut added = 0u16;
             while !stop && issued < burst_end {
                 let Some(buf) = self.free.pop() else { break };
                 let (dir, unit) = match pass {
@@ -228,10 +231,15 @@ impl Job {
                 };
                 self.issue(buf, dir, unit, now, clock.measuring)?;
                 issued += 1;
-                added = true;
+                added += 1;
+                if added >= self.spec.batch_submit {
+                    let done = &mut self.done;
+                    self.q.queue.publish(|c| done.push(c))?;
+                    added = 0;
+                }
             }
             let done = &mut self.done;
-            if added {
+            if added > 0 {
                 self.q.queue.publish(|c| done.push(c))?;
             }
             if self.q.queue.in_flight() == 0 {

@@ -219,6 +219,10 @@ impl Region {
             runtime: (!args.runtime.is_zero()).then_some(args.runtime),
             ramp: args.ramp_time,
             bursts: args.bursts.max(1),
+            batch_submit: match args.iodepth_batch_submit {
+                0 => u16::MAX,
+                n => n,
+            },
             idle_timeout: args.io_timeout,
         }
     }
@@ -312,6 +316,7 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         poll_threads: args.poll_threads.into(),
         event_idx: !args.no_event_idx,
         indirect: !args.no_indirect,
+        huge_pages: args.hugepages,
         timeout: args.io_timeout,
         lun,
         cdb: args.cdb.into(),

@@ -68,6 +68,38 @@ fn every_mode_runs_against_sqcqd() {
 }
 
 #[test]
+fn iodepth_batch_submit_sets_how_often_new_ios_are_published() {
+    let Some(bin) = common::sqcqd() else { return };
+    for mode in MODES {
+        let run = |batch: &str| {
+            let (_, v) = bench(
+                &bin,
+                &[
+                    "--rw",
+                    "randread",
+                    "--size",
+                    "2m",
+                    "--iodepth",
+                    "16",
+                    "--mode",
+                    mode,
+                    "--iodepth_batch_submit",
+                    batch,
+                ],
+            );
+            let job = &v["jobs"][0];
+            assert_eq!(ios(job), 512, "{mode} batch {batch}");
+            job["sqcq"]["publishes"].as_u64().unwrap()
+        };
+        // 1 (fio's default): each I/O is handed over as it is written.
+        assert_eq!(run("1"), 512, "{mode}");
+        // 0: everything ready at once; the first 16 go with one publish.
+        let all = run("0");
+        assert!(all <= 512 - 15, "{mode}: {all} publishes");
+    }
+}
+
+#[test]
 fn verify_passes_in_every_mode_with_several_jobs() {
     let Some(bin) = common::sqcqd() else { return };
     for mode in MODES {

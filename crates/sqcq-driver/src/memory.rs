@@ -29,6 +29,12 @@ use vm_memory::{
 /// every alignment up to a page.
 const BASE_ALIGN: u64 = 4096;
 
+/// The cache line the per-request areas are laid out by: a header the
+/// driver writes and a response the device writes never share a line with
+/// another slot's, so that neither side's stores pull a line the other is
+/// reading for a neighbouring request (false sharing across CPUs).
+pub(crate) const CACHE_LINE: usize = 64;
+
 /// Errors from creating [`DriverMemory`] or allocating from it.
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {

@@ -59,3 +59,27 @@ pub(crate) fn queue_pair(
     device.set_ready(true);
     (vq, poll, device)
 }
+
+/// Asserts that the per-request areas `areas` (address, length) each
+/// start on a cache line and that no two of them share one: one side's
+/// stores for one request never pull a line the other side is reading
+/// for another.
+pub(crate) fn assert_own_cache_lines(areas: &[(GuestAddress, u32)]) {
+    let line = crate::memory::CACHE_LINE as u64;
+    let mut spans: Vec<(u64, u64)> = areas
+        .iter()
+        .map(|&(a, len)| (a.0, a.0 + u64::from(len).next_multiple_of(line)))
+        .collect();
+    spans.sort_unstable();
+    for &(start, _) in &spans {
+        assert_eq!(start % line, 0, "area at {start:#x} is not line aligned");
+    }
+    for w in spans.windows(2) {
+        assert!(
+            w[0].1 <= w[1].0,
+            "areas {:#x?} and {:#x?} share a line",
+            w[0],
+            w[1]
+        );
+    }
+}

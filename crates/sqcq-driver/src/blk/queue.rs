@@ -11,7 +11,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use sqcq_wire::blk::{HEADER_SIZE, RequestHeader, RequestType, SEGMENT_SIZE, Segment, Status};
 
-use crate::memory::{DriverMemory, MemoryError};
+use crate::memory::{CACHE_LINE, DriverMemory, MemoryError};
 use crate::notify::NotifyCounters;
 use crate::slots::{QueueFailure, Reaped, SlotError, Slots};
 use crate::virtqueue::Virtqueue;
@@ -24,6 +24,10 @@ pub const MAX_SEGMENTS: usize = 8;
 const STATUS_UNWRITTEN: u8 = 0xff;
 /// Bytes of a slot's device-readable area: header and segments.
 const SLOT_BYTES: usize = HEADER_SIZE + MAX_SEGMENTS * SEGMENT_SIZE;
+/// Distance between two slots' areas, and between their status bytes:
+/// whole cache lines, so that no two requests share one.
+const SLOT_STRIDE: usize = SLOT_BYTES.next_multiple_of(CACHE_LINE);
+const STATUS_STRIDE: u64 = CACHE_LINE as u64;
 /// [`HEADER_SIZE`] as a descriptor length.
 const HEADER_LEN: u32 = 16;
 const _: () = assert!(HEADER_LEN as usize == HEADER_SIZE);
@@ -186,9 +190,9 @@ struct Pending {
 pub struct BlkQueue {
     slots: Slots<Pending>,
     mem: GuestMemoryMmap,
-    /// Per slot: header and segments, [`SLOT_BYTES`] apart.
+    /// Per slot: header and segments, [`SLOT_STRIDE`] apart.
     req_base: GuestAddress,
-    /// Per slot: one status byte.
+    /// Per slot: one status byte, [`STATUS_STRIDE`] apart.
     status_base: GuestAddress,
     header: [u8; SLOT_BYTES],
     out: Vec<Buffer>,
@@ -200,9 +204,10 @@ impl BlkQueue {
     /// room for [`MAX_SEGMENTS`] segments, and a status byte, in `mem`.
     pub fn new(mem: &mut DriverMemory, vq: Virtqueue) -> Result<Self, MemoryError> {
         let slots = usize::from(vq.ring().size());
-        // At most 32768 slots of 144 bytes: no overflow.
-        let req_base = mem.alloc(SLOT_BYTES * slots, 64)?;
-        let status_base = mem.alloc(slots, 64)?;
+        // At most 32768 slots of 192 + 64 bytes: no overflow.
+        let line = CACHE_LINE as u64;
+        let req_base = mem.alloc(SLOT_STRIDE * slots, line)?;
+        let status_base = mem.alloc(CACHE_LINE * slots, line)?;
         Ok(Self {
             slots: Slots::new(vq),
             mem: mem.guest_memory().clone(),
@@ -308,8 +313,8 @@ impl BlkQueue {
         }
         let used = HEADER_SIZE + segments.len() * SEGMENT_SIZE;
         // Inside the areas allocated in `new`: slot < size.
-        let req_addr = GuestAddress(self.req_base.0 + u64::from(slot) * SLOT_BYTES as u64);
-        let status = GuestAddress(self.status_base.0 + u64::from(slot));
+        let req_addr = GuestAddress(self.req_base.0 + u64::from(slot) * SLOT_STRIDE as u64);
+        let status = GuestAddress(self.status_base.0 + u64::from(slot) * STATUS_STRIDE);
         let written = self
             .mem
             .write_slice(&self.header[..used], req_addr)
@@ -401,7 +406,9 @@ fn deliver(
         on_complete(failed(r));
         return Ok(());
     };
-    let status: u8 = mem.read_obj(GuestAddress(status_base.0 + u64::from(slot)))?;
+    let status: u8 = mem.read_obj(GuestAddress(
+        status_base.0 + u64::from(slot) * STATUS_STRIDE,
+    ))?;
     on_complete(Completion {
         token: info.token,
         result: interpret(status, len, info.must_write),

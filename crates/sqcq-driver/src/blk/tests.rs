@@ -59,6 +59,8 @@ struct Seen {
     head: u16,
     /// Device-readable buffers' bytes, in order.
     readable: Vec<Vec<u8>>,
+    /// Where they were: (address, length).
+    readable_at: Vec<(GuestAddress, u32)>,
     /// Device-writable buffers: (address, length).
     writable: Vec<(GuestAddress, u32)>,
 }
@@ -81,11 +83,13 @@ impl Rig {
         let chain = self.device.pop_descriptor_chain(gm)?;
         let head = chain.head_index();
         let mut readable = Vec::new();
+        let mut readable_at = Vec::new();
         let mut writable = Vec::new();
         for d in chain {
             if d.is_write_only() {
                 writable.push((d.addr(), d.len()));
             } else {
+                readable_at.push((d.addr(), d.len()));
                 let mut bytes = vec![0; usize::try_from(d.len()).unwrap()];
                 gm.read_slice(&mut bytes, d.addr()).unwrap();
                 readable.push(bytes);
@@ -94,6 +98,7 @@ impl Rig {
         Some(Seen {
             head,
             readable,
+            readable_at,
             writable,
         })
     }
@@ -499,4 +504,25 @@ fn a_hangup_fails_every_request_in_every_mode() {
         failed.sort_unstable();
         assert_eq!(failed, [5, 6], "{mode}");
     }
+}
+
+#[test]
+fn every_request_header_and_status_has_cache_lines_of_its_own() {
+    let mut rig = rig(NotifyMode::Notify);
+    let data = rig.data(512);
+    for token in 0..u64::from(SIZE) {
+        rig.submit(
+            &Request::Read {
+                sector: 0,
+                data: &data,
+            },
+            token,
+        );
+    }
+    rig.publish();
+    let seen: Vec<Seen> = std::iter::from_fn(|| rig.device_pop()).collect();
+    assert_eq!(seen.len(), usize::from(SIZE));
+    let headers = seen.iter().map(|s| s.readable_at[0]);
+    let statuses = seen.iter().map(|s| *s.writable.last().unwrap());
+    crate::test_rig::assert_own_cache_lines(&headers.chain(statuses).collect::<Vec<_>>());
 }

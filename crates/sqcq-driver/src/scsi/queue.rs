@@ -12,7 +12,7 @@ use sqcq_wire::scsi::{
 
 use super::sense::STATUS_GOOD;
 use super::{Cdb, Sense};
-use crate::memory::{DriverMemory, MemoryError};
+use crate::memory::{CACHE_LINE, DriverMemory, MemoryError};
 use crate::notify::NotifyCounters;
 pub use crate::slots::QueueFailure;
 use crate::slots::{Reaped, SlotError, Slots};
@@ -154,11 +154,12 @@ impl ScsiQueue {
         };
         let (req_len, req_bytes) = lens(CMD_REQ_FIXED, config.cdb_size).ok_or_else(too_big)?;
         let (resp_len, resp_bytes) = lens(CMD_RESP_FIXED, config.sense_size).ok_or_else(too_big)?;
-        let req_stride = req_bytes.next_multiple_of(8);
-        let resp_stride = resp_bytes.next_multiple_of(8);
+        // Each slot's header and response on lines of their own.
+        let req_stride = req_bytes.next_multiple_of(CACHE_LINE);
+        let resp_stride = resp_bytes.next_multiple_of(CACHE_LINE);
         let area = |stride: usize| stride.checked_mul(usize::from(slots)).ok_or_else(too_big);
-        let req_base = mem.alloc(area(req_stride)?, 64)?;
-        let resp_base = mem.alloc(area(resp_stride)?, 64)?;
+        let req_base = mem.alloc(area(req_stride)?, CACHE_LINE as u64)?;
+        let resp_base = mem.alloc(area(resp_stride)?, CACHE_LINE as u64)?;
         Ok(Self {
             slots: Slots::new(vq),
             mem: mem.guest_memory().clone(),
@@ -365,7 +366,9 @@ impl Responses {
             return Ok(Err(CommandError::ShortResponse { len }));
         }
         let addr = self.addr(slot);
-        self.mem.read_slice(&mut self.buf, addr)?;
+        // The fixed part only (one cache line the device just wrote); the
+        // sense bytes only when there is a status to explain.
+        self.mem.read_slice(&mut self.buf[..CMD_RESP_FIXED], addr)?;
         let Some(resp) = CmdResp::parse(&self.buf) else {
             return Ok(Err(CommandError::ShortResponse { len }));
         };
@@ -375,6 +378,9 @@ impl Responses {
         if resp.status != STATUS_GOOD {
             let sense_len = usize::try_from(resp.sense_len).unwrap_or(0);
             let sense_end = CMD_RESP_FIXED + sense_len;
+            let sense_at = GuestAddress(addr.0 + CMD_RESP_FIXED as u64);
+            self.mem
+                .read_slice(&mut self.buf[CMD_RESP_FIXED..sense_end], sense_at)?;
             let sense = Sense::parse(&self.buf[CMD_RESP_FIXED..sense_end]);
             return Ok(Err(CommandError::Status {
                 status: resp.status,

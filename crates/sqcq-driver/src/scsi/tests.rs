@@ -65,6 +65,8 @@ fn lun() -> Lun {
 struct Seen {
     head: u16,
     header: Vec<u8>,
+    /// Where the header was: (address, length).
+    header_at: (GuestAddress, u32),
     /// Device-writable buffers: (address, length).
     writable: Vec<(GuestAddress, u32)>,
 }
@@ -84,11 +86,13 @@ impl Rig {
         let chain = self.device.pop_descriptor_chain(self.mem.guest_memory())?;
         let head = chain.head_index();
         let mut header = Vec::new();
+        let mut header_at = (GuestAddress(0), 0);
         let mut writable = Vec::new();
         for d in chain {
             if d.is_write_only() {
                 writable.push((d.addr(), d.len()));
             } else if header.is_empty() {
+                header_at = (d.addr(), d.len());
                 header = vec![0; usize::try_from(d.len()).unwrap()];
                 self.mem
                     .guest_memory()
@@ -99,6 +103,7 @@ impl Rig {
         Some(Seen {
             head,
             header,
+            header_at,
             writable,
         })
     }
@@ -531,4 +536,18 @@ fn task_management_round_trip() {
         req,
         sqcq_wire::scsi::encode_tmf_req(Tmf::LogicalUnitReset, lun(), 0)
     );
+}
+
+#[test]
+fn every_request_header_and_response_has_cache_lines_of_its_own() {
+    let mut rig = rig(NotifyMode::Notify);
+    for token in 0..u64::from(SIZE) {
+        rig.submit_read(token, 0);
+    }
+    rig.publish();
+    let seen: Vec<Seen> = std::iter::from_fn(|| rig.device_pop()).collect();
+    assert_eq!(seen.len(), usize::from(SIZE));
+    let headers: Vec<_> = seen.iter().map(|s| s.header_at).collect();
+    let responses: Vec<_> = seen.iter().map(|s| s.writable[0]).collect();
+    crate::test_rig::assert_own_cache_lines(&[headers, responses].concat());
 }

@@ -20,7 +20,8 @@ const _: () = assert!(DOORBELL_AREA_ALIGN as u64 == layout::DOORBELL_AREA_ALIGN)
 
 use sqcq_protocol::layout;
 
-const CACHE_LINE: usize = 64;
+use crate::memory::CACHE_LINE;
+
 /// Bytes of one descriptor (in the table and in indirect tables).
 pub(crate) const DESC_SIZE: usize = 16;
 const RING_HEADER: usize = 4;
