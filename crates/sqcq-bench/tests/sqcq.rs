@@ -291,3 +291,38 @@ fn verify_passes_with_jobs_spread_over_two_device_workers() {
         assert_eq!(workers, ["sqcq-worker0", "sqcq-worker1"], "{mode}");
     }
 }
+
+#[test]
+fn hugepages_back_the_driver_memory_or_are_refused_clearly() {
+    let Some(bin) = common::sqcqd() else { return };
+    let free: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .map_or(0, |n| n.trim().parse().unwrap());
+    let args = [
+        "--rw",
+        "randrw",
+        "--size",
+        "2m",
+        "--iodepth",
+        "16",
+        "--mode",
+        "sqcq-inline",
+        "--hugepages",
+    ];
+    // A few MiB: rings, headers, 16 buffers, in 2 MiB pages.
+    if free >= 8 {
+        let (_, v) = bench(&bin, &args);
+        assert_eq!(ios(&v["jobs"][0]), 512);
+    } else {
+        let out = Command::new(BENCH)
+            .args([OsStr::new("--target-bin"), bin.as_os_str()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("huge pages unavailable"), "{err}");
+    }
+}
