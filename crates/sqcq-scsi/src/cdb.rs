@@ -222,10 +222,19 @@ pub(crate) fn at(i: usize) -> u16 {
 }
 
 fn check_reserved(cdb: &[u8], mask: &[u8]) -> Result<(), ScsiError> {
-    for (i, (&b, &m)) in cdb.iter().zip(mask).enumerate().skip(1) {
-        let bad = b & !m;
-        if bad != 0 {
-            return Err(ScsiError::cdb_field(at(i), Some(top_bit(bad))));
+    // Every command checks all its bytes: one pass without branches, and
+    // the search for the offending byte only when there is one.
+    let stray = cdb
+        .iter()
+        .zip(mask)
+        .skip(1)
+        .fold(0u8, |acc, (&b, &m)| acc | (b & !m));
+    if stray != 0 {
+        for (i, (&b, &m)) in cdb.iter().zip(mask).enumerate().skip(1) {
+            let bad = b & !m;
+            if bad != 0 {
+                return Err(ScsiError::cdb_field(at(i), Some(top_bit(bad))));
+            }
         }
     }
     // NACA = 1 asks for ACA, which this target does not support.

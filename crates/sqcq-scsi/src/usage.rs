@@ -236,7 +236,24 @@ const fn with_sa(opcode: u8, sa: u8, mask: &'static [u8]) -> Usage {
 
 /// Every supported command, in opcode and service action order (the order
 /// REPORT SUPPORTED OPERATION CODES lists them).
-pub(crate) static COMMANDS: &[Usage] = &[
+pub(crate) static COMMANDS: &[Usage] = TABLE;
+
+/// Per operation code, 1 + the index of its first entry in [`COMMANDS`]
+/// (0: not supported), so that [`lookup`] finds a command without a
+/// search.
+static BY_OPCODE: [u8; 256] = {
+    assert!(TABLE.len() < 255);
+    let mut by = [0u8; 256];
+    let mut i = TABLE.len();
+    // Backwards, so that the first entry of an opcode is the one left.
+    while i > 0 {
+        i -= 1;
+        by[TABLE[i].opcode as usize] = (i + 1) as u8;
+    }
+    by
+};
+
+const TABLE: &[Usage] = &[
     plain(op::TEST_UNIT_READY, &TUR),
     plain(op::REQUEST_SENSE, &REQUEST_SENSE),
     plain(op::READ_6, &READ_6),
@@ -301,16 +318,26 @@ pub(crate) enum Lookup {
 }
 
 /// Looks a command up; `service_action` is ignored for opcodes without
-/// service actions. A binary search: this runs for every command.
+/// service actions. This runs for every command: one index by opcode,
+/// then, for the few opcodes with service actions, a scan of that
+/// opcode's entries.
 pub(crate) fn lookup(opcode: u8, service_action: u8) -> Lookup {
-    let sa = has_service_actions(opcode).then_some(service_action);
-    match COMMANDS.binary_search_by_key(&(opcode, sa), |u| (u.opcode, u.service_action)) {
-        Ok(i) => COMMANDS
-            .get(i)
-            .map_or(Lookup::UnsupportedOpcode, Lookup::Supported),
-        Err(_) if COMMANDS.iter().any(|u| u.opcode == opcode) => Lookup::UnsupportedServiceAction,
-        Err(_) => Lookup::UnsupportedOpcode,
+    let Some(first) = usize::from(BY_OPCODE[usize::from(opcode)]).checked_sub(1) else {
+        return Lookup::UnsupportedOpcode;
+    };
+    let mut entries = COMMANDS
+        .get(first..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(|u| u.opcode == opcode);
+    if !has_service_actions(opcode) {
+        return entries
+            .next()
+            .map_or(Lookup::UnsupportedOpcode, Lookup::Supported);
     }
+    entries
+        .find(|u| u.service_action == Some(service_action))
+        .map_or(Lookup::UnsupportedServiceAction, Lookup::Supported)
 }
 
 #[cfg(test)]
@@ -341,6 +368,25 @@ mod tests {
             let key = (u.opcode, u.service_action);
             assert!(prev < Some(key), "sorted and unique: {u:?}");
             prev = Some(key);
+        }
+    }
+
+    #[test]
+    fn lookup_finds_every_entry_and_nothing_else() {
+        for u in COMMANDS {
+            let sa = u.service_action.unwrap_or(0x1f);
+            assert!(
+                matches!(lookup(u.opcode, sa), Lookup::Supported(f) if std::ptr::eq(f, u)),
+                "{u:?}"
+            );
+        }
+        for opcode in 0..=u8::MAX {
+            if !COMMANDS.iter().any(|u| u.opcode == opcode) {
+                assert!(
+                    matches!(lookup(opcode, 0), Lookup::UnsupportedOpcode),
+                    "{opcode:#x}"
+                );
+            }
         }
     }
 
