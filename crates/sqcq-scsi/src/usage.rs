@@ -241,6 +241,10 @@ pub(crate) static COMMANDS: &[Usage] = TABLE;
 /// Per operation code, 1 + the index of its first entry in [`COMMANDS`]
 /// (0: not supported), so that [`lookup`] finds a command without a
 /// search.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "asserted below: the table has fewer than 255 entries"
+)]
 static BY_OPCODE: [u8; 256] = {
     assert!(TABLE.len() < 255);
     let mut by = [0u8; 256];
