@@ -22,12 +22,15 @@
 # With --scaling the same with 2 request queues on 2 target threads (SPDK:
 # 2 reactors), 2 initiator jobs (bdevperf: 2 reactors).
 #
+# A repeat runs each rw/QD's cells back to back, the bdevperf -> spdk
+# baseline first; a cell's ratio is the median over the repeats of its IOPS
+# over its repeat's baseline (the machine's speed drifts by the minute).
 # For each run: IOPS, mean latency, and CPU ns per I/O of each side (the
 # target's process, and the rest of the machine, i.e. the initiator).
-# After the sqcqd runs, sqcqd's CPU over IDLE_SECS with no load.
+# After each repeat's last cells, sqcqd's CPU over IDLE_SECS with no load.
 #
 # Options:
-#   --reps N        repeats, interleaved cell by cell (default 3)
+#   --reps N        repeats (default 3)
 #   --secs S        seconds per run (default 5)
 #   --qd "1 32"     queue depths
 #   --rw "randread randwrite"
@@ -165,33 +168,33 @@ cell() { # REP INITIATOR TARGET MODE RW QD -- command
 
 # ---------------------------------------------------------------- run
 idle_ticks=()
+last_rw=${rws##* } last_qd=${qds##* }
 for rep in $(seq "$reps"); do
-    start_spdk; sleep 1
     for rw in $rws; do for qd in $qds; do
+        # One rw/QD's cells back to back, the baseline first: each ratio
+        # compares runs seconds apart, not minutes (the host's neighbours
+        # move this machine's speed from one minute to the next).
+        start_spdk; sleep 1
         cell "$rep" bdevperf spdk poll "$rw" "$qd" -- bdevperf "$rw" "$qd"
         cell "$rep" sqcq-bench spdk ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
-    done; done
-    stop_target
-    for poll in ring kick; do
-        start_sqcqd "$poll"
-        for rw in $rws; do for qd in $qds; do
-            cell "$rep" bdevperf "sqcqd-$poll" "$poll" "$rw" "$qd" -- bdevperf "$rw" "$qd"
-            if [ "$poll" = ring ]; then
-                cell "$rep" sqcq-bench sqcqd-ring ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
-            else
-                for m in sqcq-inline sqcq; do
-                    cell "$rep" sqcq-bench sqcqd-kick "$m" "$rw" "$qd" -- bench "$m" "$rw" "$qd"
-                done
-            fi
-        done; done
-        if [ "$poll" = kick ]; then
-            # the load is over: what does sqcqd cost idle?
+        stop_target
+        start_sqcqd ring
+        cell "$rep" bdevperf sqcqd-ring ring "$rw" "$qd" -- bdevperf "$rw" "$qd"
+        cell "$rep" sqcq-bench sqcqd-ring ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
+        stop_target
+        start_sqcqd kick
+        cell "$rep" bdevperf sqcqd-kick kick "$rw" "$qd" -- bdevperf "$rw" "$qd"
+        for m in sqcq-inline sqcq; do
+            cell "$rep" sqcq-bench sqcqd-kick "$m" "$rw" "$qd" -- bench "$m" "$rw" "$qd"
+        done
+        if [ "$rw" = "$last_rw" ] && [ "$qd" = "$last_qd" ]; then
+            # the repeat's load is over: what does sqcqd cost idle?
             sleep 1
             t0=$(ticks "$tpid"); sleep "$idle_secs"; t1=$(ticks "$tpid")
             idle_ticks+=($((t1 - t0)))
         fi
         stop_target
-    done
+    done; done
 done
 echo "# sqcqd idle after load: ${idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -204,9 +207,10 @@ for r in rows:
     cells.setdefault((r["rw"], int(r["qd"]), r["initiator"], r["target"], r["mode"]), []).append(r)
 def med(rs, k):
     return statistics.median(float(r[k]) for r in rs)
-base = {(rw, qd): med(ok, "iops") for (rw, qd, i, t, m), rs in cells.items()
-        if i == "bdevperf" and t == "spdk" and (ok := [r for r in rs if float(r["iops"]) > 0])}
-print("| rw | QD | initiator -> target (mode) | IOPS (median) | vs bdevperf -> SPDK | mean lat us | target ns/IO | initiator ns/IO |")
+# The baseline of each repeat: its own bdevperf -> SPDK run of the rw/QD.
+base = {(r["rep"], r["rw"], int(r["qd"])): float(r["iops"]) for r in rows
+        if r["initiator"] == "bdevperf" and r["target"] == "spdk" and float(r["iops"]) > 0}
+print("| rw | QD | initiator -> target (mode) | IOPS (median) | vs bdevperf -> SPDK (median of the repeats' ratios) | mean lat us | target ns/IO | initiator ns/IO |")
 print("|---|---|---|---|---|---|---|---|")
 for key in sorted(cells, key=lambda k: (k[0], k[1])):
     rw, qd, ini, tgt, mode = key
@@ -215,8 +219,8 @@ for key in sorted(cells, key=lambda k: (k[0], k[1])):
         print("| %s | %d | %s -> %s (%s) | failed (%d runs) | | | | |" % (rw, qd, ini, tgt, mode, len(cells[key])))
         continue
     iops = med(rs, "iops")
-    b = base.get((rw, qd))
-    ratio = "%.2fx" % (iops / b) if b else "-"
+    ratios = [float(r["iops"]) / base[k] for r in rs if (k := (r["rep"], rw, qd)) in base]
+    ratio = "%.2fx (%s)" % (statistics.median(ratios), ", ".join("%.2f" % x for x in ratios)) if ratios else "-"
     print("| %s | %d | %s -> %s (%s) | %s | %s | %.2f | %.0f | %.0f |" % (
         rw, qd, ini, tgt, mode, f"{iops:,.0f}", ratio, med(rs, "lat_us"),
         med(rs, "target_ns_io"), med(rs, "initiator_ns_io")))
