@@ -120,17 +120,13 @@ impl<T: Copy + Default> Slots<T> {
     }
 
     /// Takes a free slot, for the caller to write its headers into before
-    /// [`Self::commit`] (or [`Self::release`] on failure).
+    /// [`Self::commit`] (writing them cannot fail: the areas are the
+    /// queue's own).
     pub(crate) fn take(&mut self) -> Result<u16, SlotError> {
         if self.failed {
             return Err(SlotError::Failed);
         }
         self.free.pop().ok_or(SlotError::Full)
-    }
-
-    /// Gives back a slot taken and not committed.
-    pub(crate) fn release(&mut self, slot: u16) {
-        self.free.push(slot);
     }
 
     /// Adds the request of `slot` to the ring; on failure the slot is free

@@ -7,7 +7,7 @@
 //! completing without writing the status is told apart from one writing a
 //! wrong status.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 
 use sqcq_wire::blk::{HEADER_SIZE, RequestHeader, RequestType, SEGMENT_SIZE, Segment, Status};
 
@@ -15,6 +15,7 @@ use crate::memory::{CACHE_LINE, DriverMemory, MemoryError};
 use crate::notify::NotifyCounters;
 use crate::slots::{QueueFailure, Reaped, SlotError, Slots};
 use crate::virtqueue::Virtqueue;
+use crate::vring::shared::SharedWindow;
 use crate::vring::{Buffer, QueueError};
 
 /// Most segments of one DISCARD or WRITE_ZEROES request (devices offer
@@ -27,7 +28,7 @@ const SLOT_BYTES: usize = HEADER_SIZE + MAX_SEGMENTS * SEGMENT_SIZE;
 /// Distance between two slots' areas, and between their status bytes:
 /// whole cache lines, so that no two requests share one.
 const SLOT_STRIDE: usize = SLOT_BYTES.next_multiple_of(CACHE_LINE);
-const STATUS_STRIDE: u64 = CACHE_LINE as u64;
+const STATUS_STRIDE: usize = CACHE_LINE;
 /// [`HEADER_SIZE`] as a descriptor length.
 const HEADER_LEN: u32 = 16;
 const _: () = assert!(HEADER_LEN as usize == HEADER_SIZE);
@@ -144,9 +145,6 @@ pub enum SubmitError {
     /// The ring refused the request.
     #[error("the ring refused the request")]
     Queue(#[source] QueueError),
-    /// Writing the header, the segments or the status byte failed.
-    #[error("writing the request header failed")]
-    Memory(#[source] vm_memory::GuestMemoryError),
     /// The queue failed earlier; it takes no more requests.
     #[error("the queue has failed")]
     Failed,
@@ -189,11 +187,13 @@ struct Pending {
 #[derive(Debug)]
 pub struct BlkQueue {
     slots: Slots<Pending>,
-    mem: GuestMemoryMmap,
     /// Per slot: header and segments, [`SLOT_STRIDE`] apart.
     req_base: GuestAddress,
     /// Per slot: one status byte, [`STATUS_STRIDE`] apart.
     status_base: GuestAddress,
+    /// The two areas, accessed through atomics.
+    req_window: SharedWindow,
+    status_window: SharedWindow,
     header: [u8; SLOT_BYTES],
     out: Vec<Buffer>,
     in_: Vec<Buffer>,
@@ -206,11 +206,13 @@ impl BlkQueue {
         let slots = usize::from(vq.ring().size());
         // At most 32768 slots of 192 + 64 bytes: no overflow.
         let line = CACHE_LINE as u64;
-        let req_base = mem.alloc(SLOT_STRIDE * slots, line)?;
-        let status_base = mem.alloc(CACHE_LINE * slots, line)?;
+        let (req_area, status_area) = (SLOT_STRIDE * slots, STATUS_STRIDE * slots);
+        let req_base = mem.alloc(req_area, line)?;
+        let status_base = mem.alloc(status_area, line)?;
         Ok(Self {
             slots: Slots::new(vq),
-            mem: mem.guest_memory().clone(),
+            req_window: SharedWindow::new(mem, req_base, req_area)?,
+            status_window: SharedWindow::new(mem, status_base, status_area)?,
             req_base,
             status_base,
             header: [0; SLOT_BYTES],
@@ -312,17 +314,14 @@ impl BlkQueue {
             self.header[at..at + SEGMENT_SIZE].copy_from_slice(&s.encode());
         }
         let used = HEADER_SIZE + segments.len() * SEGMENT_SIZE;
-        // Inside the areas allocated in `new`: slot < size.
-        let req_addr = GuestAddress(self.req_base.0 + u64::from(slot) * SLOT_STRIDE as u64);
-        let status = GuestAddress(self.status_base.0 + u64::from(slot) * STATUS_STRIDE);
-        let written = self
-            .mem
-            .write_slice(&self.header[..used], req_addr)
-            .and_then(|()| self.mem.write_obj(STATUS_UNWRITTEN, status));
-        if let Err(e) = written {
-            self.slots.release(slot);
-            return Err(SubmitError::Memory(e));
-        }
+        // Inside the areas allocated in `new`: slot < size, and what is
+        // written, rounded up to 8 bytes, fits the slot's stride.
+        let at = usize::from(slot) * SLOT_STRIDE;
+        let req_addr = GuestAddress(self.req_base.0 + at as u64);
+        self.req_window.store_bytes(at, &self.header[..used]);
+        let status = GuestAddress(self.status_base.0 + status_offset(slot) as u64);
+        self.status_window
+            .store_bytes(status_offset(slot), &[STATUS_UNWRITTEN]);
         self.out.clear();
         self.in_.clear();
         self.out.push(Buffer::new(req_addr, HEADER_LEN));
@@ -358,8 +357,8 @@ impl BlkQueue {
     /// Hands every completion the device has published to `on_complete`
     /// and returns how many there were, without waiting.
     pub fn reap(&mut self, mut on_complete: impl FnMut(Completion)) -> Result<usize, QueueFailure> {
-        let (mem, base) = (&self.mem, self.status_base);
-        self.slots.reap(|r| deliver(r, mem, base, &mut on_complete))
+        let status = &self.status_window;
+        self.slots.reap(|r| deliver(r, status, &mut on_complete))
     }
 
     /// Waits (bounded by the queue's timeout, woken by a socket hangup)
@@ -370,9 +369,9 @@ impl BlkQueue {
         &mut self,
         mut on_complete: impl FnMut(Completion),
     ) -> Result<usize, QueueFailure> {
-        let (mem, base) = (&self.mem, self.status_base);
+        let status = &self.status_window;
         self.slots
-            .wait_and_reap(|r| deliver(r, mem, base, &mut on_complete))
+            .wait_and_reap(|r| deliver(r, status, &mut on_complete))
     }
 
     /// Fails every request in flight, for when the caller gives up on the
@@ -394,21 +393,26 @@ fn failed(r: Reaped<Pending>) -> Completion {
     }
 }
 
+/// Where `slot`'s status byte is in the status area.
+fn status_offset(slot: u16) -> usize {
+    usize::from(slot) * STATUS_STRIDE
+}
+
 /// Turns what the slots reaped into a [`Completion`], reading the status
-/// byte of the slot from the area at `status_base`.
+/// byte of the slot from the status area.
 fn deliver(
     r: Reaped<Pending>,
-    mem: &GuestMemoryMmap,
-    status_base: GuestAddress,
+    status_area: &SharedWindow,
     on_complete: &mut impl FnMut(Completion),
 ) -> Result<(), vm_memory::GuestMemoryError> {
     let Reaped::Used { slot, info, len } = r else {
         on_complete(failed(r));
         return Ok(());
     };
-    let status: u8 = mem.read_obj(GuestAddress(
-        status_base.0 + u64::from(slot) * STATUS_STRIDE,
-    ))?;
+    let mut status = [0u8];
+    // Inside the area: slot < size, 8 bytes in a 64-byte stride.
+    status_area.load_bytes(status_offset(slot), &mut status);
+    let [status] = status;
     on_complete(Completion {
         token: info.token,
         result: interpret(status, len, info.must_write),

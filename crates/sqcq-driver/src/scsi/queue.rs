@@ -17,6 +17,7 @@ use crate::notify::NotifyCounters;
 pub use crate::slots::QueueFailure;
 use crate::slots::{Reaped, SlotError, Slots};
 use crate::virtqueue::Virtqueue;
+use crate::vring::shared::SharedWindow;
 use crate::vring::{Buffer, QueueError};
 
 /// The data phase of a command.
@@ -106,9 +107,6 @@ pub enum SubmitError {
     /// The ring refused the request.
     #[error("the ring refused the request")]
     Queue(#[source] QueueError),
-    /// Writing the request header failed.
-    #[error("writing the request header failed")]
-    Memory(#[source] vm_memory::GuestMemoryError),
     /// The queue failed earlier; it takes no more requests.
     #[error("the queue has failed")]
     Failed,
@@ -119,12 +117,13 @@ pub enum SubmitError {
 pub struct ScsiQueue {
     /// The slots, each with the submitter's token.
     slots: Slots<u64>,
-    mem: GuestMemoryMmap,
     cdb_size: usize,
     req_len: u32,
     resp_len: u32,
     req_base: GuestAddress,
-    req_stride: u64,
+    req_stride: usize,
+    /// The request headers' area, written through atomics.
+    req_window: SharedWindow,
     responses: Responses,
     header: Vec<u8>,
     out: Vec<Buffer>,
@@ -158,20 +157,24 @@ impl ScsiQueue {
         let req_stride = req_bytes.next_multiple_of(CACHE_LINE);
         let resp_stride = resp_bytes.next_multiple_of(CACHE_LINE);
         let area = |stride: usize| stride.checked_mul(usize::from(slots)).ok_or_else(too_big);
-        let req_base = mem.alloc(area(req_stride)?, CACHE_LINE as u64)?;
-        let resp_base = mem.alloc(area(resp_stride)?, CACHE_LINE as u64)?;
+        let (req_area, resp_area) = (area(req_stride)?, area(resp_stride)?);
+        let req_base = mem.alloc(req_area, CACHE_LINE as u64)?;
+        let resp_base = mem.alloc(resp_area, CACHE_LINE as u64)?;
+        let req_window = SharedWindow::new(mem, req_base, req_area)?;
+        let resp_window = SharedWindow::new(mem, resp_base, resp_area)?;
         Ok(Self {
             slots: Slots::new(vq),
-            mem: mem.guest_memory().clone(),
             cdb_size: req_bytes - CMD_REQ_FIXED,
             req_len,
             resp_len,
             req_base,
-            req_stride: req_stride as u64,
+            req_stride,
+            req_window,
             responses: Responses {
                 mem: mem.guest_memory().clone(),
                 base: resp_base,
-                stride: resp_stride as u64,
+                stride: resp_stride,
+                window: resp_window,
                 buf: vec![0; resp_bytes],
             },
             header: vec![0; req_bytes],
@@ -244,12 +247,11 @@ impl ScsiQueue {
             cmd.cdb.as_bytes(),
             self.cdb_size,
         );
-        // Inside the area allocated in `new`: slot < size.
-        let req = GuestAddress(self.req_base.0 + u64::from(slot) * self.req_stride);
-        if let Err(e) = self.mem.write_slice(&self.header, req) {
-            self.slots.release(slot);
-            return Err(SubmitError::Memory(e));
-        }
+        // Inside the area allocated in `new`: slot < size, and the header
+        // rounded up to 8 bytes fits its stride (a multiple of 64).
+        let at = usize::from(slot) * self.req_stride;
+        let req = GuestAddress(self.req_base.0 + at as u64);
+        self.req_window.store_bytes(at, &self.header);
         self.out.clear();
         self.in_.clear();
         self.out.push(Buffer::new(req, self.req_len));
@@ -326,14 +328,16 @@ fn failed(r: Reaped<u64>) -> Completion {
 struct Responses {
     mem: GuestMemoryMmap,
     base: GuestAddress,
-    stride: u64,
+    stride: usize,
+    /// The responses' area, read through atomics.
+    window: SharedWindow,
     buf: Vec<u8>,
 }
 
 impl Responses {
     fn addr(&self, slot: u16) -> GuestAddress {
         // Inside the area allocated in `ScsiQueue::new`: slot < size.
-        GuestAddress(self.base.0 + u64::from(slot) * self.stride)
+        GuestAddress(self.base.0 + (usize::from(slot) * self.stride) as u64)
     }
 
     /// Turns what the slots reaped into a [`Completion`].
@@ -367,8 +371,12 @@ impl Responses {
         }
         let addr = self.addr(slot);
         // The fixed part only (one cache line the device just wrote); the
-        // sense bytes only when there is a status to explain.
-        self.mem.read_slice(&mut self.buf[..CMD_RESP_FIXED], addr)?;
+        // sense bytes only when there is a status to explain. Inside the
+        // area: slot < size, and 16 bytes fit the stride (64 or more).
+        self.window.load_bytes(
+            usize::from(slot) * self.stride,
+            &mut self.buf[..CMD_RESP_FIXED],
+        );
         let Some(resp) = CmdResp::parse(&self.buf) else {
             return Ok(Err(CommandError::ShortResponse { len }));
         };

@@ -17,7 +17,7 @@ mod avail;
 mod config;
 mod error;
 mod layout;
-mod shared;
+pub(crate) mod shared;
 #[cfg(test)]
 mod tests;
 mod used;

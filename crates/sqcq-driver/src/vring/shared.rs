@@ -11,7 +11,7 @@
 use std::mem::size_of;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use vm_memory::{GuestAddress, MmapRegion};
 
@@ -93,5 +93,50 @@ impl SharedWindow {
         // SAFETY: as in `u16`, with the bounds and AtomicU64 alignment
         // checked by `ptr`.
         unsafe { AtomicU64::from_ptr(ptr) }
+    }
+
+    /// Stores `bytes` at byte `offset` (8-aligned) as relaxed 64-bit
+    /// stores, the last one padded with zeros: the window must hold
+    /// `bytes.len()` rounded up to 8 from `offset`. For areas the driver
+    /// writes and the device reads after a Release store announces them
+    /// (request headers).
+    pub(crate) fn store_bytes(&self, offset: usize, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        let mut at = offset;
+        for word in &mut words {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(word);
+            self.u64(at).store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            at += 8;
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            for (to, from) in w.iter_mut().zip(rest) {
+                *to = *from;
+            }
+            self.u64(at).store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        }
+    }
+
+    /// Fills `out` from byte `offset` (8-aligned) with relaxed 64-bit
+    /// loads: the window must hold `out.len()` rounded up to 8 from
+    /// `offset`. For areas the device writes and the driver reads after an
+    /// Acquire load announces them (responses); the bytes are a snapshot
+    /// the caller validates.
+    pub(crate) fn load_bytes(&self, offset: usize, out: &mut [u8]) {
+        let mut words = out.chunks_exact_mut(8);
+        let mut at = offset;
+        for word in &mut words {
+            word.copy_from_slice(&self.u64(at).load(Ordering::Relaxed).to_ne_bytes());
+            at += 8;
+        }
+        let rest = words.into_remainder();
+        if !rest.is_empty() {
+            let w = self.u64(at).load(Ordering::Relaxed).to_ne_bytes();
+            for (to, from) in rest.iter_mut().zip(w) {
+                *to = from;
+            }
+        }
     }
 }

@@ -383,3 +383,33 @@ fn indirect_descriptors_take_one_ring_slot() {
         assert_eq!(flags & DESC_F_INDIRECT, 0);
     }
 }
+
+#[test]
+fn a_shared_window_moves_bytes_in_whole_words_padding_with_zeros() {
+    let mut mem = DriverMemory::new(1 << 20).unwrap();
+    let gpa = mem.alloc(64, 64).unwrap();
+    let window = SharedWindow::new(&mem, gpa, 64).unwrap();
+    let gm = mem.guest_memory();
+    gm.write_slice(&[0xaa; 64], gpa).unwrap();
+    let bytes: Vec<u8> = (1..=11).collect();
+    window.store_bytes(8, &bytes);
+    let mut back = [0u8; 64];
+    gm.read_slice(&mut back, gpa).unwrap();
+    assert_eq!(back[..8], [0xaa; 8], "before the offset: untouched");
+    assert_eq!(back[8..19], bytes[..]);
+    assert_eq!(back[19..24], [0; 5], "the last word padded with zeros");
+    assert_eq!(back[24..], [0xaa; 40], "past the last word: untouched");
+    let mut out = [0u8; 11];
+    window.load_bytes(8, &mut out);
+    assert_eq!(out[..], bytes[..]);
+}
+
+#[test]
+#[should_panic(expected = "outside or misaligned")]
+fn a_shared_window_refuses_a_word_past_its_end() {
+    let mut mem = DriverMemory::new(1 << 20).unwrap();
+    let gpa = mem.alloc(64, 64).unwrap();
+    let window = SharedWindow::new(&mem, gpa, 64).unwrap();
+    // 9 bytes at 56: the second word would start at 64.
+    window.store_bytes(56, &[0; 9]);
+}
