@@ -279,10 +279,12 @@ impl Target {
         Ok(target)
     }
 
+    /// Waits until every socket listens: a socket file exists from the
+    /// target's bind(2), but a connect before its listen(2) is refused.
     fn wait_for_socket(&mut self) -> Result<(), TargetError> {
         let start = Instant::now();
         loop {
-            if self.sockets.iter().all(|s| s.exists()) {
+            if self.sockets.iter().all(|s| listening(s)) {
                 return Ok(());
             }
             let why = match self.child.try_wait() {
@@ -377,5 +379,53 @@ impl Drop for Target {
             let _ = self.child.wait();
         }
         let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether a Unix socket bound at `path` listens, from the kernel's table
+/// of Unix sockets (`/proc/net/unix`: the flags column has
+/// `__SO_ACCEPTCON`, 0x10000, once listen(2) was called; the path is the
+/// last column). Where the table cannot be read, the socket file existing
+/// has to do.
+fn listening(path: &Path) -> bool {
+    const SO_ACCEPTCON: u32 = 0x1_0000;
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return path.exists();
+    };
+    let Some(path) = path.to_str() else {
+        return path.exists();
+    };
+    table.lines().skip(1).any(|line| {
+        let flags = line
+            .split_whitespace()
+            .nth(3)
+            .and_then(|f| u32::from_str_radix(f, 16).ok());
+        flags.is_some_and(|f| f & SO_ACCEPTCON != 0)
+            && line
+                .strip_suffix(path)
+                .is_some_and(|rest| rest.ends_with(' '))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::{UnixDatagram, UnixListener};
+
+    #[test]
+    fn a_socket_file_counts_only_once_it_listens() {
+        let dir = std::env::temp_dir().join(format!("sqcq-listening-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let stream = dir.join("stream.sock");
+        let _listener = UnixListener::bind(&stream).unwrap();
+        assert!(listening(&stream));
+        // Bound, so the file exists, but nothing listens on it.
+        let datagram = dir.join("datagram.sock");
+        let _bound = UnixDatagram::bind(&datagram).unwrap();
+        assert!(datagram.exists());
+        assert!(!listening(&datagram));
+        assert!(!listening(&dir.join("none.sock")));
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
