@@ -4,7 +4,7 @@
 //! and response headers, so nothing is allocated per I/O. The submitter's
 //! token travels with the slot and comes back in its [`Completion`].
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 
 use sqcq_wire::scsi::{
     CMD_REQ_FIXED, CMD_RESP_FIXED, CmdResp, Lun, Response, ScsiConfig, TaskAttr, encode_cmd_req,
@@ -171,7 +171,6 @@ impl ScsiQueue {
             req_stride,
             req_window,
             responses: Responses {
-                mem: mem.guest_memory().clone(),
                 base: resp_base,
                 stride: resp_stride,
                 window: resp_window,
@@ -326,7 +325,6 @@ fn failed(r: Reaped<u64>) -> Completion {
 /// The response headers, one per slot, and a buffer to read one into.
 #[derive(Debug)]
 struct Responses {
-    mem: GuestMemoryMmap,
     base: GuestAddress,
     stride: usize,
     /// The responses' area, read through atomics.
@@ -369,14 +367,12 @@ impl Responses {
         if usize::try_from(len).is_ok_and(|len| len < CMD_RESP_FIXED) {
             return Ok(Err(CommandError::ShortResponse { len }));
         }
-        let addr = self.addr(slot);
         // The fixed part only (one cache line the device just wrote); the
         // sense bytes only when there is a status to explain. Inside the
-        // area: slot < size, and 16 bytes fit the stride (64 or more).
-        self.window.load_bytes(
-            usize::from(slot) * self.stride,
-            &mut self.buf[..CMD_RESP_FIXED],
-        );
+        // area: slot < size, and the whole response rounded up to 8 bytes
+        // fits the stride (a multiple of 64).
+        let at = usize::from(slot) * self.stride;
+        self.window.load_bytes(at, &mut self.buf[..CMD_RESP_FIXED]);
         let Some(resp) = CmdResp::parse(&self.buf) else {
             return Ok(Err(CommandError::ShortResponse { len }));
         };
@@ -386,9 +382,9 @@ impl Responses {
         if resp.status != STATUS_GOOD {
             let sense_len = usize::try_from(resp.sense_len).unwrap_or(0);
             let sense_end = CMD_RESP_FIXED + sense_len;
-            let sense_at = GuestAddress(addr.0 + CMD_RESP_FIXED as u64);
-            self.mem
-                .read_slice(&mut self.buf[CMD_RESP_FIXED..sense_end], sense_at)?;
+            // From the start of the response (words are 8-aligned there);
+            // only the sense bytes of this second read are used.
+            self.window.load_bytes(at, &mut self.buf[..sense_end]);
             let sense = Sense::parse(&self.buf[CMD_RESP_FIXED..sense_end]);
             return Ok(Err(CommandError::Status {
                 status: resp.status,

@@ -112,6 +112,8 @@ impl SharedWindow {
         let rest = words.remainder();
         if !rest.is_empty() {
             let mut w = [0u8; 8];
+            // Byte by byte: a copy of variable length would be a call to
+            // memcpy on every request.
             for (to, from) in w.iter_mut().zip(rest) {
                 *to = *from;
             }
