@@ -199,9 +199,18 @@ pub fn filter(mode: SeccompMode) -> Result<Option<BpfProgram>, SandboxError> {
     // Never executable memory: PROT_EXEC clear in the protection argument.
     let no_exec = |arg| rule(arg, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0);
     rules.insert(libc::SYS_mmap, vec![no_exec(2)?]);
-    // Threads started just before the filter name themselves.
+    // Threads started after the filter name themselves; a worker's poll
+    // loop tightens its timer slack before its first sleep
+    // (`sqcq_protocol::yielder`).
     let set_name = u64::try_from(libc::PR_SET_NAME).unwrap_or(u64::MAX);
-    rules.insert(libc::SYS_prctl, vec![rule(0, SeccompCmpOp::Eq, set_name)?]);
+    let set_slack = u64::try_from(libc::PR_SET_TIMERSLACK).unwrap_or(u64::MAX);
+    rules.insert(
+        libc::SYS_prctl,
+        vec![
+            rule(0, SeccompCmpOp::Eq, set_name)?,
+            rule(0, SeccompCmpOp::Eq, set_slack)?,
+        ],
+    );
     rules.insert(libc::SYS_mprotect, vec![no_exec(2)?]);
     // Unix sockets only.
     let unix = u64::try_from(libc::AF_UNIX).unwrap_or(u64::MAX);
@@ -337,6 +346,25 @@ mod tests {
         assert_eq!(exec_mem, (true, libc::EPERM), "executable mmap");
         assert!(eventfd >= 0, "eventfd2 is allowed");
         assert_eq!(ioctl, (-1, libc::EPERM), "an ioctl the daemon never issues");
+    }
+
+    /// A worker's poll loop tightens its timer slack before its first
+    /// sleep (`sqcq_protocol::yielder`); other `prctl`s stay refused.
+    #[test]
+    fn prctl_names_a_thread_and_sets_its_timer_slack_and_nothing_else() {
+        let (slack, got, dumpable) = filtered(|| {
+            // SAFETY: PR_SET_TIMERSLACK and PR_SET_DUMPABLE take values.
+            let slack = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0, 0, 0) };
+            // SAFETY: PR_GET_TIMERSLACK takes no argument.
+            let got = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+            let got = (got, errno());
+            // SAFETY: as above.
+            let dumpable = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1u64, 0, 0, 0) };
+            (slack, got, (dumpable, errno()))
+        });
+        assert_eq!(slack, 0, "PR_SET_TIMERSLACK is allowed");
+        assert_eq!(got, (-1, libc::EPERM), "PR_GET_TIMERSLACK is not");
+        assert_eq!(dumpable, (-1, libc::EPERM), "PR_SET_DUMPABLE is not");
     }
 
     /// The metrics endpoint, started before the filter as the daemon does,

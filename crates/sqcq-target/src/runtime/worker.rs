@@ -598,8 +598,9 @@ impl Worker {
         // This thread's figures, and its pass clock (`pass`).
         let figures = self.board.enter_worker(self.id);
         let mut events = vec![EpollEvent::default(); 64];
-        // When the poll loop gives the CPU away (`poll::spin`).
-        let mut yielder = Yielder::new();
+        // When and how the poll loop gives the CPU away (`poll::spin`):
+        // the driver feeding a queue may be a reactor that never yields.
+        let mut yielder = Yielder::handing_over();
         loop {
             let stats = self.ticker.timeout(&self.board);
             let timeout = self
