@@ -176,6 +176,10 @@ const FAMILIES: &[(&str, &str)] = &[
     ("sqcq_lun_block_size_bytes", "gauge"),
     ("sqcq_worker_queues", "gauge"),
     ("sqcq_worker_wakeups", "counter"),
+    ("sqcq_worker_yields", "counter"),
+    ("sqcq_worker_contested_yields", "counter"),
+    ("sqcq_worker_long_yields", "counter"),
+    ("sqcq_worker_handover_sleeps", "counter"),
     ("sqcq_worker_cpu_seconds", "counter"),
 ];
 

@@ -366,6 +366,35 @@ impl Scrape {
         for w in &self.workers {
             sample(out, "sqcq_worker_wakeups_total", &label(w), w.wakeups);
         }
+        type Figure = fn(&WorkerSnapshot) -> u64;
+        let yields: [(&str, &str, Figure); 4] = [
+            (
+                "sqcq_worker_yields_total",
+                "sched_yield calls of the worker's poll loop.",
+                |w| w.yields,
+            ),
+            (
+                "sqcq_worker_contested_yields_total",
+                "Of those, the ones that ran another thread.",
+                |w| w.contested_yields,
+            ),
+            (
+                "sqcq_worker_long_yields_total",
+                "Of those, the ones that lost the CPU for a time slice (0.5 ms or more): a thread that never yields shares the worker's CPU.",
+                |w| w.long_yields,
+            ),
+            (
+                "sqcq_worker_handover_sleeps_total",
+                "20 us sleeps of the poll loop after yields that came back at once, beside such a thread.",
+                |w| w.handover_sleeps,
+            ),
+        ];
+        for (name, help, value) in yields {
+            family(out, name, Kind::Counter, help);
+            for w in &self.workers {
+                sample(out, name, &label(w), value(w));
+            }
+        }
         family(
             out,
             "sqcq_worker_cpu_seconds_total",
@@ -464,6 +493,10 @@ mod tests {
                 worker: 0,
                 queues: 2,
                 wakeups: 10,
+                yields: 7,
+                contested_yields: 5,
+                long_yields: 3,
+                handover_sleeps: 2,
                 cpu_ns: Some(2_500_000_000),
             }],
         }
@@ -495,6 +528,10 @@ mod tests {
             format!("sqcq_lun_capacity_bytes{{{dev},lun=\"3\"}} 1048576"),
             "sqcq_worker_queues{worker=\"0\"} 2".into(),
             "sqcq_worker_cpu_seconds_total{worker=\"0\"} 2.5".into(),
+            "sqcq_worker_yields_total{worker=\"0\"} 7".into(),
+            "sqcq_worker_contested_yields_total{worker=\"0\"} 5".into(),
+            "sqcq_worker_long_yields_total{worker=\"0\"} 3".into(),
+            "sqcq_worker_handover_sleeps_total{worker=\"0\"} 2".into(),
         ] {
             assert!(out.lines().any(|l| l == want), "{want} missing from\n{out}");
         }

@@ -656,6 +656,7 @@ impl Worker {
             }
             self.check_drains();
             crate::runtime::poll::spin(&mut self.queues, &mut yielder);
+            figures.yielded(&yielder);
             if self.ticker.due(&self.board) {
                 let served = self.queues.iter_mut().flatten();
                 let snapshots: Vec<_> = served

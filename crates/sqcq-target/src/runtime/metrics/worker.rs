@@ -1,10 +1,11 @@
-//! The figures of one worker thread: how often its loop woke, and its CPU
-//! time (read from the thread's CPU clock when asked, so the loop pays
-//! nothing for it).
+//! The figures of one worker thread: how often its loop woke, how its
+//! poll loop gave the CPU away, and its CPU time (read from the thread's
+//! CPU clock when asked, so the loop pays nothing for it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
+use sqcq_protocol::yielder::Yielder;
 
 use super::add;
 use crate::runtime::pass;
@@ -16,6 +17,11 @@ use crate::runtime::pass;
 pub struct WorkerMetrics {
     id: usize,
     wakeups: AtomicU64,
+    /// The poll loop's [`Yielder`] figures, as of its last turn.
+    yields: AtomicU64,
+    contested_yields: AtomicU64,
+    long_yields: AtomicU64,
+    handover_sleeps: AtomicU64,
     /// The thread's CPU-time clock (`pthread_getcpuclockid`).
     cpu_clock: Option<libc::clockid_t>,
 }
@@ -36,6 +42,10 @@ impl WorkerMetrics {
         WorkerMetrics {
             id,
             wakeups: AtomicU64::new(0),
+            yields: AtomicU64::new(0),
+            contested_yields: AtomicU64::new(0),
+            long_yields: AtomicU64::new(0),
+            handover_sleeps: AtomicU64::new(0),
             cpu_clock: (rc == 0).then_some(clock),
         }
     }
@@ -52,6 +62,17 @@ impl WorkerMetrics {
         pass::begin();
     }
 
+    /// Takes in the poll loop's yield figures (after a turn of it).
+    /// Called by the worker only.
+    pub(crate) fn yielded(&self, yielder: &Yielder) {
+        let (yields, contested) = yielder.yields();
+        let (long, sleeps) = yielder.hogged();
+        self.yields.store(yields, Ordering::Relaxed);
+        self.contested_yields.store(contested, Ordering::Relaxed);
+        self.long_yields.store(long, Ordering::Relaxed);
+        self.handover_sleeps.store(sleeps, Ordering::Relaxed);
+    }
+
     /// The figures as they are; `queues` is how many queues the worker
     /// serves now.
     pub fn snapshot(&self, queues: usize) -> WorkerSnapshot {
@@ -59,6 +80,10 @@ impl WorkerMetrics {
             worker: self.id,
             queues,
             wakeups: self.wakeups.load(Ordering::Relaxed),
+            yields: self.yields.load(Ordering::Relaxed),
+            contested_yields: self.contested_yields.load(Ordering::Relaxed),
+            long_yields: self.long_yields.load(Ordering::Relaxed),
+            handover_sleeps: self.handover_sleeps.load(Ordering::Relaxed),
             cpu_ns: self.cpu_clock.and_then(cpu_time_ns),
         }
     }
@@ -90,6 +115,16 @@ pub struct WorkerSnapshot {
     /// Times its loop woke from `epoll_wait` (events, a timeout, or a
     /// poll turn that found its queues busy).
     pub wakeups: u64,
+    /// `sched_yield`s of its poll loop (`sqcq_protocol::yielder`).
+    pub yields: u64,
+    /// Of those, the ones that ran another thread.
+    pub contested_yields: u64,
+    /// Of those, the ones that lost the CPU for a time slice (0.5 ms or
+    /// more): a thread that never yields shares the worker's CPU.
+    pub long_yields: u64,
+    /// Sleeps of 20 us its poll loop took after a yield that came back at
+    /// once, beside such a thread.
+    pub handover_sleeps: u64,
     /// CPU time of the thread, ns (`None` if it could not be read).
     pub cpu_ns: Option<u64>,
 }
@@ -105,6 +140,11 @@ mod tests {
             assert_eq!(pass::worker(), Some(2));
             m.woke();
             m.woke();
+            let mut y = Yielder::new();
+            for _ in 0..sqcq_protocol::yielder::MIN_IDLE {
+                y.idle();
+            }
+            m.yielded(&y);
             // Burn some CPU so that the clock moves.
             let start = std::time::Instant::now();
             while start.elapsed() < std::time::Duration::from_millis(5) {
@@ -112,6 +152,8 @@ mod tests {
             }
             let s = m.snapshot(3);
             assert_eq!((s.worker, s.queues, s.wakeups), (2, 3, 2));
+            assert_eq!(s.yields, 1, "the loop's yield is taken in");
+            assert_eq!(s.handover_sleeps, 0);
             assert!(s.cpu_ns.unwrap() >= 1_000_000, "{s:?}");
             m
         })
