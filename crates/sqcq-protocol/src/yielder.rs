@@ -44,7 +44,7 @@
 //! last within that gap), a yield that comes back at once is followed by
 //! a sleep of [`SLEEP_NS`]: the only hand-over the scheduler cannot
 //! refuse, and whose wake-up preempts that thread when it ends. The same
-//! setup then gave 0.87-1.6M IOPS where it had collapsed and 1.8-3.7M
+//! setup then gave 0.86-0.90M IOPS where it had collapsed and 1.8-3.6M
 //! where it had not (SPDK's own target: 0.5-0.9M), while the sleeps
 //! taken for two chance long yields had cut that `sqcq-bench` run from
 //! 160k to 19k IOPS. A poller alone on its CPU never sees such a yield
