@@ -23,11 +23,19 @@
 # 2 reactors), 2 initiator jobs (bdevperf: 2 reactors).
 #
 # A repeat runs each rw/QD's cells back to back, the bdevperf -> spdk
-# baseline first; a cell's ratio is the median over the repeats of its IOPS
-# over its repeat's baseline (the machine's speed drifts by the minute).
+# baseline first. Before and after each run, sqcq-c2c measures how long a
+# cache line takes between the two CPUs and back: on a VM the host moves
+# the vCPUs between cores that share a cache (about 70-190 ns) and cores
+# that do not (about 500-650 ns) every few seconds, and every polling
+# program's rate follows (SPDK's own pair: 2.5x). A run is "near" or "far"
+# when both probes agree (C2C_FAR_NS, default 300, is the line between),
+# "mixed" otherwise; a cell's ratio is its median IOPS over the baseline's
+# median among the runs of the same placement, one table per placement.
 # For each run: IOPS, mean latency, and CPU ns per I/O of each side (the
 # target's process, and the rest of the machine, i.e. the initiator).
 # After each repeat's last cells, sqcqd's CPU over IDLE_SECS with no load.
+# SPDK's target is started for each of its runs (its reactor never sleeps
+# and would hold a probe's CPU).
 #
 # Options:
 #   --reps N        repeats (default 3)
@@ -37,7 +45,8 @@
 #   --scaling       2 queues / 2 target threads / 2 jobs instead of 1
 #   --out DIR       results (default target/vs-spdk/<stamp>)
 # Environment: SPDK_DIR (required), SQCQ_BIN (default target/release, built
-# here if missing), TARGET_CPU (0), INIT_CPU (1), IDLE_SECS (10), PYTHON.
+# here if missing), TARGET_CPU (0), INIT_CPU (1), IDLE_SECS (10),
+# C2C_FAR_NS (300), PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -67,6 +76,7 @@ bin=${SQCQ_BIN:-$root/target/release}
 if [ -z "${SQCQ_BIN:-}" ]; then
     cargo build --quiet --release -p sqcq-target -p sqcq-bench
 fi
+far_ns=${C2C_FAR_NS:-300}
 out=${out:-$root/target/vs-spdk/$(date +%Y%m%d-%H%M%S)}
 run=$out/run
 mkdir -p "$run"
@@ -96,7 +106,7 @@ echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 |
 echo "# sqcq $("$bin/sqcqd" --version) $(git -C "$root" rev-parse --short HEAD 2>/dev/null || true); SPDK $(cat "$SPDK_DIR/VERSION" 2>/dev/null || git -C "$SPDK_DIR" describe --tags 2>/dev/null || echo '?')"
 echo "# reps=$reps secs=$secs qd=[$qds] rw=[$rws] queues=$nq target CPUs $tmask, initiator CPUs $imask"
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf 'rep\tinitiator\ttarget\tmode\trw\tqd\tiops\tlat_us\ttarget_ns_io\tinitiator_ns_io\n' > "$tsv"
+printf 'rep\tinitiator\ttarget\tmode\trw\tqd\tiops\tlat_us\ttarget_ns_io\tinitiator_ns_io\tc2c_before_ns\tc2c_after_ns\n' > "$tsv"
 
 # ------------------------------------------------------------ targets
 tpid=""
@@ -153,17 +163,26 @@ iops = sum(j[k]["iops"] for j in d["jobs"] for k in ("read", "write"))
 lat = sum(j[k]["lat_ns"]["mean"] * j[k]["total_ios"] for j in d["jobs"] for k in ("read", "write")) / max(io, 1)
 print(iops, lat / 1000)'
 }
+# The cache line round trip between the target's and the initiator's CPU
+# (ns), with nothing polling them.
+c2c() { "$bin/sqcq-c2c" --cpus "$tcpu,$icpu" --terse 2>/dev/null || echo 0; }
 cell() { # REP INITIATOR TARGET MODE RW QD -- command
-    local rep=$1 ini=$2 tgt=$3 mode=$4 rw=$5 qd=$6 t0 t1 b0 b1 r iops lat tns ins
+    local rep=$1 ini=$2 tgt=$3 mode=$4 rw=$5 qd=$6 t0 t1 b0 b1 r iops lat tns ins c0 c1
     shift 7
+    [ "$tgt" = spdk ] && { start_spdk; sleep 0.5; }
+    c0=$pre_c2c
     t0=$(ticks "$tpid") b0=$(busy)
     r=$("$@") || r="0 0"
     t1=$(ticks "$tpid") b1=$(busy)
+    [ "$tgt" = spdk ] && stop_target
+    sleep 0.2
+    c1=$(c2c)
+    pre_c2c=$c1
     read -r iops lat <<< "$r"
     read -r tns ins < <(awk -v i="$iops" -v s="$secs" -v t=$((t1 - t0)) -v b=$((b1 - b0)) -v hz="$hz" \
         'BEGIN { n = i * s; if (n < 1) n = 1; printf "%.0f %.0f\n", t * 1e9 / hz / n, (b - t) * 1e9 / hz / n }')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%s\t%s\n' "$rep" "$ini" "$tgt" "$mode" "$rw" "$qd" \
-        "$iops" "$lat" "$tns" "$ins" | tee -a "$tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%s\t%s\t%s\t%s\n' "$rep" "$ini" "$tgt" "$mode" "$rw" "$qd" \
+        "$iops" "$lat" "$tns" "$ins" "$c0" "$c1" | tee -a "$tsv"
 }
 
 # ---------------------------------------------------------------- run
@@ -174,10 +193,9 @@ for rep in $(seq "$reps"); do
         # One rw/QD's cells back to back, the baseline first: each ratio
         # compares runs seconds apart, not minutes (the host's neighbours
         # move this machine's speed from one minute to the next).
-        start_spdk; sleep 1
+        pre_c2c=$(c2c)
         cell "$rep" bdevperf spdk poll "$rw" "$qd" -- bdevperf "$rw" "$qd"
         cell "$rep" sqcq-bench spdk ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
-        stop_target
         start_sqcqd ring
         cell "$rep" bdevperf sqcqd-ring ring "$rw" "$qd" -- bdevperf "$rw" "$qd"
         cell "$rep" sqcq-bench sqcqd-ring ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
@@ -199,31 +217,61 @@ done
 echo "# sqcqd idle after load: ${idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$py" - "$tsv" > "$out/summary.md" << 'EOF'
+"$py" - "$tsv" "$far_ns" > "$out/summary.md" << 'EOF'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
-cells = {}
+far = float(sys.argv[2])
+def placement(r):
+    a, b = float(r["c2c_before_ns"]), float(r["c2c_after_ns"])
+    if a <= 0 or b <= 0:
+        return "mixed"
+    if a < far and b < far:
+        return "near"
+    if a >= far and b >= far:
+        return "far"
+    return "mixed"
 for r in rows:
-    cells.setdefault((r["rw"], int(r["qd"]), r["initiator"], r["target"], r["mode"]), []).append(r)
+    r["placement"] = placement(r)
 def med(rs, k):
     return statistics.median(float(r[k]) for r in rs)
-# The baseline of each repeat: its own bdevperf -> SPDK run of the rw/QD.
-base = {(r["rep"], r["rw"], int(r["qd"])): float(r["iops"]) for r in rows
-        if r["initiator"] == "bdevperf" and r["target"] == "spdk" and float(r["iops"]) > 0}
-print("| rw | QD | initiator -> target (mode) | IOPS (median) | vs bdevperf -> SPDK (median of the repeats' ratios) | mean lat us | target ns/IO | initiator ns/IO |")
-print("|---|---|---|---|---|---|---|---|")
-for key in sorted(cells, key=lambda k: (k[0], k[1])):
-    rw, qd, ini, tgt, mode = key
-    rs = [r for r in cells[key] if float(r["iops"]) > 0]
-    if not rs:
-        print("| %s | %d | %s -> %s (%s) | failed (%d runs) | | | | |" % (rw, qd, ini, tgt, mode, len(cells[key])))
+order = []
+for r in rows:
+    k = (r["rw"], int(r["qd"]), r["initiator"], r["target"], r["mode"])
+    if k not in order:
+        order.append(k)
+order.sort(key=lambda k: (k[0], k[1]))
+mixed = sum(r["placement"] == "mixed" for r in rows)
+print("Runs: %d; near %d, far %d, mixed %d (placement changed during the run, left out)." % (
+    len(rows), sum(r["placement"] == "near" for r in rows),
+    sum(r["placement"] == "far" for r in rows), mixed))
+for pl in ("near", "far"):
+    rs_pl = [r for r in rows if r["placement"] == pl and float(r["iops"]) > 0]
+    if not rs_pl:
         continue
-    iops = med(rs, "iops")
-    ratios = [float(r["iops"]) / base[k] for r in rs if (k := (r["rep"], rw, qd)) in base]
-    ratio = "%.2fx (%s)" % (statistics.median(ratios), ", ".join("%.2f" % x for x in ratios)) if ratios else "-"
-    print("| %s | %d | %s -> %s (%s) | %s | %s | %.2f | %.0f | %.0f |" % (
-        rw, qd, ini, tgt, mode, f"{iops:,.0f}", ratio, med(rs, "lat_us"),
-        med(rs, "target_ns_io"), med(rs, "initiator_ns_io")))
+    c2c = statistics.median(float(r[k]) for r in rs_pl for k in ("c2c_before_ns", "c2c_after_ns"))
+    print()
+    print("### %s: CPUs %s a cache (cache line round trip %s %.0f ns; median %.0f ns)" % (
+        pl, "sharing" if pl == "near" else "not sharing", "<" if pl == "near" else ">=", far, c2c))
+    print()
+    print("| rw | QD | initiator -> target (mode) | runs | IOPS (median) | vs bdevperf -> SPDK | mean lat us | target ns/IO | initiator ns/IO |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for key in order:
+        rw, qd, ini, tgt, mode = key
+        rs = [r for r in rs_pl if (r["rw"], int(r["qd"]), r["initiator"], r["target"], r["mode"]) == key]
+        if not rs:
+            print("| %s | %d | %s -> %s (%s) | 0 | | | | | |" % (rw, qd, ini, tgt, mode))
+            continue
+        base = [r for r in rs_pl if r["rw"] == rw and int(r["qd"]) == qd
+                and r["initiator"] == "bdevperf" and r["target"] == "spdk"]
+        iops = med(rs, "iops")
+        ratio = "%.2fx" % (iops / med(base, "iops")) if base else "-"
+        print("| %s | %d | %s -> %s (%s) | %d | %s | %s | %.2f | %.0f | %.0f |" % (
+            rw, qd, ini, tgt, mode, len(rs), f"{iops:,.0f}", ratio, med(rs, "lat_us"),
+            med(rs, "target_ns_io"), med(rs, "initiator_ns_io")))
+failed = [r for r in rows if float(r["iops"]) <= 0]
+if failed:
+    print()
+    print("Failed runs: " + ", ".join("%s %s %s -> %s (%s)" % (r["rw"], r["qd"], r["initiator"], r["target"], r["mode"]) for r in failed))
 EOF
 cat "$out/summary.md"
 echo "# results: $tsv, $out/summary.md"
