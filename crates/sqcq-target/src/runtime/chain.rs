@@ -13,7 +13,7 @@
 //! chain whenever it can.
 
 use crate::runtime::guest::GuestMem;
-use crate::runtime::regions;
+use crate::runtime::regions::Lookup;
 use thiserror::Error;
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
@@ -29,7 +29,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 #[derive(Debug)]
 pub struct HeadWalk<'a> {
     mem: &'a GuestMem,
+    lookup: Lookup<'a>,
     table: GuestAddress,
+    /// Host address of the whole current table, when it lies in one
+    /// region of the installed region table: each descriptor is then one
+    /// read at a fixed offset, with no lookup.
+    table_host: Option<*const u8>,
     size: u16,
     head: u16,
     next: u16,
@@ -41,9 +46,12 @@ pub struct HeadWalk<'a> {
 impl<'a> HeadWalk<'a> {
     /// The chain at `head` of the `size`-entry table at `table`.
     pub fn new(mem: &'a GuestMem, table: GuestAddress, size: u16, head: u16) -> Self {
+        let lookup = Lookup::of(mem);
         HeadWalk {
             mem,
+            lookup,
             table,
+            table_host: table_host(lookup, table, size),
             size,
             head,
             next: head,
@@ -57,6 +65,35 @@ impl<'a> HeadWalk<'a> {
     pub fn head_index(&self) -> u16 {
         self.head
     }
+
+    /// Descriptor `i` (below `self.size`) of the current table.
+    #[inline]
+    fn read(&self, i: u16) -> Option<Descriptor> {
+        if let Some(p) = self.table_host {
+            let at = p.wrapping_add(usize::from(i) * 16);
+            // SAFETY: `table_host` found the table's `size` descriptors
+            // (16 bytes each) inside one mapped region of `mem`, which
+            // the walk borrows, and `i < size`, so `at` and the 16 bytes
+            // after it are mapped. A descriptor has no alignment here and
+            // any bytes are valid; the guest may write them concurrently,
+            // so they are copied once and used from the copy.
+            let raw = unsafe { at.cast::<[u8; 16]>().read_unaligned() };
+            return Some(decode_descriptor(&raw));
+        }
+        let at = self.table.0.checked_add(u64::from(i) * 16)?;
+        match self.lookup.read_bytes::<16>(at) {
+            Some(raw) => Some(decode_descriptor(&raw)),
+            None => self.mem.read_obj(GuestAddress(at)).ok(),
+        }
+    }
+}
+
+/// Host address of a whole table of `size` descriptors at `table`, when
+/// the region table has it in one region.
+fn table_host(lookup: Lookup<'_>, table: GuestAddress, size: u16) -> Option<*const u8> {
+    lookup
+        .host(table.0, usize::from(size) * 16)
+        .map(|p| p.cast_const())
 }
 
 impl Iterator for HeadWalk<'_> {
@@ -66,11 +103,7 @@ impl Iterator for HeadWalk<'_> {
             if self.ttl == 0 || self.next >= self.size {
                 return None;
             }
-            let at = self.table.0.checked_add(u64::from(self.next) * 16)?;
-            let desc = match regions::read_bytes::<16>(self.mem, at) {
-                Some(raw) => decode_descriptor(&raw),
-                None => self.mem.read_obj(GuestAddress(at)).ok()?,
-            };
+            let desc = self.read(self.next)?;
             if desc.refers_to_indirect_table() {
                 // One level only, a table of whole descriptors.
                 if self.indirect || !desc.len().is_multiple_of(16) {
@@ -78,6 +111,7 @@ impl Iterator for HeadWalk<'_> {
                 }
                 self.size = u16::try_from(desc.len() / 16).ok()?;
                 self.table = desc.addr();
+                self.table_host = table_host(self.lookup, self.table, self.size);
                 self.next = 0;
                 self.ttl = self.size;
                 self.indirect = true;
@@ -203,6 +237,7 @@ pub fn parse(
     out: &mut ChainBuffers,
 ) -> Result<(), ChainError> {
     out.clear();
+    let lookup = Lookup::of(mem);
     let mut first_error: Option<ChainError> = None;
     let mut note = |e: ChainError| {
         first_error.get_or_insert(e);
@@ -223,7 +258,7 @@ pub fn parse(
         let in_memory = usize::try_from(seg.len)
             .map(|len| {
                 len == 0
-                    || regions::host(mem, seg.addr.0, len).is_some()
+                    || lookup.host(seg.addr.0, len).is_some()
                     || GuestMemoryBackend::check_range(mem, seg.addr, len)
             })
             .unwrap_or(false);
@@ -414,6 +449,8 @@ mod tests {
         };
         let (table, avail, used) = (0x0u64, 0x1000u64, 0x2000u64);
         let indirect_tables = [0x3000u64, 0x3100, 0x4000];
+        let mapped = std::sync::Arc::new(mem());
+        let regions = crate::runtime::regions::RegionTable::new(&mapped);
         for _ in 0..3000 {
             let mut write_table = |at: u64, n: u64| {
                 for i in 0..n {
@@ -454,6 +491,15 @@ mod tests {
                 .map(fields)
                 .collect();
             assert_eq!(ours, theirs, "head {head}");
+            // The same through the region table's host addresses.
+            let mut tables = [0u8; 0x5000];
+            m.read_slice(&mut tables, GuestAddress(0)).unwrap();
+            mapped.write_slice(&tables, GuestAddress(0)).unwrap();
+            let _installed = regions.install(&mapped);
+            let walk = HeadWalk::new(&mapped, GuestAddress(table), 16, head);
+            assert!(walk.table_host.is_some(), "the table is in one region");
+            let through_table: Vec<_> = walk.map(fields).collect();
+            assert_eq!(through_table, theirs, "head {head}, through the table");
         }
     }
 }

@@ -162,33 +162,66 @@ fn table_of(mem: &GuestMem) -> Option<&RegionTable> {
     Some(unsafe { &*c.table })
 }
 
+/// The installed table of one map, found once for the many accesses of a
+/// chain (the thread-local look and the map comparison are then paid
+/// once, not per access).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lookup<'a>(Option<&'a RegionTable>);
+
+impl<'a> Lookup<'a> {
+    /// The table installed for `mem`, if any.
+    #[inline]
+    pub(crate) fn of(mem: &'a GuestMem) -> Self {
+        Lookup(table_of(mem))
+    }
+
+    /// Host address of `gpa..gpa + len` for reading, when the table has
+    /// the whole range in one region. The address is valid for `len`
+    /// bytes for as long as the caller borrows the map.
+    #[inline]
+    pub(crate) fn host(self, gpa: u64, len: usize) -> Option<*mut u8> {
+        self.0?.host(gpa, len)
+    }
+
+    /// As [`Self::host`], for writing: only while dirty logging is off.
+    #[inline]
+    pub(crate) fn host_unlogged(self, gpa: u64, len: usize) -> Option<*mut u8> {
+        let t = self.0?;
+        if t.logged {
+            return None;
+        }
+        t.host(gpa, len)
+    }
+
+    /// Reads `N` bytes of guest memory at `gpa` through the table.
+    #[inline]
+    pub(crate) fn read_bytes<const N: usize>(self, gpa: u64) -> Option<[u8; N]> {
+        let p = self.host(gpa, N)?;
+        // SAFETY: `host` found `gpa..gpa + N` inside one mapped region of
+        // the map, which the caller borrows; `[u8; N]` has no alignment
+        // and no invalid values. The guest may write concurrently: the
+        // bytes are copied once and used from the copy.
+        Some(unsafe { p.cast::<[u8; N]>().read_unaligned() })
+    }
+}
+
 /// Host address of `gpa..gpa + len` for reading, when the installed table
-/// of `mem` has the whole range in one region. The address is valid for
-/// `len` bytes for as long as the caller borrows `mem`.
+/// of `mem` has the whole range in one region ([`Lookup::host`]).
 #[inline]
 pub(crate) fn host(mem: &GuestMem, gpa: u64, len: usize) -> Option<*mut u8> {
-    table_of(mem)?.host(gpa, len)
+    Lookup::of(mem).host(gpa, len)
 }
 
 /// As [`host`], for writing: only while dirty logging is off.
 #[inline]
 pub(crate) fn host_unlogged(mem: &GuestMem, gpa: u64, len: usize) -> Option<*mut u8> {
-    let t = table_of(mem)?;
-    if t.logged {
-        return None;
-    }
-    t.host(gpa, len)
+    Lookup::of(mem).host_unlogged(gpa, len)
 }
 
 /// Reads `N` bytes of guest memory at `gpa` through the installed table.
 #[inline]
 pub(crate) fn read_bytes<const N: usize>(mem: &GuestMem, gpa: u64) -> Option<[u8; N]> {
-    let p = host(mem, gpa, N)?;
-    // SAFETY: `host` found `gpa..gpa + N` inside one mapped region of
-    // `mem`, which the caller borrows; `[u8; N]` has no alignment and no
-    // invalid values. The guest may write concurrently: the bytes are
-    // copied once and used from the copy.
-    Some(unsafe { p.cast::<[u8; N]>().read_unaligned() })
+    Lookup::of(mem).read_bytes(gpa)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::num::Wrapping;
 use std::sync::atomic::{Ordering, fence};
 
 use crate::runtime::guest::GuestMem;
+use crate::runtime::regions;
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -96,10 +97,17 @@ impl UsedRing {
         }
         let slot = u64::from(self.next_used.0 % self.size);
         let at = offset(self.used, USED_RING_HEADER + slot * USED_ELEM_SIZE)?;
-        let mut elem = [0u8; 8];
-        elem[0..4].copy_from_slice(&u32::from(head).to_le_bytes());
-        elem[4..8].copy_from_slice(&len.to_le_bytes());
-        mem.write_slice(&elem, at).map_err(UsedError::Memory)?;
+        let elem = (u64::from(len) << 32 | u64::from(head)).to_le_bytes();
+        match regions::host_unlogged(mem, at.0, elem.len()) {
+            // SAFETY: `host_unlogged` found the element's 8 bytes inside
+            // one mapped region of `mem`, borrowed for the call, with no
+            // dirty log to mark. The driver reads them only after the
+            // Release store of `used->idx` in `publish_index`.
+            Some(p) => unsafe { std::ptr::copy_nonoverlapping(elem.as_ptr(), p, elem.len()) },
+            // No table, a logged map, or outside it: vm-memory decides
+            // (and marks the log).
+            None => mem.write_slice(&elem, at).map_err(UsedError::Memory)?,
+        }
         self.next_used += Wrapping(1);
         Ok(())
     }
@@ -213,6 +221,56 @@ mod tests {
         r.push(&m, 1, 0).unwrap();
         r.push(&m, 2, 0).unwrap();
         assert!(r.publish(&m).unwrap(), "idx 3 passed used_event 1");
+    }
+
+    fn element(m: &GuestMem, slot: u64) -> (u32, u32) {
+        let at = USED + 4 + 8 * slot;
+        (
+            m.read_obj(GuestAddress(at)).unwrap(),
+            m.read_obj(GuestAddress(at + 4)).unwrap(),
+        )
+    }
+
+    #[test]
+    fn elements_written_through_the_region_table_are_the_same() {
+        use std::sync::Arc;
+        let m = Arc::new(crate::runtime::guest::test_memory(&[(
+            GuestAddress(0),
+            0x10000,
+        )]));
+        let mut r = UsedRing::new(GuestAddress(USED), GuestAddress(AVAIL), 4, false, 3);
+        let table = regions::RegionTable::new(&m);
+        let _installed = table.install(&m);
+        r.push(&m, 2, 0x1234_5678).unwrap();
+        r.push(&m, 1, 7).unwrap();
+        assert_eq!(element(&m, 3), (2, 0x1234_5678));
+        assert_eq!(element(&m, 0), (1, 7), "slot 4 wraps to 0");
+    }
+
+    #[test]
+    fn a_logged_map_marks_the_elements_page() {
+        use std::sync::Arc;
+        use vm_memory::bitmap::Bitmap;
+        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+        let m = Arc::new(crate::runtime::guest::memory_over(
+            &[(GuestAddress(0), 0x10000)],
+            true,
+        ));
+        let dirty = |gpa: u64| {
+            let r = m.find_region(GuestAddress(gpa)).unwrap();
+            r.bitmap()
+                .dirty_at(usize::try_from(gpa - r.start_addr().0).unwrap())
+        };
+        let mut r = UsedRing::new(GuestAddress(USED), GuestAddress(AVAIL), 4, false, 0);
+        let table = regions::RegionTable::new(&m);
+        let _installed = table.install(&m);
+        assert!(!dirty(USED));
+        r.push(&m, 0, 9).unwrap();
+        assert_eq!(element(&m, 0), (0, 9));
+        assert!(
+            dirty(USED),
+            "the write went through vm-memory, which marks it"
+        );
     }
 
     #[test]
