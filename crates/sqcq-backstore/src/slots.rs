@@ -10,10 +10,27 @@ pub const MAX_SEGMENTS: usize = 128;
 
 /// Completions of a backstore that finishes requests inside `submit`
 /// (null, RAM): kept in submission order until reaped.
+///
+/// A completion is 16 bytes (tag, length, whether it failed), the errors
+/// kept apart in the same order: a `Result<u32, BackstoreError>` is 40
+/// bytes, and moving one in and out of the queue per request, built piece
+/// by piece on the stack and read back whole, stalled the worker on store
+/// forwarding (6% of `sqcqd` at depth 32 against `bdevperf`).
 #[derive(Debug)]
 pub(crate) struct ImmediateCompletions {
-    done: VecDeque<(u64, Result<u32, BackstoreError>)>,
+    done: VecDeque<Done>,
+    errors: VecDeque<BackstoreError>,
     depth: usize,
+}
+
+/// One finished request.
+#[derive(Clone, Copy, Debug)]
+struct Done {
+    tag: u64,
+    /// Bytes transferred (unless it failed).
+    len: u32,
+    /// Its error is the next in `errors`.
+    failed: bool,
 }
 
 impl ImmediateCompletions {
@@ -21,11 +38,13 @@ impl ImmediateCompletions {
         let depth = usize::try_from(depth).unwrap_or(usize::MAX).max(1);
         ImmediateCompletions {
             done: VecDeque::with_capacity(depth),
+            errors: VecDeque::with_capacity(depth),
             depth,
         }
     }
 
     /// Records a finished request; refuses more than `depth` unreaped ones.
+    #[inline]
     pub(crate) fn push(
         &mut self,
         tag: u64,
@@ -36,13 +55,29 @@ impl ImmediateCompletions {
                 "more requests than the queue depth",
             ));
         }
-        self.done.push_back((tag, result));
+        let (len, failed) = match result {
+            Ok(len) => (len, false),
+            Err(e) => {
+                self.errors.push_back(e);
+                (0, true)
+            }
+        };
+        self.done.push_back(Done { tag, len, failed });
         Ok(())
     }
 
     pub(crate) fn reap(&mut self, done: Completion<'_>) {
-        while let Some((tag, result)) = self.done.pop_front() {
-            done(tag, result);
+        while let Some(d) = self.done.pop_front() {
+            let result = if d.failed {
+                // Every failed entry pushed its error, in the same order.
+                Err(self
+                    .errors
+                    .pop_front()
+                    .unwrap_or(BackstoreError::Unsupported("completion without its error")))
+            } else {
+                Ok(d.len)
+            };
+            done(d.tag, result);
         }
     }
 
@@ -188,5 +223,40 @@ impl Slots {
 
     pub(crate) fn in_flight(&self) -> u32 {
         u32::try_from(self.tags.len() - self.free.len()).unwrap_or(u32::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_come_back_in_order_with_their_errors() {
+        let mut c = ImmediateCompletions::new(4);
+        c.push(7, Ok(4096)).unwrap();
+        c.push(3, Err(BackstoreError::ReadOnly)).unwrap();
+        c.push(9, Ok(0)).unwrap();
+        c.push(1, Err(BackstoreError::Geometry("x"))).unwrap();
+        assert!(
+            matches!(c.push(2, Ok(1)), Err(BackstoreError::QueueFull(_))),
+            "more than the depth"
+        );
+        assert_eq!(c.len(), 4);
+        let mut seen = Vec::new();
+        c.reap(&mut |tag, r| seen.push((tag, r.map_err(|e| e.to_string()))));
+        assert_eq!(
+            seen,
+            [
+                (7, Ok(4096)),
+                (3, Err("backstore is read-only".to_string())),
+                (9, Ok(0)),
+                (1, Err("invalid geometry: x".to_string())),
+            ]
+        );
+        assert_eq!(c.len(), 0);
+        c.push(5, Ok(512)).unwrap();
+        let mut again = Vec::new();
+        c.reap(&mut |tag, r| again.push((tag, r.ok())));
+        assert_eq!(again, [(5, Some(512))], "no error left behind");
     }
 }

@@ -321,6 +321,27 @@ pub fn write_at(
     })
 }
 
+/// Copies the `N` bytes of `buf` into the stream at `offset`: as
+/// [`write_at`], but one store of `N` bytes when they go to one buffer (a
+/// response's fixed part), not a `memcpy` call.
+pub fn write_bytes_at<const N: usize>(
+    mem: &GuestMem,
+    segs: &[Segment],
+    offset: u64,
+    buf: &[u8; N],
+) -> Result<(), GuestError> {
+    if let Some(p) =
+        one_piece(segs, offset, N as u64).and_then(|gpa| regions::host_unlogged(mem, gpa, N))
+    {
+        // SAFETY: as in `write_at`: the `N` bytes lie inside one mapped
+        // region of `mem`, and no log wants them marked; `[u8; N]` has no
+        // alignment.
+        unsafe { p.cast::<[u8; N]>().write_unaligned(*buf) };
+        return Ok(());
+    }
+    write_at(mem, segs, offset, buf)
+}
+
 /// Appends host iovecs covering the stream range `offset..offset + len` to
 /// `out` (a guest buffer that spans two memory regions gives two iovecs).
 ///
@@ -384,7 +405,11 @@ pub fn logging(mem: &GuestMem) -> bool {
 /// logging is off. Ranges outside guest memory are skipped: [`iovecs`]
 /// refused them before anything was written.
 pub fn mark_written(mem: &GuestMem, segs: &[Segment], offset: u64, len: u64) {
-    if !logging(mem) {
+    // The installed region table knows without a look at every region.
+    if !regions::Lookup::of(mem)
+        .logged()
+        .unwrap_or_else(|| logging(mem))
+    {
         return;
     }
     let _ = for_each_piece(segs, offset, len, |addr, _start, n| {
@@ -531,6 +556,16 @@ mod tests {
         assert!(out.is_empty(), "nothing to transfer, no iovec");
         assert!(matches!(
             read_at(&m, &segs(), 25, &mut [0u8; 6]),
+            Err(GuestError::Short { .. })
+        ));
+        // Fixed-size writes: one store inside a buffer, pieces across two.
+        write_bytes_at(&m, &segs(), 1, &[7u8; 4]).unwrap();
+        write_bytes_at(&m, &segs(), 8, &[9u8; 4]).unwrap();
+        let mut back = [0u8; 14];
+        read_at(&m, &segs(), 0, &mut back).unwrap();
+        assert_eq!(back, [100, 7, 7, 7, 7, 105, 106, 107, 9, 9, 9, 9, 100, 101]);
+        assert!(matches!(
+            write_bytes_at(&m, &segs(), 28, &[0u8; 4]),
             Err(GuestError::Short { .. })
         ));
     }

@@ -193,6 +193,12 @@ impl<'a> Lookup<'a> {
         t.host(gpa, len)
     }
 
+    /// Whether the map logs the device's writes, if a table is installed.
+    #[inline]
+    pub(crate) fn logged(self) -> Option<bool> {
+        self.0.map(|t| t.logged)
+    }
+
     /// Reads `N` bytes of guest memory at `gpa` through the table.
     #[inline]
     pub(crate) fn read_bytes<const N: usize>(self, gpa: u64) -> Option<[u8; N]> {

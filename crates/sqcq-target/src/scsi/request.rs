@@ -61,8 +61,10 @@ pub(crate) fn write_response(
         .min(usize::try_from(room).unwrap_or(usize::MAX));
     let sense = &sense[..n];
     resp.sense_len = u32::try_from(n).unwrap_or(u32::MAX);
-    guest::write_at(mem, writable, 0, &resp.encode()).ok()?;
-    guest::write_at(mem, writable, fixed, sense).ok()?;
+    guest::write_bytes_at(mem, writable, 0, &resp.encode()).ok()?;
+    if !sense.is_empty() {
+        guest::write_at(mem, writable, fixed, sense).ok()?;
+    }
     Some(writable_len.min(fixed + sense_size as u64))
 }
 
