@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sqcq_driver::{Buffer, NotifyCounters, NotifyError, QueueFailure};
+use sqcq_protocol::clock::now_ns;
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 use crate::cpu::{CpuTime, thread_cpu_time};
@@ -80,7 +81,8 @@ impl Abort {
 /// What an I/O in flight is.
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
-    submitted: Instant,
+    /// When it was submitted ([`now_ns`]).
+    submitted: u64,
     dir: Dir,
     lba: u64,
     measured: bool,
@@ -166,8 +168,11 @@ impl Job {
         } else {
             self.spec.ramp
         };
-        let measure_from = start + ramp;
-        let end = self.spec.runtime.map(|r| measure_from + r);
+        let measure_from = now_ns().saturating_add(nanos(ramp));
+        let end = self
+            .spec
+            .runtime
+            .map(|r| measure_from.saturating_add(nanos(r)));
         let mut clock = Clock {
             measure_from,
             end,
@@ -216,7 +221,9 @@ impl Job {
         };
         let mut burst_end = burst.min(limit);
         loop {
-            let now = Instant::now();
+            // The poll loops' clock (the TSC where the kernel trusts it):
+            // `Instant::now` was two system-call-like reads per pass.
+            let now = now_ns();
             clock.tick(now, &mut self.q.queue, &mut self.stats);
             let time_up = pass != Pass::Check && clock.end.is_some_and(|end| now >= end);
             let stop = time_up || abort.raised();
@@ -253,7 +260,7 @@ impl Job {
                 continue;
             }
             let waited = self.q.queue.wait_and_reap(|c| done.push(c));
-            let completed = self.complete(Instant::now(), progress);
+            let completed = self.complete(now_ns(), progress);
             match waited {
                 Err(QueueFailure::Notify(NotifyError::Hangup)) if self.link.reconnects() => {
                     // The requests in flight stay; the device resubmits
@@ -305,7 +312,7 @@ impl Job {
         buf: u16,
         dir: Dir,
         unit: u64,
-        now: Instant,
+        now: u64,
         measured: bool,
     ) -> Result<(), BenchError> {
         let lba = self.spec.first_lba + unit * u64::from(self.spec.blocks);
@@ -335,7 +342,7 @@ impl Job {
     }
 
     /// Accounts for the completions gathered in `self.done`.
-    fn complete(&mut self, now: Instant, progress: &Progress) -> Result<(), BenchError> {
+    fn complete(&mut self, now: u64, progress: &Progress) -> Result<(), BenchError> {
         let mut first_error = None;
         let (mut reads, mut writes) = (0, 0);
         // Drained, not taken: the vector keeps its capacity, so that reaping
@@ -375,16 +382,27 @@ impl Job {
                 }
             };
             if io.measured {
-                stats.record(self.spec.bs, now.saturating_duration_since(io.submitted));
+                stats.record(
+                    self.spec.bs,
+                    Duration::from_nanos(now.saturating_sub(io.submitted)),
+                );
             }
         }
-        progress.reads.fetch_add(reads, Ordering::Relaxed);
-        progress.writes.fetch_add(writes, Ordering::Relaxed);
-        progress
-            .bytes
-            .fetch_add((reads + writes) * self.spec.bs, Ordering::Relaxed);
+        // This job is the counters' only writer: a load and a store, not
+        // a locked add per batch (a full barrier on x86, waiting for the
+        // stores of the requests just submitted). Relaxed: the progress
+        // printer only wants some recent value.
+        let add = |c: &AtomicU64, n: u64| c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        add(&progress.reads, reads);
+        add(&progress.writes, writes);
+        add(&progress.bytes, (reads + writes) * self.spec.bs);
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// `d` in whole nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The seed written into verify headers of job `id`.
@@ -411,8 +429,9 @@ impl Snapshot {
 /// The job's sense of time: ramp, measured window, end.
 #[derive(Debug)]
 struct Clock {
-    measure_from: Instant,
-    end: Option<Instant>,
+    /// When measuring starts and the run ends ([`now_ns`]).
+    measure_from: u64,
+    end: Option<u64>,
     measuring: bool,
     since: Snapshot,
     started: Instant,
@@ -421,12 +440,12 @@ struct Clock {
 impl Clock {
     /// At the end of the ramp: forget what was measured, restart the
     /// counters.
-    fn tick(&mut self, now: Instant, queue: &mut IoQueue, stats: &mut JobStats) {
+    fn tick(&mut self, now: u64, queue: &mut IoQueue, stats: &mut JobStats) {
         if !self.measuring && now >= self.measure_from {
             self.measuring = true;
             self.since = Snapshot::take(queue);
             *stats = JobStats::default();
-            self.started = now;
+            self.started = Instant::now();
         }
     }
 

@@ -205,16 +205,14 @@ impl SplitQueue {
     }
 }
 
-/// Writes one descriptor at byte `offset` of `window`.
+/// Writes one descriptor at byte `offset` of `window`: two 64-bit
+/// stores, `addr`, then `len`, `flags` and `next` as the descriptor's
+/// second little-endian word.
 fn write_desc(window: &SharedWindow, offset: usize, addr: u64, len: u32, flags: u16, next: u16) {
+    let desc = window.words(offset, 2);
+    let rest = u64::from(len) | u64::from(flags) << 32 | u64::from(next) << 48;
     // Relaxed: descriptors reach the device through the Release store of
     // avail->idx in `SplitQueue::publish`.
-    window.u64(offset).store(addr.to_le(), Ordering::Relaxed);
-    window.u32(offset + 8).store(len.to_le(), Ordering::Relaxed);
-    window
-        .u16(offset + 12)
-        .store(flags.to_le(), Ordering::Relaxed);
-    window
-        .u16(offset + 14)
-        .store(next.to_le(), Ordering::Relaxed);
+    desc[0].store(addr.to_le(), Ordering::Relaxed);
+    desc[1].store(rest.to_le(), Ordering::Relaxed);
 }

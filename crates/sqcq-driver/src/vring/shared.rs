@@ -95,29 +95,50 @@ impl SharedWindow {
         unsafe { AtomicU64::from_ptr(ptr) }
     }
 
+    /// The `n` 64-bit words from byte `offset` (8-aligned), checked
+    /// once: a descriptor or a header is several stores, and a check per
+    /// store was a fifth of writing them.
+    pub(crate) fn words(&self, offset: usize, n: usize) -> &[AtomicU64] {
+        let bytes = n.saturating_mul(size_of::<u64>());
+        let ptr = self.base.as_ptr().wrapping_add(offset);
+        // As in `ptr`: a bad offset is a bug in this crate.
+        assert!(
+            offset.checked_add(bytes).is_some_and(|end| end <= self.len)
+                && ptr.cast::<AtomicU64>().is_aligned(),
+            "shared-memory access of {bytes:#x} at {offset:#x} outside or misaligned in a window of {:#x}",
+            self.len
+        );
+        // SAFETY: `ptr..ptr + 8n` is inside the window and aligned for
+        // AtomicU64 (checked above); the mapping stays mapped for as long
+        // as `self` lives, which bounds the returned lifetime, and is only
+        // accessed through same-sized atomics (see `u16`).
+        unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU64>().cast_const(), n) }
+    }
+
     /// Stores `bytes` at byte `offset` (8-aligned) as relaxed 64-bit
     /// stores, the last one padded with zeros: the window must hold
     /// `bytes.len()` rounded up to 8 from `offset`. For areas the driver
     /// writes and the device reads after a Release store announces them
     /// (request headers).
     pub(crate) fn store_bytes(&self, offset: usize, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        let mut at = offset;
-        for word in &mut words {
+        let words = self.words(offset, bytes.len().div_ceil(8));
+        let mut chunks = bytes.chunks_exact(8);
+        for (word, chunk) in words.iter().zip(&mut chunks) {
             let mut w = [0u8; 8];
-            w.copy_from_slice(word);
-            self.u64(at).store(u64::from_ne_bytes(w), Ordering::Relaxed);
-            at += 8;
+            w.copy_from_slice(chunk);
+            word.store(u64::from_ne_bytes(w), Ordering::Relaxed);
         }
-        let rest = words.remainder();
-        if !rest.is_empty() {
+        let rest = chunks.remainder();
+        if let Some(last) = words.get(bytes.len() / 8)
+            && !rest.is_empty()
+        {
             let mut w = [0u8; 8];
             // Byte by byte: a copy of variable length would be a call to
             // memcpy on every request.
             for (to, from) in w.iter_mut().zip(rest) {
                 *to = *from;
             }
-            self.u64(at).store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            last.store(u64::from_ne_bytes(w), Ordering::Relaxed);
         }
     }
 
@@ -127,15 +148,17 @@ impl SharedWindow {
     /// Acquire load announces them (responses); the bytes are a snapshot
     /// the caller validates.
     pub(crate) fn load_bytes(&self, offset: usize, out: &mut [u8]) {
-        let mut words = out.chunks_exact_mut(8);
-        let mut at = offset;
-        for word in &mut words {
-            word.copy_from_slice(&self.u64(at).load(Ordering::Relaxed).to_ne_bytes());
-            at += 8;
+        let words = self.words(offset, out.len().div_ceil(8));
+        let whole = out.len() / 8;
+        let mut chunks = out.chunks_exact_mut(8);
+        for (chunk, word) in (&mut chunks).zip(words) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
         }
-        let rest = words.into_remainder();
-        if !rest.is_empty() {
-            let w = self.u64(at).load(Ordering::Relaxed).to_ne_bytes();
+        let rest = chunks.into_remainder();
+        if let Some(last) = words.get(whole)
+            && !rest.is_empty()
+        {
+            let w = last.load(Ordering::Relaxed).to_ne_bytes();
             for (to, from) in rest.iter_mut().zip(w) {
                 *to = from;
             }
