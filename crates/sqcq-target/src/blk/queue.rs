@@ -35,6 +35,7 @@ use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
 use crate::runtime::guest;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::pins::{MapPin, MapPins};
 use crate::runtime::queue::{
     Accepted, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
 };
@@ -43,8 +44,8 @@ use crate::runtime::queue::{
 #[derive(Default)]
 struct Slot {
     busy: bool,
-    /// The memory map its iovecs point into, alive until completion.
-    mem: Option<Arc<GuestMem>>,
+    /// The memory map its iovecs point into, kept mapped until completion.
+    mem: Option<MapPin>,
     iov: Vec<libc::iovec>,
     /// Its device-writable buffers: data-in, then the status byte.
     writable: Vec<Buf>,
@@ -60,6 +61,8 @@ pub(crate) struct BlkQueue {
     io: Box<dyn BackstoreQueue>,
     uncommitted: bool,
     slots: Vec<Slot>,
+    /// The memory maps the slots' `mem` pins hold.
+    pins: MapPins,
     in_flight: u32,
     chain: ChainBuffers,
     max_segments: usize,
@@ -107,6 +110,7 @@ impl BlkQueue {
             io,
             uncommitted: false,
             slots: (0..ring.size).map(|_| Slot::default()).collect(),
+            pins: MapPins::default(),
             in_flight: 0,
             chain: ChainBuffers::with_capacity(max_segments.min(64)),
             max_segments,
@@ -308,15 +312,15 @@ impl BlkQueue {
         if mapped.is_err() {
             return false;
         }
-        // SAFETY: the iovecs point into guest memory kept mapped by
-        // `slot.mem` (set below, before anything can complete) until the
+        // SAFETY: the iovecs point into guest memory kept mapped by the
+        // pin `slot.mem` (taken below, before anything can complete) until the
         // request is reaped; `slot.iov` is not touched while it is in
         // flight (the slot is busy, a duplicate head is refused).
         if unsafe { self.io.submit(u64::from(head), op, &slot.iov) }.is_err() {
             return false;
         }
         slot.busy = true;
-        slot.mem = Some(Arc::clone(mem));
+        slot.mem = Some(self.pins.pin(mem));
         slot.writable.clone_from(&c.writable);
         slot.data_in = data_in;
         slot.data_out = match op {
@@ -334,6 +338,7 @@ impl BlkQueue {
             return;
         }
         let slots = &mut self.slots;
+        let pins = &mut self.pins;
         let in_flight = &mut self.in_flight;
         self.io.reap(&mut |tag, result| {
             let Some(slot) = usize::try_from(tag).ok().and_then(|i| slots.get_mut(i)) else {
@@ -361,7 +366,9 @@ impl BlkQueue {
             // `tag` came from a head index: it fits.
             ring.complete(mem, u16::try_from(tag).unwrap_or(u16::MAX), len);
             slot.busy = false;
-            slot.mem = None;
+            if let Some(pin) = slot.mem.take() {
+                pins.unpin(pin);
+            }
             *in_flight -= 1;
         });
     }
@@ -476,6 +483,10 @@ impl RequestHandler for BlkQueue {
             self.reap_completions(ring, mem);
         }
         usize::try_from(self.in_flight).unwrap_or(usize::MAX)
+    }
+
+    fn memory_changed(&mut self) {
+        self.pins.release_idle();
     }
 
     fn update(

@@ -17,6 +17,7 @@ pub mod latency;
 pub mod metrics;
 pub(crate) mod options;
 pub(crate) mod pass;
+pub(crate) mod pins;
 pub mod placement;
 pub(crate) mod poll;
 pub(crate) mod queue;

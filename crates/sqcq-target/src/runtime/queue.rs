@@ -160,6 +160,10 @@ pub trait RequestHandler {
     /// a new LUN snapshot); a handler ignores what it does not know. On
     /// error nothing changed.
     fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError>;
+
+    /// The memory map changed (a memory table or dirty logging change):
+    /// the handler lets go of replaced maps no request points into.
+    fn memory_changed(&mut self) {}
 }
 
 /// The `seg_max` a device advertises for queues of up to `queue_size`
@@ -567,7 +571,12 @@ impl ServedQueue {
     fn with_regions<R>(&mut self, mem: &Arc<GuestMem>, f: impl FnOnce(&mut Self) -> R) -> R {
         let table = match self.regions.take() {
             Some(t) if t.describes(mem) => t,
-            _ => RegionTable::new(mem),
+            old => {
+                if old.is_some() {
+                    self.handler.memory_changed();
+                }
+                RegionTable::new(mem)
+            }
         };
         let r = {
             let _installed = table.install(mem);

@@ -18,6 +18,7 @@ use sqcq_scsi::ScsiError;
 
 use crate::runtime::chain::Segment;
 use crate::runtime::guest::GuestMem;
+use crate::runtime::pins::{MapPin, MapPins};
 
 /// What a slot's backstore operations do, for error reporting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +52,7 @@ pub struct Slot {
     /// The request belongs to a generation a TMF waits for.
     pub old: bool,
     /// Keeps the guest memory the iovecs point into mapped.
-    pub mem: Option<Arc<GuestMem>>,
+    pub mem: Option<MapPin>,
     /// The request's device-writable buffers (response, data-in).
     pub writable: Vec<Segment>,
     /// Length of the response structure.
@@ -135,6 +136,8 @@ impl Slot {
 #[derive(Debug)]
 pub struct Inflight {
     slots: Vec<Slot>,
+    /// The memory maps the slots' `mem` pins hold.
+    pins: MapPins,
     current: u32,
     old: u32,
 }
@@ -144,6 +147,7 @@ impl Inflight {
     pub fn new(size: u16) -> Self {
         Inflight {
             slots: (0..size).map(|_| Slot::new()).collect(),
+            pins: MapPins::default(),
             current: 0,
             old: 0,
         }
@@ -154,13 +158,16 @@ impl Inflight {
         self.slots.get(usize::from(head)).is_some_and(|s| s.busy)
     }
 
-    /// Claims the slot of `head` (which must be free and in range).
-    pub fn claim(&mut self, head: u16) -> Option<&mut Slot> {
+    /// Claims the slot of `head` (which must be free and in range) for a
+    /// request whose buffers are in `mem`, which stays mapped until the
+    /// slot is released.
+    pub fn claim(&mut self, head: u16, mem: &Arc<GuestMem>) -> Option<&mut Slot> {
         let slot = self.slots.get_mut(usize::from(head))?;
         if slot.busy {
             return None;
         }
         slot.busy = true;
+        slot.mem = Some(self.pins.pin(mem));
         slot.old = false;
         slot.pending_ops = 0;
         slot.error = None;
@@ -186,7 +193,9 @@ impl Inflight {
             return false;
         }
         slot.busy = false;
-        slot.mem = None;
+        if let Some(pin) = slot.mem.take() {
+            self.pins.unpin(pin);
+        }
         slot.backstore = None;
         if slot.old {
             self.old -= 1;
@@ -195,6 +204,11 @@ impl Inflight {
             self.current -= 1;
             false
         }
+    }
+
+    /// Lets go of the memory maps no request in flight points into.
+    pub fn release_idle_maps(&mut self) {
+        self.pins.release_idle();
     }
 
     /// Requests in flight.
@@ -228,23 +242,40 @@ impl Inflight {
 mod tests {
     use super::*;
 
+    fn mem() -> Arc<GuestMem> {
+        Arc::new(crate::runtime::guest::test_memory(&[(
+            vm_memory::GuestAddress(0),
+            0x1000,
+        )]))
+    }
+
     #[test]
     fn claim_release_and_duplicates() {
         let mut t = Inflight::new(4);
-        assert!(t.claim(1).is_some());
-        assert!(t.claim(1).is_none(), "a busy head cannot be claimed twice");
-        assert!(t.claim(4).is_none(), "out of range");
+        let (m, next) = (mem(), mem());
+        assert!(t.claim(1, &m).is_some());
+        assert!(
+            t.claim(1, &m).is_none(),
+            "a busy head cannot be claimed twice"
+        );
+        assert!(t.claim(4, &m).is_none(), "out of range");
         assert_eq!(t.len(), 1);
+        assert_eq!(Arc::strong_count(&m), 2, "mapped while in flight");
         t.release(1);
         assert!(t.is_empty());
+        assert!(!t.release(1), "a free slot is released once");
+        assert!(t.claim(2, &next).is_some());
+        assert_eq!(Arc::strong_count(&m), 1, "a replaced map goes once idle");
+        assert_eq!(Arc::strong_count(&next), 2);
     }
 
     #[test]
     fn drain_waits_for_the_old_generation_only() {
         let mut t = Inflight::new(4);
-        t.claim(0);
+        let m = mem();
+        t.claim(0, &m);
         assert!(!t.begin_drain());
-        t.claim(1);
+        t.claim(1, &m);
         assert!(!t.release(1), "a new request does not end the drain");
         assert!(!t.drained());
         assert!(t.release(0));

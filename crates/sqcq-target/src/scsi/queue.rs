@@ -164,6 +164,10 @@ impl RequestHandler for ScsiQueue {
         self.reap_all(ring, mem);
     }
 
+    fn memory_changed(&mut self) {
+        self.inflight.release_idle_maps();
+    }
+
     fn completed(&mut self, ring: &mut Vring, mem: &GuestMem, source: usize) {
         if let Some(fd) = self.luns.get(source).and_then(|l| l.io.completion_fd()) {
             drain_fd(fd);

@@ -329,10 +329,9 @@ impl ScsiQueue {
             self.respond_transport(ring, mem, head, Response::Overrun, saturating_u32(have));
             return;
         }
-        let Some(slot) = self.inflight.claim(head) else {
+        let Some(slot) = self.inflight.claim(head, mem) else {
             return;
         };
-        slot.mem = Some(Arc::clone(mem));
         slot.writable.extend_from_slice(&self.chain.writable);
         slot.resp_len = self.chain.writable_len.min(resp_len);
         slot.kind = kind;
@@ -549,8 +548,9 @@ fn complete_request(
 /// `with_iov`).
 fn submit(io: &mut LunQueue, slot: &mut Slot, tag: u64, op: IoOp, with_iov: bool) {
     let iov: &[libc::iovec] = if with_iov { &slot.iov } else { &[] };
-    // SAFETY: the iovecs point into guest memory kept mapped by
-    // `slot.mem`, or into `slot.pattern`, both alive and unchanged until
+    // SAFETY: the iovecs point into guest memory kept mapped by the pin
+    // `slot.mem` (given back when the slot is released), or into
+    // `slot.pattern`, both alive and unchanged until
     // the slot's operation is reaped (the slot is released, or resumed,
     // only after that); `slot.iov` is not modified meanwhile.
     match unsafe { io.io.submit(tag, op, iov) } {
