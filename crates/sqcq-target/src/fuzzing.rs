@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use sqcq_backstore::RamBackstore;
 use sqcq_scsi::{LogicalUnit, LuConfig, NexusId};
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
@@ -283,7 +283,7 @@ impl ChainHarness {
         let queue = ServedQueue::start(QueueStart {
             key: QueueKey { device: 0, vq: 2 },
             device: Arc::clone(&dev.info),
-            mem: GuestMemoryAtomic::new(mem.clone()),
+            mem: crate::runtime::shared_memory::SharedMemory::new(mem.clone()),
             ring,
             kick: PeerEventFd::new().expect("eventfd"),
             call: None,

@@ -40,9 +40,11 @@
 //!   stop, new call fd, drain for a task management function); the request
 //!   path takes no lock shared between workers.
 //!
-//! Guest memory is a `GuestMemoryAtomic` the control thread swaps on
-//! SET_MEM_TABLE; a worker loads it once per pass and each in-flight
-//! request holds the map its iovecs point into.
+//! Guest memory is a `GuestMemoryAtomic` with a generation count
+//! (`runtime::shared_memory`) that the control thread swaps on
+//! SET_MEM_TABLE and dirty logging changes; a worker loads it again only
+//! when the generation moved, and its in-flight requests keep the maps
+//! their iovecs point into (`runtime::pins`).
 //!
 //! # A request
 //!

@@ -24,6 +24,7 @@ pub(crate) mod queue;
 pub(crate) mod ratelimit;
 pub(crate) mod regions;
 pub(crate) mod ring_poll;
+pub mod shared_memory;
 pub(crate) mod stall;
 pub(crate) mod stats;
 pub(crate) mod stoppable;

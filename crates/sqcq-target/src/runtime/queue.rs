@@ -9,10 +9,11 @@
 //! a polled queue), which this module and [`crate::runtime::poll`] run the
 //! same way for every device type, and the device's [`RequestHandler`],
 //! which turns chains into requests and completes them through the
-//! `Vring`. Guest memory is read through a `GuestMemoryAtomic` that the
-//! control thread swaps on a memory table change; each pass loads the
-//! current map once, and every request in flight keeps the map its iovecs
-//! point into alive.
+//! `Vring`. Guest memory is read through a `SharedMemory` that the
+//! control thread swaps on a memory table change; each pass takes the
+//! current map from the worker's `MemoryView` (loaded again only after a
+//! change), and every request in flight keeps the map its iovecs point
+//! into alive (`runtime::pins`).
 
 use std::any::Any;
 use std::os::fd::{AsRawFd, RawFd};
@@ -23,7 +24,9 @@ use sqcq_protocol::SpinPolicy;
 use thiserror::Error;
 use tracing::{error, info};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::runtime::shared_memory::{MemoryView, SharedMemory};
 
 use crate::guest_warn;
 use crate::runtime::chain::{self, ChainBuffers, ChainError, HeadWalk};
@@ -199,7 +202,7 @@ pub struct QueueStart {
     /// The device it belongs to.
     pub device: Arc<DeviceInfo>,
     /// Guest memory of the connection.
-    pub mem: GuestMemoryAtomic<GuestMem>,
+    pub mem: SharedMemory,
     /// The ring.
     pub ring: RingConfig,
     /// Driver-to-device notifications.
@@ -262,7 +265,7 @@ pub struct StopReport {
 pub struct Vring {
     key: QueueKey,
     device: Arc<DeviceInfo>,
-    mem: GuestMemoryAtomic<GuestMem>,
+    mem: MemoryView,
     queue: Queue,
     used: UsedRing,
     kick: PeerEventFd,
@@ -333,6 +336,7 @@ impl ServedQueue {
     pub fn start(s: QueueStart) -> Result<Self, QueueError> {
         let mut ring = s.ring;
         let (mut queue, used) = open_ring(&ring, &s.mem.memory())?;
+        let mem = s.mem.view();
         let mut tracking = s.tracking;
         let mut resubmit = Vec::new();
         if let Some(Recovery::Resumed {
@@ -354,7 +358,7 @@ impl ServedQueue {
         let mut ring_state = Vring {
             key: s.key,
             device: s.device,
-            mem: s.mem,
+            mem,
             queue,
             used,
             kick: s.kick,
@@ -393,7 +397,7 @@ impl ServedQueue {
         if heads.is_empty() || self.ring.broken {
             return;
         }
-        let mem = self.ring.mem.memory().into_inner();
+        let mem = self.ring.mem.take();
         self.ring.taking_at = pass::now();
         let (table, size) = (
             GuestAddress(self.ring.queue.desc_table()),
@@ -408,6 +412,7 @@ impl ServedQueue {
             self.handler.handle(&mut self.ring, &mem, walk);
         }
         self.complete_batch(&mem);
+        self.ring.mem.restore(mem);
     }
 
     /// Which queue this is.
@@ -491,9 +496,10 @@ impl ServedQueue {
     /// One pass of the worker's loop: the work the handler deferred to it.
     pub fn pass(&mut self) {
         if self.handler.has_deferred() {
-            let mem = self.ring.mem.memory().into_inner();
+            let mem = self.ring.mem.take();
             self.handler.run_deferred(&mut self.ring, &mem);
             self.complete_batch(&mem);
+            self.ring.mem.restore(mem);
         }
     }
 
@@ -509,10 +515,9 @@ impl ServedQueue {
 
     /// Backstore completion descriptor `source` fired.
     pub fn on_completion(&mut self, source: usize) {
-        let mem = self.ring.mem.memory().into_inner();
-        self.with_regions(&mem, |q| {
-            q.handler.completed(&mut q.ring, &mem, source);
-            q.ring.publish(&mem);
+        self.with_pass(|q, mem| {
+            q.handler.completed(&mut q.ring, mem, source);
+            q.ring.publish(mem);
         });
     }
 
@@ -530,18 +535,17 @@ impl ServedQueue {
             self.drain_ring();
             return;
         }
-        let mem = self.ring.mem.memory().into_inner();
-        self.with_regions(&mem, |q| {
+        self.with_pass(|q, mem| {
             loop {
-                if let Err(e) = q.ring.queue.disable_notification(&*mem) {
+                if let Err(e) = q.ring.queue.disable_notification(&**mem) {
                     q.ring.ring_broken(&e);
                     return;
                 }
-                if !q.take_available(&mem) {
+                if !q.take_available(mem) {
                     return;
                 }
-                q.complete_batch(&mem);
-                match q.ring.queue.enable_notification(&*mem) {
+                q.complete_batch(mem);
+                match q.ring.queue.enable_notification(&**mem) {
                     Ok(true) => continue,
                     Ok(false) => return,
                     Err(e) => {
@@ -558,31 +562,34 @@ impl ServedQueue {
         if self.ring.broken {
             return;
         }
-        let mem = self.ring.mem.memory().into_inner();
-        self.with_regions(&mem, |q| {
-            if q.take_available(&mem) {
-                q.complete_batch(&mem);
+        self.with_pass(|q, mem| {
+            if q.take_available(mem) {
+                q.complete_batch(mem);
             }
         });
     }
 
-    /// Runs `f` with the region table of `mem` installed on this thread
-    /// (`regions`): built again only when the memory map changed.
-    fn with_regions<R>(&mut self, mem: &Arc<GuestMem>, f: impl FnOnce(&mut Self) -> R) -> R {
+    /// One pass over the queue: runs `f` with the current map (the
+    /// worker's [`MemoryView`]: no load unless the map changed) and its
+    /// region table installed on this thread (`regions`), built again only
+    /// when the map changed.
+    fn with_pass<R>(&mut self, f: impl FnOnce(&mut Self, &Arc<GuestMem>) -> R) -> R {
+        let mem = self.ring.mem.take();
         let table = match self.regions.take() {
-            Some(t) if t.describes(mem) => t,
+            Some(t) if t.describes(&mem) => t,
             old => {
                 if old.is_some() {
                     self.handler.memory_changed();
                 }
-                RegionTable::new(mem)
+                RegionTable::new(&mem)
             }
         };
         let r = {
-            let _installed = table.install(mem);
-            f(self)
+            let _installed = table.install(&mem);
+            f(self, &mem)
         };
         self.regions = Some(table);
+        self.ring.mem.restore(mem);
         r
     }
 
@@ -597,10 +604,9 @@ impl ServedQueue {
     /// Completes what finished and publishes (a polled queue with requests
     /// in flight).
     fn reap_all(&mut self) {
-        let mem = self.ring.mem.memory().into_inner();
-        self.with_regions(&mem, |q| {
-            q.handler.reap(&mut q.ring, &mem);
-            q.ring.publish(&mem);
+        self.with_pass(|q, mem| {
+            q.handler.reap(&mut q.ring, mem);
+            q.ring.publish(mem);
         });
     }
 
@@ -711,14 +717,16 @@ impl ServedQueue {
     /// The queue goes on as before afterwards (a move that must not
     /// abandon anything drains first, then stops or keeps serving).
     pub fn drain_until(&mut self, deadline: Instant) -> usize {
-        let mem = self.ring.mem.memory().into_inner();
-        self.handler.finish(&mut self.ring, &mem, deadline)
+        let mem = self.ring.mem.take();
+        let left = self.handler.finish(&mut self.ring, &mem, deadline);
+        self.ring.mem.restore(mem);
+        left
     }
 
     /// Stops the queue: waits for the backstore to finish everything in
     /// flight, completes it to the driver, and says where to resume.
     pub fn stop(mut self, deadline: Instant) -> StopReport {
-        let mem = self.ring.mem.memory().into_inner();
+        let mem = self.ring.mem.take();
         let left = self.handler.finish(&mut self.ring, &mem, deadline);
         let (device, vq) = (Arc::clone(&self.ring.device), self.ring.key.vq);
         if left > 0 {

@@ -18,7 +18,6 @@ use sqcq_protocol::{
 };
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestAddressSpace;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use crate::guest_warn;

@@ -8,7 +8,7 @@ use sqcq_scsi::NexusId;
 use virtio_queue::desc::{RawDescriptor, split::Descriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::bitmap::Bitmap;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::runtime::guest::GuestMem;
 use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
@@ -56,7 +56,7 @@ impl Fixture {
         let queue = ServedQueue::start(QueueStart {
             key: QueueKey { device: 0, vq: 2 },
             device: Arc::clone(&dev.info),
-            mem: GuestMemoryAtomic::new(mem.clone()),
+            mem: crate::runtime::shared_memory::SharedMemory::new(mem.clone()),
             ring,
             kick: crate::runtime::eventfd::PeerEventFd::new().unwrap(),
             call: None,

@@ -18,8 +18,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use crate::runtime::guest::GuestMem;
-use vm_memory::GuestMemoryAtomic;
+use crate::runtime::shared_memory::SharedMemory;
 
 // What a device implementation needs of the runtime, re-exported here so
 // that the device API is nameable in one place.
@@ -82,7 +81,7 @@ pub struct LocalQueueFds {
 /// What of the session a device needs while it serves its local queues.
 pub struct SessionCtx<'a> {
     /// Guest memory of the connection.
-    pub mem: &'a GuestMemoryAtomic<GuestMem>,
+    pub mem: &'a SharedMemory,
     /// The negotiated virtio features.
     pub features: u64,
     /// Waits until every request of the device in flight now has

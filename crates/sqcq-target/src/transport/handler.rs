@@ -209,9 +209,8 @@ impl VhostUserBackendReqHandlerMut for Session {
         // their next pass; requests in flight keep the old map alive, and
         // its regions stay mapped until they are done.
         self.mem
-            .lock()
-            .map_err(|_| Error::BackendInternalError)?
-            .replace(shared.map);
+            .replace(shared.map)
+            .map_err(|_| Error::BackendInternalError)?;
         self.mappings = shared.mappings;
         let old = std::mem::replace(&mut self.regions, shared.regions);
         self.retired.extend(old);

@@ -12,10 +12,10 @@
 
 use std::sync::Arc;
 
+use crate::runtime::shared_memory::SharedMemory;
 use thiserror::Error;
 use tracing::{error, info, warn};
 use vhost::vhost_user::VhostUserVirtioFeatures;
-use vm_memory::GuestMemoryAtomic;
 
 use crate::runtime::eventfd::PeerEventFd;
 use crate::runtime::guest::{DirtyLog, GuestMem};
@@ -177,7 +177,7 @@ pub struct Session {
     pub(crate) owned: bool,
     pub(crate) acked_features: u64,
     pub(crate) acked_protocol: u64,
-    pub(crate) mem: GuestMemoryAtomic<GuestMem>,
+    pub(crate) mem: SharedMemory,
     pub(crate) mappings: Vec<Mapping>,
     /// The mapped regions of the current memory table.
     pub(crate) regions: Vec<GuardedRegion>,
@@ -228,7 +228,7 @@ impl Session {
             owned: false,
             acked_features: 0,
             acked_protocol: 0,
-            mem: GuestMemoryAtomic::new(GuestMem::default()),
+            mem: SharedMemory::new(GuestMem::default()),
             mappings: Vec::new(),
             regions: Vec::new(),
             retired: Vec::new(),
@@ -287,9 +287,8 @@ impl Session {
                 return false;
             }
         };
-        match self.mem.lock() {
-            Ok(m) => m.replace(map),
-            Err(_) => return false,
+        if self.mem.replace(map).is_err() {
+            return false;
         }
         self.pool.nudge_all();
         info!(device = %self.dev.info.name, logging = log.is_some(), "memory map rebuilt");
@@ -319,8 +318,7 @@ impl Session {
     /// Rebuilds the memory map if it logs and logging is off, or the
     /// other way round; false if it could not.
     pub(crate) fn sync_logging(&mut self) -> bool {
-        let logged =
-            crate::runtime::guest::logging(&vm_memory::GuestAddressSpace::memory(&self.mem));
+        let logged = crate::runtime::guest::logging(&self.mem.memory());
         logged == self.logging() || self.remap()
     }
 
@@ -721,9 +719,7 @@ impl Session {
         // Every queue stopped and posted its final figures.
         self.pool.stats().write();
         self.device.disconnect();
-        if let Ok(mem) = self.mem.lock() {
-            mem.replace(GuestMem::default());
-        }
+        let _ = self.mem.replace(GuestMem::default());
         self.mappings.clear();
         self.retired.append(&mut self.regions);
         self.release_retired();

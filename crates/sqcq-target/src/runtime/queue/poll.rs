@@ -26,7 +26,7 @@ use sqcq_protocol::{
 use thiserror::Error;
 use tracing::error;
 use virtio_queue::QueueT;
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::{RingConfig, ServedQueue, SubmissionSource, Vring};
 use crate::guest_warn;
@@ -176,24 +176,24 @@ impl QueuePoll {
     }
 
     /// Points the watch at `current` if the memory table changed.
-    fn refresh(&mut self, current: Arc<GuestMem>) -> Result<(), PollError> {
-        if Arc::ptr_eq(&current, &self.map) {
+    fn refresh(&mut self, current: &Arc<GuestMem>) -> Result<(), PollError> {
+        if Arc::ptr_eq(current, &self.map) {
             return Ok(());
         }
         match (self.poller.watch_mut(), self.cq.as_mut()) {
             (SqWatch::Doorbell(c), Some(d)) => {
-                let (sq, cq) = guest_doorbells(&current, d.location).map_err(PollError::Memory)?;
+                let (sq, cq) = guest_doorbells(current, d.location).map_err(PollError::Memory)?;
                 // Continues from the last value seen and the last index
                 // published (`CqProducer::new` reads it from the cell).
                 let seen = c.seen();
                 *c = SqConsumer::new(sq, seen);
                 d.producer = CqProducer::new(cq);
             }
-            (SqWatch::Ring(r), _) => r.set_memory(Arc::clone(&current)),
+            (SqWatch::Ring(r), _) => r.set_memory(Arc::clone(current)),
             // Not built: a doorbell watch always has its CQ doorbell.
             (SqWatch::Doorbell(_), None) => {}
         }
-        self.map = current;
+        self.map = Arc::clone(current);
         Ok(())
     }
 
@@ -212,7 +212,7 @@ impl Vring {
         if self.source == SubmissionSource::Kick {
             return;
         }
-        let map = self.mem.memory().into_inner();
+        let map = self.mem.load().into_inner();
         match QueuePoll::open(
             self.source,
             ring,
@@ -253,14 +253,20 @@ impl Vring {
     /// The worker woke up (or goes on polling): clears NEED_WAKEUP after a
     /// sleep and follows a new memory table.
     pub(crate) fn poll_wake(&mut self) {
-        let current = self.mem.memory().into_inner();
-        let Some(p) = self.poll.as_mut() else { return };
-        if p.asleep {
-            p.asleep = false;
-            p.poller.woke();
-            p.log_doorbells();
-        }
-        if let Err(e) = p.refresh(current) {
+        let current = self.mem.take();
+        let refreshed = match self.poll.as_mut() {
+            Some(p) => {
+                if p.asleep {
+                    p.asleep = false;
+                    p.poller.woke();
+                    p.log_doorbells();
+                }
+                p.refresh(&current)
+            }
+            None => Ok(()),
+        };
+        self.mem.restore(current);
+        if let Err(e) = refreshed {
             self.poll_broken(&e);
         }
     }
