@@ -22,8 +22,8 @@
 # With --scaling the same with 2 request queues on 2 target threads (SPDK:
 # 2 reactors), 2 initiator jobs (bdevperf: 2 reactors).
 #
-# A repeat runs each rw/QD's cells back to back, the bdevperf -> spdk
-# baseline first. Before and after each run, sqcq-c2c measures how long a
+# A repeat runs each rw/QD's cells back to back, SPDK's first in odd
+# repeats and sqcqd's first in even ones. Before and after each run, sqcq-c2c measures how long a
 # cache line takes between the two CPUs and back: on a VM the host moves
 # the vCPUs between cores that share a cache (about 70-190 ns) and cores
 # that do not (about 500-650 ns) every few seconds, and every polling
@@ -193,30 +193,42 @@ cell() { # REP INITIATOR TARGET MODE RW QD -- command
 # ---------------------------------------------------------------- run
 idle_ticks=()
 last_rw=${rws##* } last_qd=${qds##* }
+spdk_cells() { # REP RW QD
+    cell "$1" bdevperf spdk poll "$2" "$3" -- bdevperf "$2" "$3"
+    cell "$1" sqcq-bench spdk ring-poll "$2" "$3" -- bench ring-poll "$2" "$3"
+}
+sqcqd_cells() { # REP RW QD
+    start_sqcqd ring
+    cell "$1" bdevperf sqcqd-ring ring "$2" "$3" -- bdevperf "$2" "$3"
+    cell "$1" sqcq-bench sqcqd-ring ring-poll "$2" "$3" -- bench ring-poll "$2" "$3"
+    stop_target
+    start_sqcqd kick
+    cell "$1" bdevperf sqcqd-kick kick "$2" "$3" -- bdevperf "$2" "$3"
+    for m in sqcq-inline sqcq; do
+        cell "$1" sqcq-bench sqcqd-kick "$m" "$2" "$3" -- bench "$m" "$2" "$3"
+    done
+    if [ "$2" = "$last_rw" ] && [ "$3" = "$last_qd" ]; then
+        # the repeat's load is over: what does sqcqd cost idle?
+        sleep 1
+        t0=$(ticks "$tpid"); sleep "$idle_secs"; t1=$(ticks "$tpid")
+        idle_ticks+=($((t1 - t0)))
+    fi
+    stop_target
+}
 for rep in $(seq "$reps"); do
     for rw in $rws; do for qd in $qds; do
-        # One rw/QD's cells back to back, the baseline first: each ratio
-        # compares runs seconds apart, not minutes (the host's neighbours
-        # move this machine's speed from one minute to the next).
+        # One rw/QD's cells back to back, so that cells compared ran
+        # seconds apart, not minutes. The first run after a pause came out
+        # faster than the same program run second (5-7% in A/A pairs), so
+        # odd repeats run SPDK's cells first and even ones sqcqd's.
         pre_c2c=$(c2c)
-        cell "$rep" bdevperf spdk poll "$rw" "$qd" -- bdevperf "$rw" "$qd"
-        cell "$rep" sqcq-bench spdk ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
-        start_sqcqd ring
-        cell "$rep" bdevperf sqcqd-ring ring "$rw" "$qd" -- bdevperf "$rw" "$qd"
-        cell "$rep" sqcq-bench sqcqd-ring ring-poll "$rw" "$qd" -- bench ring-poll "$rw" "$qd"
-        stop_target
-        start_sqcqd kick
-        cell "$rep" bdevperf sqcqd-kick kick "$rw" "$qd" -- bdevperf "$rw" "$qd"
-        for m in sqcq-inline sqcq; do
-            cell "$rep" sqcq-bench sqcqd-kick "$m" "$rw" "$qd" -- bench "$m" "$rw" "$qd"
-        done
-        if [ "$rw" = "$last_rw" ] && [ "$qd" = "$last_qd" ]; then
-            # the repeat's load is over: what does sqcqd cost idle?
-            sleep 1
-            t0=$(ticks "$tpid"); sleep "$idle_secs"; t1=$(ticks "$tpid")
-            idle_ticks+=($((t1 - t0)))
+        if [ $((rep % 2)) = 1 ]; then
+            spdk_cells "$rep" "$rw" "$qd"
+            sqcqd_cells "$rep" "$rw" "$qd"
+        else
+            sqcqd_cells "$rep" "$rw" "$qd"
+            spdk_cells "$rep" "$rw" "$qd"
         fi
-        stop_target
     done; done
 done
 echo "# sqcqd idle after load: ${idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
