@@ -6,6 +6,8 @@
 //! slots and interpret what comes back; nothing here is allocated per
 //! request.
 
+use std::collections::VecDeque;
+
 use crate::notify::{NotifyCounters, NotifyError};
 use crate::virtqueue::Virtqueue;
 use crate::vring::{Buffer, DeviceError, QueueError};
@@ -64,7 +66,9 @@ pub(crate) enum Reaped<T> {
 pub(crate) struct Slots<T> {
     vq: Virtqueue,
     info: Box<[T]>,
-    free: Vec<u16>,
+    /// Free slots, taken from the front and given back at the end (see
+    /// [`Self::take`]).
+    free: VecDeque<u16>,
     failed: bool,
     /// A hangup of the device leaves the requests in flight (the frontend
     /// reconnects and the device resubmits them).
@@ -78,7 +82,7 @@ impl<T: Copy + Default> Slots<T> {
         Self {
             vq,
             info: vec![T::default(); usize::from(n)].into_boxed_slice(),
-            free: (0..n).rev().collect(),
+            free: (0..n).collect(),
             failed: false,
             survive_hangup: false,
         }
@@ -121,12 +125,14 @@ impl<T: Copy + Default> Slots<T> {
 
     /// Takes a free slot, for the caller to write its headers into before
     /// [`Self::commit`] (writing them cannot fail: the areas are the
-    /// queue's own).
+    /// queue's own). The slot free longest: a completed slot goes to the
+    /// back, so its header block, which the device read last, is written
+    /// again last (as the ring's descriptors).
     pub(crate) fn take(&mut self) -> Result<u16, SlotError> {
         if self.failed {
             return Err(SlotError::Failed);
         }
-        self.free.pop().ok_or(SlotError::Full)
+        self.free.pop_front().ok_or(SlotError::Full)
     }
 
     /// Adds the request of `slot` to the ring; on failure the slot is free
@@ -144,7 +150,8 @@ impl<T: Copy + Default> Slots<T> {
                 Ok(())
             }
             Err(e) => {
-                self.free.push(slot);
+                // Never handed to the device: first in line again.
+                self.free.push_front(slot);
                 Err(match e {
                     QueueError::NoFreeDescriptors { .. } => SlotError::Full,
                     e => SlotError::Queue(e),
@@ -188,7 +195,7 @@ impl<T: Copy + Default> Slots<T> {
             // The ring validated the id; tokens are slot numbers we gave.
             let slot = u16::try_from(used.token).unwrap_or(u16::MAX);
             let info = self.info[usize::from(slot)];
-            self.free.push(slot);
+            self.free.push_back(slot);
             let reaped = Reaped::Used {
                 slot,
                 info,
@@ -246,7 +253,7 @@ impl<T: Copy + Default> Slots<T> {
         let free = &mut self.free;
         self.vq.ring_mut().fail_in_flight(|slot| {
             let slot = u16::try_from(slot).unwrap_or(u16::MAX);
-            free.push(slot);
+            free.push_back(slot);
             let _ = handle(Reaped::Failed {
                 info: info[usize::from(slot)],
             });

@@ -60,24 +60,51 @@ pub(crate) fn queue_pair(
     (vq, poll, device)
 }
 
-/// Asserts that the per-request areas `areas` (address, length) each
-/// start on a cache line and that no two of them share one: one side's
-/// stores for one request never pull a line the other side is reading
-/// for another.
-pub(crate) fn assert_own_cache_lines(areas: &[(GuestAddress, u32)]) {
+/// Asserts the layout of each request's header `(address, length)`, the
+/// part of its response the device always writes `(address, length)` and
+/// the whole response `(address, length)`: the header starts a cache line,
+/// the always-written part lies in that same line (one line for the device
+/// to read the request and write its status in), and no two requests'
+/// headers and responses share a line (one side's stores for one request
+/// never pull a line the other side is reading for another).
+pub(crate) type RequestAreas = (
+    (GuestAddress, u32),
+    (GuestAddress, u32),
+    (GuestAddress, u32),
+);
+
+/// See [`RequestAreas`].
+pub(crate) fn assert_one_line_per_request(requests: &[RequestAreas]) {
     let line = crate::memory::CACHE_LINE as u64;
-    let mut spans: Vec<(u64, u64)> = areas
-        .iter()
-        .map(|&(a, len)| (a.0, a.0 + u64::from(len).next_multiple_of(line)))
-        .collect();
-    spans.sort_unstable();
-    for &(start, _) in &spans {
-        assert_eq!(start % line, 0, "area at {start:#x} is not line aligned");
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for &((hdr, hdr_len), (resp, resp_len), (whole, whole_len)) in requests {
+        assert_eq!(
+            hdr.0 % line,
+            0,
+            "header at {:#x} is not line aligned",
+            hdr.0
+        );
+        assert!(
+            resp.0 >= hdr.0 + u64::from(hdr_len) && resp.0 + u64::from(resp_len) <= hdr.0 + line,
+            "response part {:#x}+{resp_len} is not in the line of its header at {:#x}+{hdr_len}",
+            resp.0,
+            hdr.0
+        );
+        assert!(
+            whole.0 >= hdr.0 + u64::from(hdr_len),
+            "response {:#x} overlaps its header",
+            whole.0
+        );
+        spans.push((
+            hdr.0,
+            (whole.0 + u64::from(whole_len)).next_multiple_of(line),
+        ));
     }
+    spans.sort_unstable();
     for w in spans.windows(2) {
         assert!(
             w[0].1 <= w[1].0,
-            "areas {:#x?} and {:#x?} share a line",
+            "requests {:#x?} and {:#x?} share a line",
             w[0],
             w[1]
         );

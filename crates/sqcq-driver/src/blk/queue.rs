@@ -1,11 +1,17 @@
 //! A virtio-blk request queue: requests in, completions out.
 //!
 //! Every request uses a slot preallocated in driver memory for its header,
-//! its discard or write-zeroes segments and its status byte, so nothing is
+//! its status byte and its discard or write-zeroes segments, so nothing is
 //! allocated per I/O. Before a request goes out its status byte is set to
 //! a value no device may write ([`STATUS_UNWRITTEN`]), so that a device
 //! completing without writing the status is told apart from one writing a
 //! wrong status.
+//!
+//! A slot's block starts a cache line of its own with the header and the
+//! status byte right after it, as Linux's `struct virtblk_req` has them:
+//! the device reads the header and writes the status in one line, and the
+//! driver writes the one and reads the other there. The segments follow
+//! at [`SEGMENTS_AT`]; no two slots share a line.
 
 use vm_memory::GuestAddress;
 
@@ -23,12 +29,16 @@ use crate::vring::{Buffer, QueueError};
 pub const MAX_SEGMENTS: usize = 8;
 /// The status byte as the driver leaves it: not a `VIRTIO_BLK_S_*` value.
 const STATUS_UNWRITTEN: u8 = 0xff;
-/// Bytes of a slot's device-readable area: header and segments.
-const SLOT_BYTES: usize = HEADER_SIZE + MAX_SEGMENTS * SEGMENT_SIZE;
-/// Distance between two slots' areas, and between their status bytes:
-/// whole cache lines, so that no two requests share one.
+/// Offset of the status byte in a slot's block: right after the header.
+const STATUS_AT: usize = HEADER_SIZE;
+/// Offset of the segments in a slot's block: after the status byte, on a
+/// word of their own (the status is stored as a padded word).
+const SEGMENTS_AT: usize = (STATUS_AT + 1).next_multiple_of(16);
+/// Bytes of a slot's block: header, status and segments.
+const SLOT_BYTES: usize = SEGMENTS_AT + MAX_SEGMENTS * SEGMENT_SIZE;
+/// Distance between two slots' blocks: whole cache lines, so that no two
+/// requests share one.
 const SLOT_STRIDE: usize = SLOT_BYTES.next_multiple_of(CACHE_LINE);
-const STATUS_STRIDE: usize = CACHE_LINE;
 /// [`HEADER_SIZE`] as a descriptor length.
 const HEADER_LEN: u32 = 16;
 const _: () = assert!(HEADER_LEN as usize == HEADER_SIZE);
@@ -187,35 +197,32 @@ struct Pending {
 #[derive(Debug)]
 pub struct BlkQueue {
     slots: Slots<Pending>,
-    /// Per slot: header and segments, [`SLOT_STRIDE`] apart.
-    req_base: GuestAddress,
-    /// Per slot: one status byte, [`STATUS_STRIDE`] apart.
-    status_base: GuestAddress,
-    /// The two areas, accessed through atomics.
-    req_window: SharedWindow,
-    status_window: SharedWindow,
-    header: [u8; SLOT_BYTES],
+    /// Per slot: header, status and segments, [`SLOT_STRIDE`] apart.
+    base: GuestAddress,
+    /// The slots' area, accessed through atomics.
+    window: SharedWindow,
+    /// A slot's header and status byte as written.
+    header: [u8; STATUS_AT + 1],
+    /// A slot's segments as written.
+    segments: [u8; MAX_SEGMENTS * SEGMENT_SIZE],
     out: Vec<Buffer>,
     in_: Vec<Buffer>,
 }
 
 impl BlkQueue {
-    /// Wraps `vq`, allocating per descriptor of its ring a header with
-    /// room for [`MAX_SEGMENTS`] segments, and a status byte, in `mem`.
+    /// Wraps `vq`, allocating per descriptor of its ring a header, a
+    /// status byte and room for [`MAX_SEGMENTS`] segments, in `mem`.
     pub fn new(mem: &mut DriverMemory, vq: Virtqueue) -> Result<Self, MemoryError> {
         let slots = usize::from(vq.ring().size());
-        // At most 32768 slots of 192 + 64 bytes: no overflow.
-        let line = CACHE_LINE as u64;
-        let (req_area, status_area) = (SLOT_STRIDE * slots, STATUS_STRIDE * slots);
-        let req_base = mem.alloc(req_area, line)?;
-        let status_base = mem.alloc(status_area, line)?;
+        // At most 32768 slots of 192 bytes: no overflow.
+        let area = SLOT_STRIDE * slots;
+        let base = mem.alloc(area, CACHE_LINE as u64)?;
         Ok(Self {
             slots: Slots::new(vq),
-            req_window: SharedWindow::new(mem, req_base, req_area)?,
-            status_window: SharedWindow::new(mem, status_base, status_area)?,
-            req_base,
-            status_base,
-            header: [0; SLOT_BYTES],
+            window: SharedWindow::new(mem, base, area)?,
+            base,
+            header: [0; STATUS_AT + 1],
+            segments: [0; MAX_SEGMENTS * SEGMENT_SIZE],
             out: Vec::with_capacity(2),
             in_: Vec::with_capacity(2),
         })
@@ -309,19 +316,23 @@ impl BlkQueue {
             sector: req.sector(),
         };
         self.header[..HEADER_SIZE].copy_from_slice(&header.encode());
-        for (i, s) in segments.iter().enumerate() {
-            let at = HEADER_SIZE + i * SEGMENT_SIZE;
-            self.header[at..at + SEGMENT_SIZE].copy_from_slice(&s.encode());
-        }
-        let used = HEADER_SIZE + segments.len() * SEGMENT_SIZE;
-        // Inside the areas allocated in `new`: slot < size, and what is
-        // written, rounded up to 8 bytes, fits the slot's stride.
+        self.header[STATUS_AT] = STATUS_UNWRITTEN;
+        // Inside the area allocated in `new`: slot < size, and what is
+        // written, rounded up to 8 bytes, fits the slot's block (the
+        // status word's padding ends before the segments).
         let at = usize::from(slot) * SLOT_STRIDE;
-        let req_addr = GuestAddress(self.req_base.0 + at as u64);
-        self.req_window.store_bytes(at, &self.header[..used]);
-        let status = GuestAddress(self.status_base.0 + status_offset(slot) as u64);
-        self.status_window
-            .store_bytes(status_offset(slot), &[STATUS_UNWRITTEN]);
+        let req_addr = GuestAddress(self.base.0 + at as u64);
+        self.window.store_bytes(at, &self.header);
+        let status = GuestAddress(req_addr.0 + STATUS_AT as u64);
+        for (i, s) in segments.iter().enumerate() {
+            let at = i * SEGMENT_SIZE;
+            self.segments[at..at + SEGMENT_SIZE].copy_from_slice(&s.encode());
+        }
+        let segments_len = segments.len() * SEGMENT_SIZE;
+        if segments_len > 0 {
+            self.window
+                .store_bytes(at + SEGMENTS_AT, &self.segments[..segments_len]);
+        }
         self.out.clear();
         self.in_.clear();
         self.out.push(Buffer::new(req_addr, HEADER_LEN));
@@ -333,7 +344,7 @@ impl BlkQueue {
                 // At most MAX_SEGMENTS segments of 16 bytes.
                 let len = u32::try_from(segments.len()).unwrap_or(0) * SEGMENT_LEN;
                 self.out.push(Buffer::new(
-                    GuestAddress(req_addr.0 + HEADER_SIZE as u64),
+                    GuestAddress(req_addr.0 + SEGMENTS_AT as u64),
                     len,
                 ));
             }
@@ -357,8 +368,8 @@ impl BlkQueue {
     /// Hands every completion the device has published to `on_complete`
     /// and returns how many there were, without waiting.
     pub fn reap(&mut self, mut on_complete: impl FnMut(Completion)) -> Result<usize, QueueFailure> {
-        let status = &self.status_window;
-        self.slots.reap(|r| deliver(r, status, &mut on_complete))
+        let window = &self.window;
+        self.slots.reap(|r| deliver(r, window, &mut on_complete))
     }
 
     /// Waits (bounded by the queue's timeout, woken by a socket hangup)
@@ -369,9 +380,9 @@ impl BlkQueue {
         &mut self,
         mut on_complete: impl FnMut(Completion),
     ) -> Result<usize, QueueFailure> {
-        let status = &self.status_window;
+        let window = &self.window;
         self.slots
-            .wait_and_reap(|r| deliver(r, status, &mut on_complete))
+            .wait_and_reap(|r| deliver(r, window, &mut on_complete))
     }
 
     /// Fails every request in flight, for when the caller gives up on the
@@ -393,16 +404,11 @@ fn failed(r: Reaped<Pending>) -> Completion {
     }
 }
 
-/// Where `slot`'s status byte is in the status area.
-fn status_offset(slot: u16) -> usize {
-    usize::from(slot) * STATUS_STRIDE
-}
-
 /// Turns what the slots reaped into a [`Completion`], reading the status
-/// byte of the slot from the status area.
+/// byte of the slot from its block.
 fn deliver(
     r: Reaped<Pending>,
-    status_area: &SharedWindow,
+    window: &SharedWindow,
     on_complete: &mut impl FnMut(Completion),
 ) -> Result<(), vm_memory::GuestMemoryError> {
     let Reaped::Used { slot, info, len } = r else {
@@ -410,8 +416,9 @@ fn deliver(
         return Ok(());
     };
     let mut status = [0u8];
-    // Inside the area: slot < size, 8 bytes in a 64-byte stride.
-    status_area.load_bytes(status_offset(slot), &mut status);
+    // Inside the area: slot < size, and the status's word lies in the
+    // slot's block.
+    window.load_bytes(usize::from(slot) * SLOT_STRIDE + STATUS_AT, &mut status);
     let [status] = status;
     on_complete(Completion {
         token: info.token,

@@ -3,6 +3,16 @@
 //! Every request uses a slot preallocated in driver memory for its request
 //! and response headers, so nothing is allocated per I/O. The submitter's
 //! token travels with the slot and comes back in its [`Completion`].
+//!
+//! A slot's block is laid out as Linux's `struct virtio_scsi_cmd` and SPDK's
+//! `virtio_scsi_io_ctx`: the request header, then the response right after
+//! it (4-aligned), the block starting a cache line of its own. With the
+//! default 32-byte CDB the header (51 bytes) and the response's fixed part
+//! (12 bytes) share that line, so a request costs the device one line to
+//! read the header and write the response's status into, and the driver one
+//! line to write the header and read the status from; no two slots share a
+//! line. Separate lines for header and response cost SPDK's target 9-13%
+//! more requests per second at QD32 (the write of every response missed).
 
 use vm_memory::GuestAddress;
 
@@ -120,11 +130,8 @@ pub struct ScsiQueue {
     cdb_size: usize,
     req_len: u32,
     resp_len: u32,
-    req_base: GuestAddress,
-    req_stride: usize,
-    /// The request headers' area, written through atomics.
-    req_window: SharedWindow,
-    responses: Responses,
+    /// The slots' command blocks (header, then response).
+    blocks: Blocks,
     header: Vec<u8>,
     out: Vec<Buffer>,
     in_: Vec<Buffer>,
@@ -153,27 +160,23 @@ impl ScsiQueue {
         };
         let (req_len, req_bytes) = lens(CMD_REQ_FIXED, config.cdb_size).ok_or_else(too_big)?;
         let (resp_len, resp_bytes) = lens(CMD_RESP_FIXED, config.sense_size).ok_or_else(too_big)?;
-        // Each slot's header and response on lines of their own.
-        let req_stride = req_bytes.next_multiple_of(CACHE_LINE);
-        let resp_stride = resp_bytes.next_multiple_of(CACHE_LINE);
-        let area = |stride: usize| stride.checked_mul(usize::from(slots)).ok_or_else(too_big);
-        let (req_area, resp_area) = (area(req_stride)?, area(resp_stride)?);
-        let req_base = mem.alloc(req_area, CACHE_LINE as u64)?;
-        let resp_base = mem.alloc(resp_area, CACHE_LINE as u64)?;
-        let req_window = SharedWindow::new(mem, req_base, req_area)?;
-        let resp_window = SharedWindow::new(mem, resp_base, resp_area)?;
+        // Each slot's block on lines of its own: the header, then the
+        // response at the next 4-byte boundary (its u32 fields aligned).
+        let resp_at = req_bytes.next_multiple_of(4);
+        let stride = (resp_at + resp_bytes).next_multiple_of(CACHE_LINE);
+        let area = stride.checked_mul(usize::from(slots)).ok_or_else(too_big)?;
+        let base = mem.alloc(area, CACHE_LINE as u64)?;
+        let window = SharedWindow::new(mem, base, area)?;
         Ok(Self {
             slots: Slots::new(vq),
             cdb_size: req_bytes - CMD_REQ_FIXED,
             req_len,
             resp_len,
-            req_base,
-            req_stride,
-            req_window,
-            responses: Responses {
-                base: resp_base,
-                stride: resp_stride,
-                window: resp_window,
+            blocks: Blocks {
+                base,
+                stride,
+                resp_at,
+                window,
                 buf: vec![0; resp_bytes],
             },
             header: vec![0; req_bytes],
@@ -246,16 +249,12 @@ impl ScsiQueue {
             cmd.cdb.as_bytes(),
             self.cdb_size,
         );
-        // Inside the area allocated in `new`: slot < size, and the header
-        // rounded up to 8 bytes fits its stride (a multiple of 64).
-        let at = usize::from(slot) * self.req_stride;
-        let req = GuestAddress(self.req_base.0 + at as u64);
-        self.req_window.store_bytes(at, &self.header);
+        let req = self.blocks.store_header(slot, &self.header);
         self.out.clear();
         self.in_.clear();
         self.out.push(Buffer::new(req, self.req_len));
         self.in_
-            .push(Buffer::new(self.responses.addr(slot), self.resp_len));
+            .push(Buffer::new(self.blocks.response(slot), self.resp_len));
         match cmd.data {
             Data::None => {}
             Data::ToDevice(bufs) => self.out.extend_from_slice(bufs),
@@ -278,7 +277,7 @@ impl ScsiQueue {
     /// and returns how many there were, without waiting.
     pub fn reap(&mut self, mut on_complete: impl FnMut(Completion)) -> Result<usize, QueueFailure> {
         self.slots
-            .reap(|r| self.responses.deliver(r, &mut on_complete))
+            .reap(|r| self.blocks.deliver(r, &mut on_complete))
     }
 
     /// Waits (bounded by the queue's timeout, woken by a socket hangup)
@@ -290,7 +289,7 @@ impl ScsiQueue {
         mut on_complete: impl FnMut(Completion),
     ) -> Result<usize, QueueFailure> {
         self.slots
-            .wait_and_reap(|r| self.responses.deliver(r, &mut on_complete))
+            .wait_and_reap(|r| self.blocks.deliver(r, &mut on_complete))
     }
 
     /// Fails every command in flight, for when the caller gives up on the
@@ -322,20 +321,36 @@ fn failed(r: Reaped<u64>) -> Completion {
     }
 }
 
-/// The response headers, one per slot, and a buffer to read one into.
+/// The command blocks, one per slot (see the module docs), and a buffer
+/// to read a response into.
 #[derive(Debug)]
-struct Responses {
+struct Blocks {
     base: GuestAddress,
     stride: usize,
-    /// The responses' area, read through atomics.
+    /// Offset of the response in a block.
+    resp_at: usize,
+    /// The blocks' area: headers written, responses read, through atomics.
     window: SharedWindow,
     buf: Vec<u8>,
 }
 
-impl Responses {
-    fn addr(&self, slot: u16) -> GuestAddress {
-        // Inside the area allocated in `ScsiQueue::new`: slot < size.
-        GuestAddress(self.base.0 + (usize::from(slot) * self.stride) as u64)
+impl Blocks {
+    /// Writes `header` at the start of `slot`'s block; returns its
+    /// guest-physical address.
+    fn store_header(&self, slot: u16, header: &[u8]) -> GuestAddress {
+        // Inside the area allocated in `ScsiQueue::new`: slot < size, and
+        // the header rounded up to 8 bytes fits the block. The padding of
+        // that last word lands on the first bytes of the response, which
+        // the device has not been handed yet.
+        let at = usize::from(slot) * self.stride;
+        self.window.store_bytes(at, header);
+        GuestAddress(self.base.0 + at as u64)
+    }
+
+    /// Guest-physical address of `slot`'s response.
+    fn response(&self, slot: u16) -> GuestAddress {
+        // Inside the area: slot < size.
+        GuestAddress(self.base.0 + (usize::from(slot) * self.stride + self.resp_at) as u64)
     }
 
     /// Turns what the slots reaped into a [`Completion`].
@@ -371,7 +386,7 @@ impl Responses {
         // sense bytes only when there is a status to explain. Inside the
         // area: slot < size, and the whole response rounded up to 8 bytes
         // fits the stride (a multiple of 64).
-        let at = usize::from(slot) * self.stride;
+        let at = usize::from(slot) * self.stride + self.resp_at;
         self.window.load_bytes(at, &mut self.buf[..CMD_RESP_FIXED]);
         let Some(resp) = CmdResp::parse(&self.buf) else {
             return Ok(Err(CommandError::ShortResponse { len }));
@@ -382,8 +397,8 @@ impl Responses {
         if resp.status != STATUS_GOOD {
             let sense_len = usize::try_from(resp.sense_len).unwrap_or(0);
             let sense_end = CMD_RESP_FIXED + sense_len;
-            // From the start of the response (words are 8-aligned there);
-            // only the sense bytes of this second read are used.
+            // Again from the start of the response; only the sense bytes
+            // of this second read are used.
             self.window.load_bytes(at, &mut self.buf[..sense_end]);
             let sense = Sense::parse(&self.buf[CMD_RESP_FIXED..sense_end]);
             return Ok(Err(CommandError::Status {

@@ -94,9 +94,11 @@ pub struct SplitQueue {
     indirect_max: u16,
     /// Free list threaded through driver-private links: `free_next[i]` is
     /// the descriptor after `i`. A request's chain keeps its links while in
-    /// flight, so freeing it is one splice.
+    /// flight, so freeing it is one splice, at the tail (`free_chain`).
     free_next: Box<[u16]>,
     free_head: u16,
+    /// Last descriptor of the free list (meaningful while it is not empty).
+    free_tail: u16,
     num_free: u16,
     slots: Box<[Slot]>,
     in_flight: u16,
@@ -106,6 +108,9 @@ pub struct SplitQueue {
     published_idx: u16,
     /// Next used index to consume.
     last_used: u16,
+    /// The `used->idx` last loaded (and validated): entries up to it are
+    /// consumed without loading the index again.
+    used_seen: u16,
     /// Shadow of the interrupt suppression state.
     interrupts_disabled: bool,
     broken: Option<DeviceError>,
@@ -160,12 +165,14 @@ impl SplitQueue {
             indirect_max,
             free_next: vec![0; usize::from(size)].into_boxed_slice(),
             free_head: 0,
+            free_tail: 0,
             num_free: 0,
             slots: vec![Slot::default(); usize::from(size)].into_boxed_slice(),
             in_flight: 0,
             avail_idx: 0,
             published_idx: 0,
             last_used: 0,
+            used_seen: 0,
             interrupts_disabled: false,
             broken: None,
         };
@@ -258,11 +265,13 @@ impl SplitQueue {
         }
         self.slots.fill(Slot::default());
         self.free_head = 0;
+        self.free_tail = self.size - 1;
         self.num_free = self.size;
         self.in_flight = 0;
         self.avail_idx = 0;
         self.published_idx = 0;
         self.last_used = 0;
+        self.used_seen = 0;
         self.interrupts_disabled = false;
         self.broken = None;
         // Relaxed: the device is not using the rings (a precondition), and

@@ -142,26 +142,26 @@ impl SharedWindow {
         }
     }
 
-    /// Fills `out` from byte `offset` (8-aligned) with relaxed 64-bit
-    /// loads: the window must hold `out.len()` rounded up to 8 from
-    /// `offset`. For areas the device writes and the driver reads after an
-    /// Acquire load announces them (responses); the bytes are a snapshot
-    /// the caller validates.
+    /// Fills `out` from byte `offset` (any alignment) with relaxed loads of
+    /// the 64-bit words that cover it: the window must hold those words.
+    /// For areas the device writes and the driver reads after an Acquire
+    /// load announces them (responses); the bytes are a snapshot the
+    /// caller validates.
     pub(crate) fn load_bytes(&self, offset: usize, out: &mut [u8]) {
-        let words = self.words(offset, out.len().div_ceil(8));
-        let whole = out.len() / 8;
-        let mut chunks = out.chunks_exact_mut(8);
-        for (chunk, word) in (&mut chunks).zip(words) {
-            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
-        }
-        let rest = chunks.into_remainder();
-        if let Some(last) = words.get(whole)
-            && !rest.is_empty()
-        {
-            let w = last.load(Ordering::Relaxed).to_ne_bytes();
-            for (to, from) in rest.iter_mut().zip(w) {
-                *to = from;
+        let skip = offset % 8;
+        let words = self.words(offset - skip, (skip + out.len()).div_ceil(8));
+        let mut from = skip;
+        let mut rest = &mut out[..];
+        for word in words {
+            let w = word.load(Ordering::Relaxed).to_ne_bytes();
+            let n = (8 - from).min(rest.len());
+            let (head, tail) = rest.split_at_mut(n);
+            // Byte by byte, as in `store_bytes`: no memcpy call per word.
+            for (to, b) in head.iter_mut().zip(&w[from..]) {
+                *to = *b;
             }
+            rest = tail;
+            from = 0;
         }
     }
 }
