@@ -2,7 +2,7 @@
 //! device behind it. A pool of worker threads (`worker`) owns the served
 //! queues (`queue`): the split ring through `virtio-queue`, checked
 //! descriptor chains (`chain`) over guest memory (`guest`), used-ring
-//! batching (`used`), the kick, ring-poll and SQ-doorbell sources with
+//! batching (`used`) and batch gathering (`gather`), the kick, ring-poll and SQ-doorbell sources with
 //! the workers' spin loop (`poll`, `ring_poll`), eventfds that never
 //! block (`eventfd`, `stall`), CPU binding (`cpu`), which worker serves
 //! which queue ([`placement`]), and the figures ([`metrics`], `latency`,
@@ -12,6 +12,7 @@
 pub(crate) mod chain;
 pub(crate) mod cpu;
 pub(crate) mod eventfd;
+pub(crate) mod gather;
 pub(crate) mod guest;
 pub mod latency;
 pub mod metrics;

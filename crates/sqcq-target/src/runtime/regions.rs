@@ -224,12 +224,6 @@ pub(crate) fn host_unlogged(mem: &GuestMem, gpa: u64, len: usize) -> Option<*mut
     Lookup::of(mem).host_unlogged(gpa, len)
 }
 
-/// Reads `N` bytes of guest memory at `gpa` through the installed table.
-#[inline]
-pub(crate) fn read_bytes<const N: usize>(mem: &GuestMem, gpa: u64) -> Option<[u8; N]> {
-    Lookup::of(mem).read_bytes(gpa)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,11 +241,15 @@ mod tests {
         let mem = two_regions();
         mem.write_obj(0xbeef_u16, GuestAddress(0x10_0ffe)).unwrap();
         let t = RegionTable::new(&mem);
-        assert_eq!(read_bytes::<2>(&mem, 0x10_0ffe), None, "not installed");
+        assert_eq!(
+            Lookup::of(&mem).read_bytes::<2>(0x10_0ffe),
+            None,
+            "not installed"
+        );
         {
             let _g = t.install(&mem);
             assert_eq!(
-                read_bytes::<2>(&mem, 0x10_0ffe),
+                Lookup::of(&mem).read_bytes::<2>(0x10_0ffe),
                 Some(0xbeef_u16.to_le_bytes())
             );
             assert!(host(&mem, 0xff0, 0x10).is_some(), "end of region 0");
