@@ -18,6 +18,7 @@
 use std::any::Any;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sqcq_protocol::SpinPolicy;
@@ -644,29 +645,27 @@ impl ServedQueue {
             return false;
         }
         let (size, desc_table, avail_ring) = (q.size(), q.desc_table(), q.avail_ring());
-        let avail = match q.avail_idx(&**mem, std::sync::atomic::Ordering::Acquire) {
-            Ok(idx) => idx.0,
+        let lookup = regions::Lookup::of(mem);
+        // Through the batch's region table, else virtio-queue's read.
+        let avail_idx = || match lookup.load_u16(avail_ring + 2, Ordering::Acquire) {
+            Some(idx) => Ok(idx),
+            None => q.avail_idx(&**mem, Ordering::Acquire).map(|i| i.0),
+        };
+        let avail = match avail_idx() {
+            Ok(idx) => idx,
             Err(e) => {
                 ring.ring_broken(&e);
                 return false;
             }
         };
         let mut next = q.next_avail();
-        let avail = ring.gather.extend(
-            next,
-            avail,
-            || {
-                q.avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
-                    .ok()
-                    .map(|i| i.0)
-            },
-            pass::now_ns,
-        );
+        let avail = ring
+            .gather
+            .extend(next, avail, || avail_idx().ok(), pass::now_ns);
         if avail.wrapping_sub(next) > size {
             ring.ring_broken(&virtio_queue::Error::InvalidAvailRingIndex);
             return false;
         }
-        let lookup = regions::Lookup::of(mem);
         // The whole avail ring's entries, when the region table has them
         // in one region: each entry is then a read at a fixed offset.
         let entries = lookup.host(avail_ring + 4, 2 * usize::from(size));

@@ -24,6 +24,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Weak};
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -199,6 +200,41 @@ impl<'a> Lookup<'a> {
         self.0.map(|t| t.logged)
     }
 
+    /// Loads the little-endian `u16` at `gpa` with `order`, when the table
+    /// has it in one region at a 2-aligned host address: a ring index.
+    #[inline]
+    pub(crate) fn load_u16(self, gpa: u64, order: Ordering) -> Option<u16> {
+        let p = self.host(gpa, 2)?.cast::<u16>();
+        if !p.is_aligned() {
+            return None;
+        }
+        // SAFETY: `host` found `gpa..gpa + 2` inside one mapped region of
+        // the map, which the caller borrows, and the address is aligned
+        // for a u16. The driver stores to it concurrently (through its
+        // own atomics or plain stores of the whole index): an atomic load
+        // reads one of the values it stored.
+        let v = unsafe { AtomicU16::from_ptr(p) }.load(order);
+        Some(u16::from_le(v))
+    }
+
+    /// Stores `v` little-endian at `gpa` with `order`, when the table has
+    /// it in one region at a 2-aligned host address and the map logs no
+    /// writes (a logged write goes through vm-memory, which marks it);
+    /// returns whether it did.
+    #[inline]
+    pub(crate) fn store_u16(self, gpa: u64, v: u16, order: Ordering) -> bool {
+        let Some(p) = self.host_unlogged(gpa, 2).map(|p| p.cast::<u16>()) else {
+            return false;
+        };
+        if !p.is_aligned() {
+            return false;
+        }
+        // SAFETY: as in `load_u16`: mapped, borrowed, aligned; the driver
+        // only reads this index.
+        unsafe { AtomicU16::from_ptr(p) }.store(v.to_le(), order);
+        true
+    }
+
     /// Reads `N` bytes of guest memory at `gpa` through the table.
     #[inline]
     pub(crate) fn read_bytes<const N: usize>(self, gpa: u64) -> Option<[u8; N]> {
@@ -274,6 +310,51 @@ mod tests {
         let _g = t.install(&mem);
         assert!(host(&mem, 0, 16).is_some());
         assert!(host_unlogged(&mem, 0, 16).is_none());
+    }
+
+    #[test]
+    fn ring_indices_are_loaded_and_stored_through_the_table_when_aligned_and_unlogged() {
+        let mem = two_regions();
+        mem.write_obj(0x1234_u16.to_le(), GuestAddress(0x10_0002))
+            .unwrap();
+        let t = RegionTable::new(&mem);
+        let l = Lookup::of(&mem);
+        assert_eq!(
+            l.load_u16(0x10_0002, Ordering::Acquire),
+            None,
+            "not installed"
+        );
+        let _g = t.install(&mem);
+        let l = Lookup::of(&mem);
+        assert_eq!(l.load_u16(0x10_0002, Ordering::Acquire), Some(0x1234));
+        assert_eq!(l.load_u16(0x10_0003, Ordering::Acquire), None, "misaligned");
+        assert_eq!(
+            l.load_u16(0xfff, Ordering::Acquire),
+            None,
+            "across a region's end"
+        );
+        assert!(l.store_u16(0x10_0004, 0xbeef, Ordering::Release));
+        assert_eq!(
+            mem.read_obj::<u16>(GuestAddress(0x10_0004)).unwrap(),
+            0xbeef_u16.to_le()
+        );
+        assert!(!l.store_u16(0x10_0005, 1, Ordering::Release), "misaligned");
+        let logged = Arc::new(crate::runtime::guest::memory_over(
+            &[(GuestAddress(0), 0x4000)],
+            true,
+        ));
+        let t = RegionTable::new(&logged);
+        let _g = t.install(&logged);
+        let l = Lookup::of(&logged);
+        assert!(
+            !l.store_u16(0x10, 1, Ordering::Release),
+            "a logged map marks writes"
+        );
+        assert_eq!(
+            l.load_u16(0x10, Ordering::Acquire),
+            Some(0),
+            "reads need no mark"
+        );
     }
 
     #[test]

@@ -122,13 +122,13 @@ impl UsedRing {
         }
         // Release: the element writes above become visible before the new
         // index; pairs with the driver's Acquire load of `used->idx` (its
-        // virtio_rmb() after reading the index).
-        mem.store(
-            self.next_used.0.to_le(),
-            offset(self.used, 2)?,
-            Ordering::Release,
-        )
-        .map_err(UsedError::Memory)?;
+        // virtio_rmb() after reading the index). Through the batch's region
+        // table, else vm-memory (a logged map, or no table).
+        let at = offset(self.used, 2)?;
+        if !regions::Lookup::of(mem).store_u16(at.0, self.next_used.0, Ordering::Release) {
+            mem.store(self.next_used.0.to_le(), at, Ordering::Release)
+                .map_err(UsedError::Memory)?;
+        }
         self.published = self.next_used;
         Ok(count)
     }
@@ -150,8 +150,11 @@ impl UsedRing {
         fence(Ordering::SeqCst);
         if self.event_idx {
             let at = offset(self.avail, AVAIL_RING_HEADER + 2 * u64::from(self.size))?;
-            let used_event: u16 = mem.load(at, Ordering::Relaxed).map_err(UsedError::Memory)?;
-            let event = Wrapping(u16::from_le(used_event));
+            let used_event = match regions::Lookup::of(mem).load_u16(at.0, Ordering::Relaxed) {
+                Some(v) => v,
+                None => u16::from_le(mem.load(at, Ordering::Relaxed).map_err(UsedError::Memory)?),
+            };
+            let event = Wrapping(used_event);
             // vring_need_event(): notify when `used_event` lies in
             // [old, new).
             Ok(new - event - Wrapping(1) < new - old)
