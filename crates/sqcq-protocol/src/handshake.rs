@@ -245,6 +245,18 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
     pub fn seen(&self) -> u16 {
         self.seen
     }
+
+    /// The consumer took work from the ring up to `idx` without reading
+    /// the doorbell (a poller that watches the ring index itself while it
+    /// spins, and reads the doorbell only in [`Self::prepare_sleep`]):
+    /// `idx` is the value the re-check compares against from now on. Any
+    /// other doorbell value reads as work there: a publication the
+    /// consumer has not taken, or one it took before its producer stored
+    /// the doorbell, which costs one more spin window, never a lost
+    /// wakeup.
+    pub fn acted_on(&mut self, idx: u16) {
+        self.seen = idx;
+    }
 }
 
 impl<C, R: Role> fmt::Debug for Consumer<C, R> {

@@ -129,6 +129,14 @@ impl PollState {
             self.arrived(now_ns);
             return Poll::Work(idx);
         }
+        self.looked_elsewhere(now_ns)
+    }
+
+    /// A pass that looked for work somewhere other than the watch (the
+    /// ring itself) and found none: [`Poll::Idle`] within the spin
+    /// window, [`Poll::Expired`] after it, as an empty [`Self::poll`]
+    /// would say, without reading the doorbell.
+    pub fn looked_elsewhere(&mut self, now_ns: u64) -> Poll {
         let since = *self.idle_since.get_or_insert(now_ns);
         self.stats.spins += 1;
         if now_ns.saturating_sub(since) < self.spin.window_ns() {
@@ -259,6 +267,12 @@ impl<W: Watch> Poller<W> {
         self.state.found_elsewhere(now_ns);
     }
 
+    /// A pass that looked at the ring instead of the doorbell and found
+    /// nothing (see [`PollState::looked_elsewhere`]).
+    pub fn looked_elsewhere(&mut self, now_ns: u64) -> Poll {
+        self.state.looked_elsewhere(now_ns)
+    }
+
     /// Counts requests completed (device) or completions handled (driver).
     pub fn count_completions(&mut self, n: u64) {
         self.state.count_completions(n);
@@ -332,6 +346,32 @@ mod tests {
         let _ = producer.publish(2);
         assert_eq!(p.poll(50_000), Poll::Work(2));
         assert_eq!(p.stats().ema_ns, ema);
+    }
+
+    #[test]
+    fn a_poller_watching_the_ring_reads_the_doorbell_only_to_sleep() {
+        let bell = Doorbell::new();
+        let mut producer = CqProducer::new(&bell);
+        let mut p = Poller::new(CqConsumer::new(&bell, 0), policy(1000), 0);
+        // Completions 1..=3 published; the consumer took them from the
+        // ring, never reading `cq.idx`: its passes only count the window.
+        for i in 1..=3 {
+            let _ = producer.publish(i);
+        }
+        assert_eq!(p.looked_elsewhere(100), Poll::Idle);
+        assert_eq!(p.looked_elsewhere(1_099), Poll::Idle);
+        assert_eq!(p.looked_elsewhere(1_100), Poll::Expired);
+        assert_eq!(p.watch().seen(), 0, "the doorbell was not read");
+        // Before the re-check it says what it took: `cq.idx` = 3 is then
+        // nothing new, and it may sleep.
+        p.watch_mut().acted_on(3);
+        assert_eq!(p.prepare_sleep(1_100), SleepCheck::Sleep);
+        assert_eq!(producer.publish(4), Wake::Owed, "the flag is set");
+        p.woke();
+        // A doorbell behind what was taken (the producer has not stored
+        // it yet) reads as work: one more window, never a lost wakeup.
+        p.watch_mut().acted_on(5);
+        assert_eq!(p.prepare_sleep(1_200), SleepCheck::Work(4));
     }
 
     #[test]
