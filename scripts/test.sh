@@ -43,7 +43,7 @@ SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
 echo "== guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --daemon-extra "--poll ring"
-echo "== guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: classic, ring-poll; the SQCQ_POLL guest over scsi)"
+echo "== guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: classic, ring-poll; the SQCQ_POLL guest over scsi), on the project's QEMU, the two RAMs compared"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll ring"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq
