@@ -346,11 +346,16 @@ print("total %s ms, downtime %s ms, setup %s ms, RAM %d MiB in %s pass(es)" % (m
 ram_compare() {
     local dir="$work" out
     [ -d /dev/shm ] && [ -w /dev/shm ] && dir="$(mktemp -d /dev/shm/sqcq-ram.XXXXXX)"
+    # "inmigrate" until the destination has loaded all it was sent (the
+    # source's "completed" says it was sent), then "paused" (-S)
+    local loaded=0
     for _ in $(seq 100); do
-        qmp vm2 query-status 2>/dev/null | grep -q '"running": false' && break
+        qmp vm2 query-status 2>/dev/null | grep -q '"status": "paused"' && { loaded=1; break; }
         sleep 0.1
     done
-    if qmp vm1 pmemsave "{\"val\": 0, \"size\": $((ram_mib << 20)), \"filename\": \"$dir/src.ram\"}" > /dev/null &&
+    if [ "$loaded" = 0 ]; then
+        check migrate/ram FAIL "the destination was not paused with its RAM loaded within 10 s"
+    elif qmp vm1 pmemsave "{\"val\": 0, \"size\": $((ram_mib << 20)), \"filename\": \"$dir/src.ram\"}" > /dev/null &&
         qmp vm2 pmemsave "{\"val\": 0, \"size\": $((ram_mib << 20)), \"filename\": \"$dir/dst.ram\"}" > /dev/null; then
         if out=$(python3 "$here/ramdiff.py" "$dir/src.ram" "$dir/dst.ram"); then
             check migrate/ram PASS "before it ran, the destination's RAM equals the source's: $out"
