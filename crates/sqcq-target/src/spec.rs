@@ -46,13 +46,18 @@ pub struct LunSpec {
     #[serde(default)]
     pub path: Option<PathBuf>,
     /// File LUNs: create the file (of `size` bytes) if it is missing.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "de_bool")]
     pub create: bool,
     /// Logical block size: 512 or 4096.
     #[serde(default = "default_block_size", alias = "block_size")]
     pub block_size: u32,
     /// Read-only LUN.
-    #[serde(default, alias = "ro", alias = "read_only")]
+    #[serde(
+        default,
+        alias = "ro",
+        alias = "read_only",
+        deserialize_with = "de_bool"
+    )]
     pub read_only: bool,
     /// Unit serial number (VPD page 0x80).
     #[serde(default)]
@@ -63,7 +68,7 @@ pub struct LunSpec {
     /// Null LUNs: reads fill their buffers with zeros. Off by default, as
     /// for Linux's null_blk and SPDK's null bdev: a read leaves the
     /// initiator's buffer as it was.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "de_bool")]
     pub zero: bool,
 }
 
@@ -174,9 +179,9 @@ impl FromStr for LunSpec {
                         .parse()
                         .map_err(|_| err(format!("bad block size {value:?}")))?
                 }
-                "ro" | "read-only" => spec.read_only = value.is_empty() || value == "on",
-                "create" => spec.create = value.is_empty() || value == "on",
-                "zero" => spec.zero = value.is_empty() || value == "on",
+                "ro" | "read-only" => spec.read_only = flag(key, value).map_err(err)?,
+                "create" => spec.create = flag(key, value).map_err(err)?,
+                "zero" => spec.zero = flag(key, value).map_err(err)?,
                 "serial" => spec.serial = Some(value.to_owned()),
                 "wwn" => spec.wwn = Some(parse_wwn(value).map_err(err)?),
                 "lun" => {
@@ -197,6 +202,32 @@ impl FromStr for LunSpec {
             return Err(err("block-size must be 512 or 4096".to_owned()));
         }
         Ok(spec)
+    }
+}
+
+/// A `--lun` switch: bare (`ro`) means on, otherwise [`parse_bool`].
+fn flag(key: &str, value: &str) -> Result<bool, String> {
+    if value.is_empty() {
+        return Ok(true);
+    }
+    parse_bool(value).map_err(|e| format!("{key}: {e}"))
+}
+
+/// Parses a boolean option the way operators spell it: `on`/`off`,
+/// `true`/`false`, `yes`/`no`, `1`/`0` (ASCII case ignored). Anything
+/// else is an error rather than `false`: a misspelt `ro=ture` must not
+/// serve a writable disk.
+pub fn parse_bool(s: &str) -> Result<bool, String> {
+    const TRUE: [&str; 4] = ["on", "true", "yes", "1"];
+    const FALSE: [&str; 4] = ["off", "false", "no", "0"];
+    if TRUE.iter().any(|t| s.eq_ignore_ascii_case(t)) {
+        Ok(true)
+    } else if FALSE.iter().any(|f| s.eq_ignore_ascii_case(f)) {
+        Ok(false)
+    } else {
+        Err(format!(
+            "{s:?} is not a boolean (on/off, true/false, yes/no, 1/0)"
+        ))
     }
 }
 
@@ -230,6 +261,32 @@ enum IntOrString {
     Str(String),
 }
 
+/// A boolean in a configuration file or a JSON-RPC call: a TOML or JSON
+/// boolean, the numbers 0 and 1, or a string [`parse_bool`] takes.
+pub fn de_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Loose {
+        Bool(bool),
+        Int(i64),
+        Str(String),
+    }
+    match Loose::deserialize(d)? {
+        Loose::Bool(b) => Ok(b),
+        Loose::Int(0) => Ok(false),
+        Loose::Int(1) => Ok(true),
+        Loose::Int(n) => Err(serde::de::Error::custom(format!(
+            "{n} is not a boolean (on/off, true/false, yes/no, 1/0)"
+        ))),
+        Loose::Str(s) => parse_bool(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+/// [`de_bool`] for an optional key.
+pub fn de_opt_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    de_bool(d).map(Some)
+}
+
 fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     match Option::<IntOrString>::deserialize(d)? {
         None => Ok(None),
@@ -243,5 +300,76 @@ fn de_wwn<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Erro
         None => Ok(None),
         Some(IntOrString::Int(n)) => Ok(Some(n)),
         Some(IntOrString::Str(s)) => parse_wwn(&s).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lun(s: &str) -> Result<LunSpec, LunSpecError> {
+        s.parse()
+    }
+
+    #[test]
+    fn every_spelling_of_a_switch_counts() {
+        for on in [
+            "ro",
+            "ro=on",
+            "ro=true",
+            "ro=1",
+            "ro=yes",
+            "ro=YES",
+            "read-only=True",
+        ] {
+            let spec = lun(&format!("kind=ram,size=16M,{on}")).unwrap();
+            assert!(spec.read_only, "{on}");
+        }
+        for off in ["ro=off", "ro=false", "ro=0", "ro=no"] {
+            let spec = lun(&format!("kind=ram,size=16M,{off}")).unwrap();
+            assert!(!spec.read_only, "{off}");
+        }
+        assert!(lun("kind=file,path=/x,create=true").unwrap().create);
+        assert!(lun("kind=null,size=1M,zero=yes").unwrap().zero);
+    }
+
+    #[test]
+    fn a_misspelt_switch_is_refused() {
+        for bad in ["ro=ture", "ro=2", "create=y es", "zero=enabled"] {
+            let e = lun(&format!("kind=null,size=1M,{bad}")).unwrap_err();
+            assert!(e.why.contains("is not a boolean"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn files_and_json_take_the_same_spellings() {
+        for (text, want) in [
+            ("true", true),
+            ("1", true),
+            ("\"on\"", true),
+            ("\"yes\"", true),
+            ("false", false),
+            ("0", false),
+            ("\"off\"", false),
+            ("\"no\"", false),
+        ] {
+            let toml_spec: LunSpec =
+                toml::from_str(&format!("kind = \"ram\"\nsize = \"1M\"\nro = {text}\n")).unwrap();
+            assert_eq!(toml_spec.read_only, want, "TOML {text}");
+            let json_spec: LunSpec =
+                serde_json::from_str(&format!(r#"{{"kind":"ram","size":"1M","ro":{text}}}"#))
+                    .unwrap();
+            assert_eq!(json_spec.read_only, want, "JSON {text}");
+        }
+        for bad in ["2", "\"maybe\"", "1.5"] {
+            let toml_err = toml::from_str::<LunSpec>(&format!(
+                "kind = \"ram\"\nsize = \"1M\"\ncreate = {bad}\n"
+            ));
+            assert!(toml_err.is_err(), "TOML {bad}");
+            let json_err = serde_json::from_str::<LunSpec>(&format!(
+                r#"{{"kind":"ram","size":"1M","create":{bad}}}"#
+            ));
+            assert!(json_err.is_err(), "JSON {bad}");
+        }
     }
 }

@@ -63,6 +63,49 @@ fn sqcqd_rejects_a_bad_lun_spec() {
     assert!(!status.success());
 }
 
+#[test]
+fn sqcqd_serves_ro_true_read_only_and_refuses_a_misspelt_switch() {
+    let dir = TempDir::new("bin-ro");
+    let socket = dir.path("sqcqd.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .arg("--socket-path")
+        .arg(&socket)
+        .args(["--lun", "kind=ram,size=4M,ro=true"])
+        .args(["--lun", "kind=ram,size=4M,read-only=yes"])
+        .args(["--lun", "kind=ram,size=4M,ro=0", "--num-queues", "2"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path("sqcqd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _log = LogOnPanic(dir.path("sqcqd.log"), child.id());
+    let mut d = Driver::connect(&socket);
+    let (rq, _) = d.two_rqs();
+    for (lun, protected) in [(0, true), (1, true), (2, false)] {
+        rq.clear_unit_attention(lun);
+        let r = rq.command(lun_at(0, lun), Cdb::write_10(0, 1, false), &[0xa5; 512], 0);
+        if protected {
+            // DATA PROTECT, WRITE PROTECTED.
+            assert_eq!(r.key_asc(), Some((7, 0x27)), "LUN {lun}: {r:?}");
+        } else {
+            assert!(r.good(), "LUN {lun}: {r:?}");
+        }
+    }
+    sigterm_exits_zero(&mut child);
+    drop(d);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .arg("--socket-path")
+        .arg(dir.path("other.sock"))
+        .args(["--lun", "kind=ram,size=4M,ro=ture"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a boolean"), "{err}");
+}
+
 fn sqcqd_on(socket: &std::path::Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_sqcqd"))
         .arg("--socket-path")

@@ -88,6 +88,7 @@ fn interval(secs: u64) -> Option<Duration> {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FilePoll {
+    #[serde(default, deserialize_with = "crate::spec::de_opt_bool")]
     sqcq: Option<bool>,
     mode: Option<RingMode>,
     #[serde(default)]
