@@ -5,13 +5,14 @@ set -euo pipefail
 
 # Debian packages the test suite uses: spin (the models), gcc,
 # qemu-system-common for qemu-storage-daemon, the vhost-user-blk peer of
-# sqcq-bench's blk tests, and python3-prometheus-client, Prometheus'
+# sqcq-bench's blk tests, qemu-utils for qemu-io (the image lock tests:
+# QEMU and sqcqd must see each other's locks), python3-prometheus-client, Prometheus'
 # reference parser that the metrics tests check sqcqd's endpoint with,
 # and systemd for systemd-socket-activate (the service tests pass sockets
 # as a service manager does; util-linux's setpriv and unshare are always
 # there).
 # shellcheck source=scripts/lib/packages.sh
 source "$(dirname "$0")/lib/packages.sh"
-ensure_packages setup spin gcc qemu-system-common python3-prometheus-client systemd
+ensure_packages setup spin gcc qemu-system-common qemu-utils python3-prometheus-client systemd
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }

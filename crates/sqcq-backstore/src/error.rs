@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::Conflict;
+
 /// Why a backstore operation failed. The target turns each into SCSI sense
 /// (MEDIUM ERROR or HARDWARE ERROR) in one place; none is ever reported to
 /// the initiator as success.
@@ -18,6 +20,18 @@ pub enum BackstoreError {
         /// What the system said.
         #[source]
         source: io::Error,
+    },
+    /// Another process uses the image in a way this one excludes (see
+    /// [`Conflict`]).
+    #[error(
+        "{path}: {conflict}: is another sqcqd, QEMU or qemu-storage-daemon using it? \
+         (lock=off serves it anyway, for storage something else arbitrates)"
+    )]
+    Locked {
+        /// The path given.
+        path: PathBuf,
+        /// Who holds what.
+        conflict: Conflict,
     },
     /// `size=` asks for more than the existing file or device holds (the
     /// daemon never grows an existing file).

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::capacity::Capacity;
+use crate::lock::{self, LockError};
 use crate::slots::{ImmediateCompletions, Slots};
 use crate::{
     Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
@@ -49,6 +50,10 @@ pub struct FileOptions {
     pub read_only: bool,
     /// Use `O_DIRECT` when requests allow (on by default).
     pub direct: bool,
+    /// Lock the image as QEMU does (on by default; see the `lock`
+    /// module): off only for storage that a cluster file system or the
+    /// guests themselves arbitrate.
+    pub lock: bool,
 }
 
 impl FileOptions {
@@ -61,6 +66,7 @@ impl FileOptions {
             block_size: 512,
             read_only: false,
             direct: true,
+            lock: true,
         }
     }
 }
@@ -111,6 +117,17 @@ impl FileBackstore {
         let mut open = OpenOptions::new();
         open.read(true).write(!options.read_only);
         let (buffered, created) = open_or_create(&open, options).map_err(open_err)?;
+        // The locks live with `buffered`'s open file description, as long
+        // as the backstore.
+        if options.lock {
+            lock::lock_image(&buffered, !options.read_only).map_err(|e| match e {
+                LockError::Conflict(conflict) => BackstoreError::Locked {
+                    path: options.path.clone(),
+                    conflict,
+                },
+                LockError::Io(source) => open_err(source),
+            })?;
+        }
         let block_device = buffered
             .metadata()
             .map_err(open_err)?

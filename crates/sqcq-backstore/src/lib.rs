@@ -24,6 +24,7 @@
 mod capacity;
 mod error;
 mod file;
+mod lock;
 mod null;
 mod ram;
 mod slots;
@@ -32,6 +33,7 @@ use std::os::fd::RawFd;
 
 pub use error::BackstoreError;
 pub use file::{FileBackstore, FileOptions};
+pub use lock::{Conflict, Holder};
 pub use null::NullBackstore;
 pub use ram::RamBackstore;
 pub use slots::MAX_SEGMENTS;

@@ -70,6 +70,10 @@ pub struct LunSpec {
     /// initiator's buffer as it was.
     #[serde(default, deserialize_with = "de_bool")]
     pub zero: bool,
+    /// File LUNs: lock the image as QEMU does, so that no second daemon
+    /// or QEMU writes it at the same time (on by default).
+    #[serde(default = "default_lock", deserialize_with = "de_bool")]
+    pub lock: bool,
 }
 
 /// Why a spec's backstore could not be opened.
@@ -90,6 +94,9 @@ impl LunSpec {
         let block_size = self.block_size;
         if self.zero && self.kind != BackstoreKind::Null {
             return Err(OpenError::Spec("zero is an option of null LUNs"));
+        }
+        if !self.lock && self.kind != BackstoreKind::File {
+            return Err(OpenError::Spec("lock is an option of file LUNs"));
         }
         Ok(match self.kind {
             BackstoreKind::Null | BackstoreKind::Ram => {
@@ -116,6 +123,7 @@ impl LunSpec {
                     create: self.create,
                     block_size,
                     read_only: self.read_only,
+                    lock: self.lock,
                     ..FileOptions::new(path)
                 };
                 Arc::new(FileBackstore::open(&options).map_err(OpenError::Backstore)?)
@@ -126,6 +134,10 @@ impl LunSpec {
 
 fn default_block_size() -> u32 {
     512
+}
+
+fn default_lock() -> bool {
+    true
 }
 
 /// A `--lun` value that cannot be parsed.
@@ -142,7 +154,7 @@ impl FromStr for LunSpec {
     type Err = LunSpecError;
 
     /// Parses `kind=null|ram|file,size=..,path=..,create,block-size=512|4096,
-    /// ro,serial=..,wwn=0x..,lun=N,zero`.
+    /// ro,serial=..,wwn=0x..,lun=N,zero,lock=off`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why: String| LunSpecError {
             spec: s.to_owned(),
@@ -160,6 +172,7 @@ impl FromStr for LunSpec {
             serial: None,
             wwn: None,
             zero: false,
+            lock: true,
         };
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = part.split_once('=').unwrap_or((part, ""));
@@ -182,6 +195,7 @@ impl FromStr for LunSpec {
                 "ro" | "read-only" => spec.read_only = flag(key, value).map_err(err)?,
                 "create" => spec.create = flag(key, value).map_err(err)?,
                 "zero" => spec.zero = flag(key, value).map_err(err)?,
+                "lock" => spec.lock = flag(key, value).map_err(err)?,
                 "serial" => spec.serial = Some(value.to_owned()),
                 "wwn" => spec.wwn = Some(parse_wwn(value).map_err(err)?),
                 "lun" => {
@@ -197,6 +211,9 @@ impl FromStr for LunSpec {
         spec.kind = kind.ok_or_else(|| err("kind= is required".to_owned()))?;
         if spec.zero && spec.kind != BackstoreKind::Null {
             return Err(err("zero is an option of null LUNs".to_owned()));
+        }
+        if !spec.lock && spec.kind != BackstoreKind::File {
+            return Err(err("lock is an option of file LUNs".to_owned()));
         }
         if spec.block_size != 512 && spec.block_size != 4096 {
             return Err(err("block-size must be 512 or 4096".to_owned()));

@@ -95,6 +95,7 @@ pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
         serial: None,
         wwn: None,
         zero: false,
+        lock: true,
     }
 }
 

@@ -1,0 +1,167 @@
+//! File LUNs lock their image as QEMU does: a second writer, `sqcqd` or
+//! QEMU, is refused with the name of the process in the way; readers
+//! share; `lock=off` opts out; a killed daemon's locks go with it.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A daemon serving `image` through one SCSI device at `socket`.
+fn sqcqd(socket: &Path, image: &Path, extra: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .arg("--socket-path")
+        .arg(socket)
+        .arg("--lun")
+        .arg(format!(
+            "kind=file,path={},size=1M,create{extra}",
+            image.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a daemon to listen (it got its locks) or to exit (it did
+/// not); `Ok` while it serves, `Err` with its output once it ended.
+fn serving(mut child: Child, socket: &Path) -> Result<Child, Output> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return Err(child.wait_with_output().unwrap());
+        }
+        if socket.exists() {
+            return Ok(child);
+        }
+        assert!(Instant::now() < deadline, "sqcqd neither served nor exited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn refused(out: &Output) -> String {
+    assert!(!out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_second_writer_is_refused_with_the_holder_named() {
+    let dir = TempDir::new("lock-rw");
+    let image = dir.path("disk.raw");
+    let first = serving(sqcqd(&dir.path("a.sock"), &image, ""), &dir.path("a.sock"))
+        .expect("the first daemon serves");
+    let first_pid = first.id();
+
+    for extra in ["", ",ro"] {
+        let err = refused(
+            &serving(
+                sqcqd(&dir.path("b.sock"), &image, extra),
+                &dir.path("b.sock"),
+            )
+            .expect_err("a second daemon on a written image"),
+        );
+        assert!(err.contains("failed to get the"), "{extra}: {err}");
+        assert!(
+            err.contains(&format!("sqcqd (pid {first_pid})")),
+            "{extra}: names the holder: {err}"
+        );
+    }
+
+    // Opting out serves it anyway.
+    let mut shared = serving(
+        sqcqd(&dir.path("c.sock"), &image, ",lock=off"),
+        &dir.path("c.sock"),
+    )
+    .expect("lock=off");
+    sigterm_exits_zero(&mut shared);
+
+    // A daemon killed outright leaves no lock behind.
+    let mut first = first;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    std::fs::remove_file(dir.path("a.sock")).unwrap();
+    let mut next = serving(sqcqd(&dir.path("d.sock"), &image, ""), &dir.path("d.sock"))
+        .expect("the locks went with the killed daemon");
+    sigterm_exits_zero(&mut next);
+}
+
+#[test]
+fn read_only_luns_share_an_image() {
+    let dir = TempDir::new("lock-ro");
+    let image = dir.path("disk.raw");
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    let mut a = serving(
+        sqcqd(&dir.path("a.sock"), &image, ",ro"),
+        &dir.path("a.sock"),
+    )
+    .expect("a reader");
+    let mut b = serving(
+        sqcqd(&dir.path("b.sock"), &image, ",ro"),
+        &dir.path("b.sock"),
+    )
+    .expect("a second reader");
+    let err = refused(
+        &serving(sqcqd(&dir.path("c.sock"), &image, ""), &dir.path("c.sock"))
+            .expect_err("a writer beside readers"),
+    );
+    assert!(err.contains("\"write\" lock"), "{err}");
+    sigterm_exits_zero(&mut a);
+    sigterm_exits_zero(&mut b);
+}
+
+/// QEMU's own tools see sqcqd's locks, and sqcqd sees theirs.
+#[test]
+fn qemu_and_sqcqd_keep_off_each_others_images() {
+    if Command::new("qemu-io").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("SQCQ_REQUIRE_PEERS").is_none(),
+            "qemu-io (qemu-utils) is missing; SQCQ_REQUIRE_PEERS is set"
+        );
+        eprintln!("qemu-io is missing: skipped");
+        return;
+    }
+    let dir = TempDir::new("lock-qemu");
+    let image = dir.path("disk.raw");
+    let mut daemon =
+        serving(sqcqd(&dir.path("a.sock"), &image, ""), &dir.path("a.sock")).expect("sqcqd serves");
+    let out = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write 0 512"])
+        .arg(&image)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() || err.contains("Failed to get"),
+        "qemu-io wrote beside sqcqd: {out:?}"
+    );
+    assert!(err.contains("Failed to get \"write\" lock"), "{err}");
+    sigterm_exits_zero(&mut daemon);
+
+    // qemu-io holding the image open for writing keeps sqcqd off it.
+    let mut qemu_io = Command::new("qemu-io")
+        .args(["-f", "raw"])
+        .arg(&image)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = qemu_io.stdin.take().unwrap();
+    writeln!(stdin, "write 0 512").unwrap();
+    let mut lines = BufReader::new(qemu_io.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("wrote"))),
+        "qemu-io wrote"
+    );
+    let err = refused(
+        &serving(sqcqd(&dir.path("b.sock"), &image, ""), &dir.path("b.sock"))
+            .expect_err("sqcqd beside a writing qemu-io"),
+    );
+    assert!(err.contains("qemu-io (pid"), "{err}");
+    drop(stdin);
+    qemu_io.wait().unwrap();
+}
