@@ -193,6 +193,10 @@ start_daemon() {
     else
         args+=(--lun "kind=file,path=$work/disk.img")
     fi
+    # The migration's destination takes the image's locks when QEMU
+    # starts its device, after the source's device stopped and released
+    # them (docs/target.md, "Image locks").
+    [ "$name" != dst ] || args+=(--incoming)
     # shellcheck disable=SC2206 # options, split on purpose
     args+=($daemon_extra $daemon_spin)
     rm -f "$work/$name.sock" "$work/$name.admin"

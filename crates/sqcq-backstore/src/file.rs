@@ -19,7 +19,7 @@ use std::sync::Arc;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::capacity::Capacity;
-use crate::lock::{self, LockError};
+use crate::lock::{ImageLock, LockError};
 use crate::slots::{ImmediateCompletions, Slots};
 use crate::{
     Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
@@ -54,6 +54,10 @@ pub struct FileOptions {
     /// module): off only for storage that a cluster file system or the
     /// guests themselves arbitrate.
     pub lock: bool,
+    /// Take the locks at the first [`Backstore::set_active`] rather than
+    /// at open: the destination of a live migration, whose source holds
+    /// them until its device stops.
+    pub defer_lock: bool,
 }
 
 impl FileOptions {
@@ -67,6 +71,7 @@ impl FileOptions {
             read_only: false,
             direct: true,
             lock: true,
+            defer_lock: false,
         }
     }
 }
@@ -101,6 +106,10 @@ pub struct FileBackstore {
     buffered: Arc<File>,
     direct: Option<(Arc<File>, u64)>,
     block_device: bool,
+    /// The image's locks, unless `lock` was off.
+    lock: Option<ImageLock>,
+    /// The path given, for messages.
+    path: PathBuf,
 }
 
 impl FileBackstore {
@@ -117,17 +126,15 @@ impl FileBackstore {
         let mut open = OpenOptions::new();
         open.read(true).write(!options.read_only);
         let (buffered, created) = open_or_create(&open, options).map_err(open_err)?;
-        // The locks live with `buffered`'s open file description, as long
-        // as the backstore.
-        if options.lock {
-            lock::lock_image(&buffered, !options.read_only).map_err(|e| match e {
-                LockError::Conflict(conflict) => BackstoreError::Locked {
-                    path: options.path.clone(),
-                    conflict,
-                },
-                LockError::Io(source) => open_err(source),
-            })?;
-        }
+        let lock = if options.lock {
+            let lock = ImageLock::open(&options.path, !options.read_only).map_err(open_err)?;
+            if !options.defer_lock {
+                lock.acquire().map_err(|e| lock_error(&options.path, e))?;
+            }
+            Some(lock)
+        } else {
+            None
+        };
         let block_device = buffered
             .metadata()
             .map_err(open_err)?
@@ -185,12 +192,27 @@ impl FileBackstore {
             buffered: Arc::new(buffered),
             direct,
             block_device,
+            lock,
+            path: options.path.clone(),
         })
     }
 
     /// Whether `O_DIRECT` is in use for aligned requests.
     pub fn direct_io(&self) -> bool {
         self.direct.is_some()
+    }
+}
+
+fn lock_error(path: &std::path::Path, e: LockError) -> BackstoreError {
+    match e {
+        LockError::Conflict(conflict) => BackstoreError::Locked {
+            path: path.to_owned(),
+            conflict,
+        },
+        LockError::Io(source) => BackstoreError::Open {
+            path: path.to_owned(),
+            source,
+        },
     }
 }
 
@@ -210,6 +232,20 @@ fn ioctl_u64(file: &File, request: libc::Ioctl) -> io::Result<u64> {
 }
 
 impl Backstore for FileBackstore {
+    fn set_active(&self, active: bool) -> Result<(), BackstoreError> {
+        let Some(lock) = &self.lock else {
+            return Ok(());
+        };
+        if active {
+            lock.acquire().map_err(|e| lock_error(&self.path, e))
+        } else {
+            lock.release().map_err(|source| BackstoreError::Open {
+                path: self.path.clone(),
+                source,
+            })
+        }
+    }
+
     fn geometry(&self) -> Geometry {
         Geometry {
             blocks: self.capacity.get() / u64::from(self.geometry.block_size),

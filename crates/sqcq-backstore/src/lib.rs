@@ -108,6 +108,15 @@ pub trait Backstore: Send + Sync {
         let _ = bytes;
         Err(BackstoreError::Unsupported("resize"))
     }
+    /// Takes (`true`) or gives up (`false`) what keeps other users off the
+    /// storage while this one serves it (a file's image locks). Given up
+    /// when a live migration stops the device at its source, taken again
+    /// when a queue starts (at the destination: its first start). Nothing
+    /// for storage that no one else can reach.
+    fn set_active(&self, active: bool) -> Result<(), BackstoreError> {
+        let _ = active;
+        Ok(())
+    }
 }
 
 /// The completion callback of [`BackstoreQueue::reap`]: the request's tag

@@ -29,6 +29,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 
 /// QEMU's `BLK_PERM_CONSISTENT_READ` (bit 0).
 const PERM_CONSISTENT_READ: i64 = 0;
@@ -86,17 +87,65 @@ pub enum LockError {
     Io(io::Error),
 }
 
+/// The locks of one image, on a descriptor of their own: no I/O ever
+/// holds it, so they go the moment the process that held them does (in
+/// flight I/O pins the descriptions it uses until it completes).
+#[derive(Debug)]
+pub(crate) struct ImageLock {
+    file: File,
+    writable: bool,
+    /// Whether the locks are taken now.
+    held: Mutex<bool>,
+}
+
+impl ImageLock {
+    /// Opens the image for its locks, taking none yet.
+    pub(crate) fn open(path: &Path, writable: bool) -> io::Result<Self> {
+        Ok(ImageLock {
+            file: File::open(path)?,
+            writable,
+            held: Mutex::new(false),
+        })
+    }
+
+    /// Takes the locks if not held yet. A conflict leaves none taken.
+    pub(crate) fn acquire(&self) -> Result<(), LockError> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if *held {
+            return Ok(());
+        }
+        if let Err(e) = lock_image(&self.file, self.writable) {
+            // Give back what was taken before the conflict was seen, so
+            // that a refused attempt stands in nobody's way.
+            let _ = unlock_image(&self.file);
+            return Err(e);
+        }
+        *held = true;
+        Ok(())
+    }
+
+    /// Gives the locks up (the source of a live migration, once its
+    /// device stopped); [`Self::acquire`] takes them again.
+    pub(crate) fn release(&self) -> io::Result<()> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if *held {
+            unlock_image(&self.file)?;
+            *held = false;
+        }
+        Ok(())
+    }
+}
+
 /// Takes the locks a LUN of this kind (`writable` or not) needs on
-/// `file`, then checks that nobody else holds one ours excludes. The
-/// locks live as long as `file`'s open file description.
-pub fn lock_image(file: &File, writable: bool) -> Result<(), LockError> {
+/// `file`, then checks that nobody else holds one ours excludes.
+fn lock_image(file: &File, writable: bool) -> Result<(), LockError> {
     let mut held = vec![HOLD_BASE + PERM_CONSISTENT_READ];
     if writable {
         held.push(HOLD_BASE + PERM_WRITE);
     }
     let refused = [REFUSE_BASE + PERM_WRITE];
     for &byte in held.iter().chain(&refused) {
-        set_read_lock(file, byte).map_err(LockError::Io)?;
+        set_lock(file, libc::F_RDLCK, byte, 1).map_err(LockError::Io)?;
     }
     // Ours are taken: a user that starts now sees them. Now look for the
     // users that started before.
@@ -118,6 +167,16 @@ pub fn lock_image(file: &File, writable: bool) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Drops every lock of `file`'s description on QEMU's lock bytes.
+fn unlock_image(file: &File) -> io::Result<()> {
+    set_lock(
+        file,
+        libc::F_UNLCK,
+        HOLD_BASE,
+        2 * (REFUSE_BASE - HOLD_BASE),
+    )
+}
+
 fn conflict(file: &File, perm: i64, byte: i64) -> LockError {
     let permission = if perm == PERM_WRITE {
         "write"
@@ -134,21 +193,21 @@ fn conflict(file: &File, perm: i64, byte: i64) -> LockError {
     })
 }
 
-fn flock(kind: libc::c_int, byte: i64) -> libc::flock {
+fn flock(kind: libc::c_int, byte: i64, len: i64) -> libc::flock {
     // SAFETY: `flock` is plain data; all-zero is a valid value.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    #[allow(clippy::cast_possible_truncation)] // F_RDLCK and F_WRLCK are 0 and 1
+    #[allow(clippy::cast_possible_truncation)] // F_RDLCK, F_WRLCK, F_UNLCK: 0 to 2
     {
         fl.l_type = kind as libc::c_short;
         fl.l_whence = libc::SEEK_SET as libc::c_short;
     }
     fl.l_start = byte;
-    fl.l_len = 1;
+    fl.l_len = len;
     fl
 }
 
-fn set_read_lock(file: &File, byte: i64) -> io::Result<()> {
-    let fl = flock(libc::F_RDLCK, byte);
+fn set_lock(file: &File, kind: libc::c_int, byte: i64, len: i64) -> io::Result<()> {
+    let fl = flock(kind, byte, len);
     // SAFETY: F_OFD_SETLK reads one `struct flock`, which `fl` is, and
     // keeps no pointer to it.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &raw const fl) } < 0 {
@@ -160,7 +219,7 @@ fn set_read_lock(file: &File, byte: i64) -> io::Result<()> {
 /// Whether an open file description other than `file`'s holds a lock on
 /// `byte` (asked as: would a write lock there conflict?).
 fn others_hold(file: &File, byte: i64) -> io::Result<bool> {
-    let mut fl = flock(libc::F_WRLCK, byte);
+    let mut fl = flock(libc::F_WRLCK, byte, 1);
     // SAFETY: F_OFD_GETLK reads and rewrites one `struct flock`, which
     // `fl` is, and keeps no pointer to it.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &raw mut fl) } < 0 {
@@ -237,32 +296,47 @@ mod tests {
         path
     }
 
-    fn open(path: &Path) -> File {
-        fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap()
+    fn lock(path: &Path, writable: bool) -> ImageLock {
+        ImageLock::open(path, writable).unwrap()
     }
 
     #[test]
     fn readers_share_and_a_writer_excludes() {
         let path = image("rw");
-        let (r1, r2, w) = (open(&path), open(&path), open(&path));
-        lock_image(&r1, false).unwrap();
-        lock_image(&r2, false).expect("two readers share an image");
-        match lock_image(&w, true) {
+        let (r1, r2, w) = (lock(&path, false), lock(&path, false), lock(&path, true));
+        r1.acquire().unwrap();
+        r2.acquire().expect("two readers share an image");
+        match w.acquire() {
             Err(LockError::Conflict(c)) => assert_eq!(c.permission, "write"),
             other => panic!("a writer beside readers: {other:?}"),
         }
-        drop((r1, r2, w));
-        let w1 = open(&path);
-        lock_image(&w1, true).expect("the readers' locks went with their files");
-        let w2 = open(&path);
-        assert!(matches!(lock_image(&w2, true), Err(LockError::Conflict(_))));
-        let r = open(&path);
-        assert!(matches!(lock_image(&r, false), Err(LockError::Conflict(_))));
-        drop(w1);
+        drop((r1, r2));
+        w.acquire()
+            .expect("the readers' locks went with their files");
+        let w2 = lock(&path, true);
+        assert!(matches!(w2.acquire(), Err(LockError::Conflict(_))));
+        let r = lock(&path, false);
+        assert!(matches!(r.acquire(), Err(LockError::Conflict(_))));
+        fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_released_image_can_be_taken_and_a_refused_attempt_holds_nothing() {
+        let path = image("handover");
+        let (source, destination) = (lock(&path, true), lock(&path, true));
+        source.acquire().unwrap();
+        assert!(destination.acquire().is_err(), "the source holds it");
+        // The refused attempt took nothing: the source can release and
+        // take again, and a reader is refused only for the source.
+        source.release().unwrap();
+        source
+            .acquire()
+            .expect("nothing left behind by the refusal");
+        source.release().unwrap();
+        destination.acquire().expect("the hand-over");
+        assert!(source.acquire().is_err(), "now the destination holds it");
+        destination.release().unwrap();
+        destination.release().unwrap();
         fs::remove_file(&path).unwrap();
     }
 
@@ -282,22 +356,19 @@ mod tests {
     }
 
     #[test]
-    fn a_conflict_names_the_holder() {
-        let path = image("holder");
-        let holder = open(&path);
-        lock_image(&holder, true).unwrap();
-        let m = holder.metadata().unwrap();
-        // This process holds it; the scan skips the asking process itself,
-        // so look from the point of view of the holder's fdinfo directly.
+    fn fdinfo_lists_the_locks_of_a_description() {
+        let path = image("fdinfo");
+        let holder = lock(&path, true);
+        holder.acquire().unwrap();
+        let m = holder.file.metadata().unwrap();
         let fdinfo =
-            fs::read_to_string(format!("/proc/self/fdinfo/{}", holder.as_raw_fd())).unwrap();
+            fs::read_to_string(format!("/proc/self/fdinfo/{}", holder.file.as_raw_fd())).unwrap();
         assert!(
             fdinfo
                 .lines()
                 .any(|l| lock_line_covers(l, m.dev(), m.ino(), HOLD_BASE + PERM_WRITE)),
             "{fdinfo}"
         );
-        drop(holder);
         fs::remove_file(&path).unwrap();
     }
 }

@@ -74,6 +74,11 @@ pub struct LunSpec {
     /// or QEMU writes it at the same time (on by default).
     #[serde(default = "default_lock", deserialize_with = "de_bool")]
     pub lock: bool,
+    /// File LUNs: take the image locks when a frontend first starts a
+    /// queue rather than at open (`sqcqd --incoming`, the destination of
+    /// a live migration); not a key of its own.
+    #[serde(skip)]
+    pub defer_lock: bool,
 }
 
 /// Why a spec's backstore could not be opened.
@@ -124,6 +129,7 @@ impl LunSpec {
                     block_size,
                     read_only: self.read_only,
                     lock: self.lock,
+                    defer_lock: self.defer_lock,
                     ..FileOptions::new(path)
                 };
                 Arc::new(FileBackstore::open(&options).map_err(OpenError::Backstore)?)
@@ -173,6 +179,7 @@ impl FromStr for LunSpec {
             wwn: None,
             zero: false,
             lock: true,
+            defer_lock: false,
         };
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = part.split_once('=').unwrap_or((part, ""));

@@ -4,16 +4,26 @@
 
 mod common;
 
+use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::raw_ring::*;
 use common::*;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::{VhostBackend, VhostUserDirtyLogRegion};
 
 /// A daemon serving `image` through one SCSI device at `socket`.
 fn sqcqd(socket: &Path, image: &Path, extra: &str) -> Child {
+    sqcqd_with(socket, image, extra, &[])
+}
+
+fn sqcqd_with(socket: &Path, image: &Path, extra: &str, args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .args(args)
         .arg("--socket-path")
         .arg(socket)
         .arg("--lun")
@@ -164,4 +174,112 @@ fn qemu_and_sqcqd_keep_off_each_others_images() {
     assert!(err.contains("qemu-io (pid"), "{err}");
     drop(stdin);
     qemu_io.wait().unwrap();
+}
+
+/// Live migration between two daemons on one image: the destination,
+/// started with `--incoming`, takes no lock until its frontend starts a
+/// queue; the source gives its locks up when its queues stop while the
+/// frontend logs (the switch-over); the data written at the source is
+/// read at the destination.
+#[test]
+fn a_live_migration_hands_the_image_over() {
+    let dir = TempDir::new("lock-migrate");
+    let image = dir.path("disk.raw");
+    let (src_sock, dst_sock) = (dir.path("src.sock"), dir.path("dst.sock"));
+    let mut src = serving(
+        sqcqd_with(&src_sock, &image, "", &["--num-queues", "1"]),
+        &src_sock,
+    )
+    .expect("the source serves");
+    let err = refused(
+        &serving(sqcqd(&dir.path("x.sock"), &image, ""), &dir.path("x.sock"))
+            .expect_err("a destination without --incoming"),
+    );
+    assert!(err.contains("\"write\" lock"), "{err}");
+    let mut dst = serving(
+        sqcqd_with(&dst_sock, &image, "", &["--num-queues", "1", "--incoming"]),
+        &dst_sock,
+    )
+    .expect("the destination starts beside the source");
+
+    // The guest writes through the source.
+    let mut g = Guest::new();
+    let mut vqs = vqs();
+    let fe = connect_full(
+        &src_sock,
+        &g,
+        &mut vqs,
+        false,
+        (1 << 1) | (1 << 2),
+        VhostUserProtocolFeatures::LOG_SHMFD,
+        &mut |_| {},
+    );
+    clear_unit_attention(&mut vqs[2], &mut g, 0);
+    let block: Vec<u8> = (0..=255u8).cycle().step_by(3).take(512).collect();
+    let (r, _) = command(
+        &mut vqs[2],
+        &mut g,
+        lun_field(0, 0),
+        &write10(0, 1),
+        &block,
+        0,
+    );
+    assert_eq!(r.status, 0);
+
+    // Migration: the log, VHOST_F_LOG_ALL, then the switch-over stops
+    // every queue.
+    // SAFETY: a valid NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"lock-log".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a new descriptor owned by nobody else.
+    let log = unsafe { File::from_raw_fd(fd) };
+    log.set_len(4096).unwrap();
+    fe.set_log_base(
+        0,
+        Some(VhostUserDirtyLogRegion {
+            mmap_size: 4096,
+            mmap_offset: 0,
+            mmap_handle: log.as_raw_fd(),
+        }),
+    )
+    .unwrap();
+    let features = (1u64 << 32)
+        | (1 << 28)
+        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        | (1 << 1)
+        | (1 << 2);
+    fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
+        .unwrap();
+    for index in 0..vqs.len() {
+        fe.get_vring_base(index).unwrap();
+    }
+
+    // The destination's frontend starts the device: it takes the image.
+    let mut g2 = Guest::new();
+    g2.write(DATA_START, &[0u8; 4096]);
+    let mut vqs2 = common::raw_ring::vqs();
+    let _fe2 = connect(&dst_sock, &g2, &mut vqs2, false);
+    clear_unit_attention(&mut vqs2[2], &mut g2, 0);
+    let (r, data) = command(
+        &mut vqs2[2],
+        &mut g2,
+        lun_field(0, 0),
+        &read10(0, 1),
+        &[],
+        512,
+    );
+    assert_eq!((r.status, data), (0, block), "read at the destination");
+
+    // Now the destination holds it.
+    let err = refused(
+        &serving(sqcqd(&dir.path("y.sock"), &image, ""), &dir.path("y.sock"))
+            .expect_err("a third writer after the hand-over"),
+    );
+    assert!(
+        err.contains(&format!("sqcqd (pid {})", dst.id())),
+        "the destination holds it: {err}"
+    );
+    drop(fe);
+    sigterm_exits_zero(&mut src);
+    sigterm_exits_zero(&mut dst);
 }

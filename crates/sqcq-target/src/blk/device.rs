@@ -155,6 +155,10 @@ impl BlkDevice {
 }
 
 impl VirtioDevice for BlkDevice {
+    fn set_active(&self, active: bool) -> Result<(), sqcq_backstore::BackstoreError> {
+        self.backstore.set_active(active)
+    }
+
     fn features(&self) -> u64 {
         let mut f = (1 << VIRTIO_BLK_F_SEG_MAX)
             | (1 << VIRTIO_BLK_F_BLK_SIZE)

@@ -248,6 +248,11 @@ pub struct Cli {
     /// EPERM) or kill (forbidden calls kill the daemon) [default: off].
     #[arg(long, value_enum, value_name = "MODE")]
     pub seccomp: Option<SeccompMode>,
+    /// The destination of a live migration: file LUNs take their image
+    /// locks when the frontend first starts a queue (after the source's
+    /// device stopped and released them), not at start.
+    #[arg(long)]
+    pub incoming: bool,
     /// Poll mode, CPU placement and statistics.
     #[command(flatten)]
     pub poll: PollArgs,
@@ -324,6 +329,11 @@ impl Cli {
             });
         } else if !self.luns.is_empty() {
             return Err(ConfigError::Invalid("--lun needs --socket-path".into()));
+        }
+        if self.incoming {
+            for lun in config.devices.iter_mut().flat_map(|d| &mut d.luns) {
+                lun.defer_lock = true;
+            }
         }
         config.validate()?;
         Ok(config)

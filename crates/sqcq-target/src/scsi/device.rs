@@ -95,6 +95,14 @@ impl ScsiDevice {
 }
 
 impl VirtioDevice for ScsiDevice {
+    fn set_active(&self, active: bool) -> Result<(), sqcq_backstore::BackstoreError> {
+        self.target
+            .current()
+            .luns()
+            .iter()
+            .try_for_each(|l| l.backstore.set_active(active))
+    }
+
     fn features(&self) -> u64 {
         (1 << VIRTIO_SCSI_F_HOTPLUG) | (1 << VIRTIO_SCSI_F_CHANGE)
     }

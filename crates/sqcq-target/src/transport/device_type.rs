@@ -50,6 +50,12 @@ pub trait VirtioDevice: Send + Sync + std::fmt::Debug {
     /// is dropped.
     fn discard_notifications(&self);
 
+    /// Takes (`true`) or gives up (`false`) what keeps other users off the
+    /// device's storage ([`sqcq_backstore::Backstore::set_active`]) for
+    /// every disk of the device: given up when a live migration stopped
+    /// the device, taken when a queue starts.
+    fn set_active(&self, active: bool) -> Result<(), sqcq_backstore::BackstoreError>;
+
     /// A frontend connected: the device's state for that connection.
     fn connect(
         self: Arc<Self>,

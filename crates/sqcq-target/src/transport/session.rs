@@ -422,6 +422,13 @@ impl Session {
     }
 
     fn start(&mut self, index: usize) {
+        // The destination of a live migration (`--incoming`), or a source
+        // whose migration failed, takes its storage back before serving;
+        // while another daemon holds it, the queue does not start.
+        if let Err(e) = self.dev.device.set_active(true) {
+            error!(device = %self.dev.info.name, vq = index, "cannot start: {e}");
+            return;
+        }
         if index < self.local {
             self.start_local(index);
             return;
@@ -638,6 +645,19 @@ impl Session {
             && let Some(l) = &self.log_fd
         {
             let _ = l.signal();
+        }
+        // Every queue stopped while the frontend logs: the switch-over of
+        // a live migration. Nothing of this device writes its storage any
+        // more, so the destination may take it (its first start does).
+        if signal_log
+            && self.logging()
+            && self.vrings.iter().all(|v| matches!(v.running, Running::No))
+        {
+            match self.dev.device.set_active(false) {
+                Ok(()) => info!(device = %self.dev.info.name,
+                    "device stopped while logging: storage released for the migration's destination"),
+                Err(e) => warn!(device = %self.dev.info.name, "cannot release the storage: {e}"),
+            }
         }
     }
 

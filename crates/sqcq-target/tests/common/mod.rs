@@ -96,6 +96,7 @@ pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
         wwn: None,
         zero: false,
         lock: true,
+        defer_lock: false,
     }
 }
 
