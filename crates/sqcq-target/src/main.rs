@@ -139,17 +139,40 @@ fn reload(daemon: &Daemon, notifier: &Notifier) {
     // systemd 253 and later want the time with RELOADING=1.
     reloading.extend(NotifyState::monotonic_usec_now().ok());
     notify(notifier, &reloading);
-    match daemon.reload_source() {
-        Ok(report) => info!(
-            changed = report.changed.len(),
-            errors = report.errors.len(),
-            "SIGHUP: reload done"
-        ),
-        Err(e) => warn!("SIGHUP: {}", e.message),
-    }
+    let failure = match daemon.reload_source() {
+        Ok(report) if report.errors.is_empty() => {
+            info!(changed = report.changed.len(), "SIGHUP: reload done");
+            None
+        }
+        Ok(report) => {
+            warn!(
+                changed = report.changed.len(),
+                errors = report.errors.len(),
+                "SIGHUP: the reload failed"
+            );
+            Some(report.errors.join("; "))
+        }
+        // Started without a file: nothing was asked to change.
+        Err(e) if e.code == sqcq_target::rpc::NOT_SUPPORTED => {
+            warn!("SIGHUP: {}", e.message);
+            None
+        }
+        Err(e) => {
+            warn!("SIGHUP: the reload failed: {}", e.message);
+            Some(e.message)
+        }
+    };
+    // READY=1 ends the reload whatever its outcome: the daemon serves on
+    // (with what it had, and any change that did apply), and systemd has
+    // no message for a failed reload; without READY=1 `systemctl reload`
+    // would wait for its timeout. The status says what went wrong.
+    let status = match failure {
+        None => serving(daemon),
+        Some(why) => format!("reload failed: {why}; {}", serving(daemon)),
+    };
     notify(
         notifier,
-        &[NotifyState::Ready, NotifyState::Status(&serving(daemon))],
+        &[NotifyState::Ready, NotifyState::Status(&status)],
     );
 }
 
@@ -254,10 +277,11 @@ fn admin() -> ExitCode {
 }
 
 /// `sqcqd rpc --admin-socket PATH METHOD [PARAMS]...`: prints the result
-/// as JSON; exits 0 on a result, 1 on an error answer, 2 when the daemon
-/// could not be asked.
+/// as JSON; exits 0 on a result, 1 on an error answer or a `config_reload`
+/// that reports errors (printed on stderr), 2 when the daemon could not be
+/// asked.
 fn rpc() -> ExitCode {
-    use sqcq_target::rpc::{RpcCli, call, params_from_args};
+    use sqcq_target::rpc::{RpcCli, call, params_from_args, reload_errors};
     use std::io::Write as _;
     let cli = RpcCli::parse_from(
         std::iter::once(std::ffi::OsString::from("sqcqd rpc")).chain(std::env::args_os().skip(2)),
@@ -274,7 +298,17 @@ fn rpc() -> ExitCode {
         // A closed pipe (`| head`) is not an error of the call.
         Ok(Ok(result)) => {
             let _ = writeln!(std::io::stdout(), "{}", pretty(&result));
-            ExitCode::SUCCESS
+            match reload_errors(&cli.method, &result) {
+                Some(errors) => {
+                    let mut err = std::io::stderr().lock();
+                    let _ = writeln!(err, "sqcqd rpc: the reload failed:");
+                    for e in errors {
+                        let _ = writeln!(err, "  {}", e.as_str().unwrap_or_default());
+                    }
+                    ExitCode::FAILURE
+                }
+                None => ExitCode::SUCCESS,
+            }
         }
         Ok(Err(error)) => {
             let _ = writeln!(std::io::stderr(), "{}", pretty(&error));

@@ -673,6 +673,19 @@ pub fn handle_line(ctx: &Context, line: &str) -> Option<String> {
     reply.map(|v| v.to_string())
 }
 
+/// The errors a `config_reload` result reports, if it reports any: the
+/// reload failed in part, though the call itself succeeded.
+pub fn reload_errors<'a>(method: &str, result: &'a Value) -> Option<&'a [Value]> {
+    if method != "config_reload" {
+        return None;
+    }
+    result
+        .get("errors")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .filter(|e| !e.is_empty())
+}
+
 /// How long the client waits for an answer (a removal waits for I/O).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -788,6 +801,20 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), names.len());
         assert!(names.contains(&"queue_attach_worker"));
+    }
+
+    #[test]
+    fn a_reload_that_reports_errors_failed() {
+        let failed = json!({ "changed": ["worker 1 created"], "errors": ["lun_add: exists"] });
+        assert_eq!(
+            reload_errors("config_reload", &failed),
+            Some(&[json!("lun_add: exists")][..])
+        );
+        let done = json!({ "changed": [], "errors": [] });
+        assert_eq!(reload_errors("config_reload", &done), None);
+        // stats_get's "errors" are counters, not a failure.
+        let stats = json!({ "errors": { "0": { "bad_descriptor": 0 } } });
+        assert_eq!(reload_errors("stats_get", &stats), None);
     }
 
     #[test]
