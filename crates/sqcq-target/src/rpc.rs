@@ -112,12 +112,27 @@ impl From<ConfigError> for RpcError {
 /// command line and the file it names, read again.
 pub type ConfigSource = Box<dyn Fn() -> Result<DaemonConfig, ConfigError> + Send>;
 
+/// Where a reload the `config_reload` method runs is.
+#[derive(Debug)]
+pub enum ReloadPhase<'a> {
+    /// It begins (the configuration is about to be read).
+    Started,
+    /// It ended: what it changed and what it could not, or why nothing.
+    Done(&'a Result<crate::registry::ReloadReport, RpcError>),
+}
+
+/// Told when the `config_reload` method reloads (the daemon tells the
+/// service manager, as for SIGHUP).
+pub type ReloadHook = Box<dyn Fn(ReloadPhase<'_>) + Send>;
+
 /// What the methods act on.
 pub struct Context {
     /// The devices and workers.
     pub registry: Arc<Registry>,
     /// The configuration to reload (`None`: `config_reload` is refused).
     pub source: Mutex<Option<ConfigSource>>,
+    /// Told when `config_reload` reloads.
+    pub reload_hook: Mutex<Option<ReloadHook>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -134,7 +149,32 @@ impl Context {
         Context {
             registry,
             source: Mutex::new(None),
+            reload_hook: Mutex::new(None),
         }
+    }
+
+    /// [`Self::reload`], told to the reload hook: the `config_reload`
+    /// method. Without a configuration source nothing is reloaded and
+    /// nothing told.
+    pub fn reload_announced(&self) -> Result<crate::registry::ReloadReport, RpcError> {
+        let has_source = self
+            .source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        let hook = self
+            .reload_hook
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let tell = |phase| {
+            if let Some(h) = hook.as_ref().filter(|_| has_source) {
+                h(phase);
+            }
+        };
+        tell(ReloadPhase::Started);
+        let result = self.reload();
+        tell(ReloadPhase::Done(&result));
+        result
     }
 
     /// Reads the configuration again and applies it (SIGHUP,
@@ -470,7 +510,7 @@ pub static METHODS: &[Method] = &[
         summary: "Read the configuration file again and apply what changed (what SIGHUP does)",
         params: &[],
         open: false,
-        handler: |ctx, _| to_value(&ctx.reload()?),
+        handler: |ctx, _| to_value(&ctx.reload_announced()?),
     },
 ];
 

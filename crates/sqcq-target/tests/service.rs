@@ -811,8 +811,9 @@ fn sighup_applies_the_changed_configuration_file() {
 /// A reload that fails, because the file does not parse or asks for a
 /// change that needs a restart, still ends with READY=1 (the daemon
 /// serves on) but the status says that it failed and why; the same
-/// reload through `sqcqd rpc ... config_reload` exits 1 and prints the
-/// errors. A good reload then says "serving" again.
+/// reload through `sqcqd rpc ... config_reload` is told the same way,
+/// and the client exits 1 and prints the errors. A good reload, either
+/// way, then says "serving" again.
 #[test]
 fn a_failed_reload_says_so_in_the_status_and_the_rpc_exit_code() {
     let dir = TempDir::new("svc-reload-fail");
@@ -889,6 +890,8 @@ fn a_failed_reload_says_so_in_the_status_and_the_rpc_exit_code() {
         Some(1),
         "{result}"
     );
+    let status = status_at_ready(4);
+    assert!(status.contains("restart the daemon to apply"), "{status}");
 
     std::fs::write(&file, &good).unwrap();
     let out = Command::new(SQCQD)
@@ -898,7 +901,14 @@ fn a_failed_reload_says_so_in_the_status_and_the_rpc_exit_code() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+    assert_eq!(status_at_ready(5), "serving 1 device, 1 worker");
     sighup();
-    assert_eq!(status_at_ready(4), "serving 1 device, 1 worker");
+    assert_eq!(status_at_ready(6), "serving 1 device, 1 worker");
+    let reloading = notify
+        .messages
+        .iter()
+        .filter(|m| m.lines().any(|l| l == "RELOADING=1"))
+        .count();
+    assert_eq!(reloading, 5, "each reload is framed: {:?}", notify.messages);
     sigterm_exits_zero(&mut child);
 }
