@@ -249,6 +249,16 @@ impl Daemon {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(source);
     }
 
+    /// What the `config_reload` method tells of each reload it runs
+    /// (SIGHUP's are the caller's to tell).
+    pub fn set_reload_hook(&self, hook: crate::rpc::ReloadHook) {
+        *self
+            .ctx
+            .reload_hook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
+    }
+
     /// Reads the configuration again from where
     /// [`Self::set_config_source`] says, and applies it.
     pub fn reload_source(&self) -> Result<ReloadReport, crate::rpc::RpcError> {

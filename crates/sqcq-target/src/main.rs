@@ -1,12 +1,14 @@
 //! `sqcqd`: the sqcq vhost-user SCSI target daemon.
 
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use clap::Parser;
 use sqcq_target::admin::AdminCli;
 use sqcq_target::daemon::SHUTDOWN_GRACE;
+use sqcq_target::registry::{Registry, ReloadReport};
+use sqcq_target::rpc::{NOT_SUPPORTED, ReloadPhase, RpcError};
 use sqcq_target::runtime::error_chain;
 use sqcq_target::service::ServiceEnv;
 use sqcq_target::service::notify::{Notifier, NotifyState};
@@ -44,10 +46,10 @@ fn main() -> ExitCode {
     let from_file = cli.config.is_some();
     // SAFETY: no other thread has started yet (the logger starts none).
     let service = unsafe { ServiceEnv::take() };
-    let notifier = service.notifier.unwrap_or_else(|e| {
+    let notifier = Arc::new(service.notifier.unwrap_or_else(|e| {
         warn!("{}: readiness will not be reported", error_chain(&e));
         Notifier::none()
-    });
+    }));
     let config = match cli.into_config() {
         Ok(c) => c,
         Err(e) => return failed(&notifier, ExitCode::from(2), &error_chain(&e)),
@@ -90,6 +92,13 @@ fn main() -> ExitCode {
                 .map_err(|e| sqcq_target::config::ConfigError::Invalid(e.to_string()))?
                 .into_config()
         }));
+        // A reload through the API is told to the service manager as
+        // SIGHUP's are (systemd allows a service to start one itself).
+        let (notifier, registry) = (Arc::clone(&notifier), Arc::clone(daemon.registry()));
+        daemon.set_reload_hook(Box::new(move |phase| match phase {
+            ReloadPhase::Started => reloading(&notifier),
+            ReloadPhase::Done(result) => reloaded(&notifier, &registry, "config_reload", result),
+        }));
     }
     // Every configured socket listens and every configured thread runs:
     // from here on the daemon serves, and changes only through its
@@ -103,7 +112,10 @@ fn main() -> ExitCode {
     }
     notify(
         &notifier,
-        &[NotifyState::Ready, NotifyState::Status(&serving(&daemon))],
+        &[
+            NotifyState::Ready,
+            NotifyState::Status(&serving(daemon.registry())),
+        ],
     );
     loop {
         match wait_signal(&signals) {
@@ -132,33 +144,73 @@ fn main() -> ExitCode {
 /// `reload: ...`). Never stops the daemon.
 fn reload(daemon: &Daemon, notifier: &Notifier) {
     info!("SIGHUP: reload");
-    let mut reloading = vec![
+    reloading(notifier);
+    let result = daemon.reload_source();
+    reloaded(notifier, daemon.registry(), "SIGHUP", &result);
+}
+
+/// Tells the service manager that a reload begins.
+fn reloading(notifier: &Notifier) {
+    let mut states = vec![
         NotifyState::Reloading,
         NotifyState::Status("reloading the configuration"),
     ];
     // systemd 253 and later want the time with RELOADING=1.
-    reloading.extend(NotifyState::monotonic_usec_now().ok());
-    notify(notifier, &reloading);
-    match daemon.reload_source() {
-        Ok(report) => info!(
-            changed = report.changed.len(),
-            errors = report.errors.len(),
-            "SIGHUP: reload done"
-        ),
-        Err(e) => warn!("SIGHUP: {}", e.message),
-    }
+    states.extend(NotifyState::monotonic_usec_now().ok());
+    notify(notifier, &states);
+}
+
+/// Logs how the reload `who` asked for ended and tells the service
+/// manager.
+fn reloaded(
+    notifier: &Notifier,
+    registry: &Registry,
+    who: &str,
+    result: &Result<ReloadReport, RpcError>,
+) {
+    let failure = match result {
+        Ok(report) if report.errors.is_empty() => {
+            info!(changed = report.changed.len(), "{who}: reload done");
+            None
+        }
+        Ok(report) => {
+            warn!(
+                changed = report.changed.len(),
+                errors = report.errors.len(),
+                "{who}: the reload failed"
+            );
+            Some(report.errors.join("; "))
+        }
+        // Started without a file: nothing was asked to change.
+        Err(e) if e.code == NOT_SUPPORTED => {
+            warn!("{who}: {}", e.message);
+            None
+        }
+        Err(e) => {
+            warn!("{who}: the reload failed: {}", e.message);
+            Some(e.message.clone())
+        }
+    };
+    // READY=1 ends the reload whatever its outcome: the daemon serves on
+    // (with what it had, and any change that did apply), and systemd has
+    // no message for a failed reload; without READY=1 `systemctl reload`
+    // would wait for its timeout. The status says what went wrong.
+    let status = match failure {
+        None => serving(registry),
+        Some(why) => format!("reload failed: {why}; {}", serving(registry)),
+    };
     notify(
         notifier,
-        &[NotifyState::Ready, NotifyState::Status(&serving(daemon))],
+        &[NotifyState::Ready, NotifyState::Status(&status)],
     );
 }
 
 /// The status line: "serving 2 devices, 1 worker".
-fn serving(daemon: &Daemon) -> String {
+fn serving(registry: &Registry) -> String {
     format!(
         "serving {}, {}",
-        count(daemon.device_count(), "device"),
-        count(daemon.workers(), "worker")
+        count(registry.ids().len(), "device"),
+        count(registry.pool().len(), "worker")
     )
 }
 
@@ -254,10 +306,11 @@ fn admin() -> ExitCode {
 }
 
 /// `sqcqd rpc --admin-socket PATH METHOD [PARAMS]...`: prints the result
-/// as JSON; exits 0 on a result, 1 on an error answer, 2 when the daemon
-/// could not be asked.
+/// as JSON; exits 0 on a result, 1 on an error answer or a `config_reload`
+/// that reports errors (printed on stderr), 2 when the daemon could not be
+/// asked.
 fn rpc() -> ExitCode {
-    use sqcq_target::rpc::{RpcCli, call, params_from_args};
+    use sqcq_target::rpc::{RpcCli, call, params_from_args, reload_errors};
     use std::io::Write as _;
     let cli = RpcCli::parse_from(
         std::iter::once(std::ffi::OsString::from("sqcqd rpc")).chain(std::env::args_os().skip(2)),
@@ -274,7 +327,17 @@ fn rpc() -> ExitCode {
         // A closed pipe (`| head`) is not an error of the call.
         Ok(Ok(result)) => {
             let _ = writeln!(std::io::stdout(), "{}", pretty(&result));
-            ExitCode::SUCCESS
+            match reload_errors(&cli.method, &result) {
+                Some(errors) => {
+                    let mut err = std::io::stderr().lock();
+                    let _ = writeln!(err, "sqcqd rpc: the reload failed:");
+                    for e in errors {
+                        let _ = writeln!(err, "  {}", e.as_str().unwrap_or_default());
+                    }
+                    ExitCode::FAILURE
+                }
+                None => ExitCode::SUCCESS,
+            }
         }
         Ok(Err(error)) => {
             let _ = writeln!(std::io::stderr(), "{}", pretty(&error));

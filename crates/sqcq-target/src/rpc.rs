@@ -112,12 +112,27 @@ impl From<ConfigError> for RpcError {
 /// command line and the file it names, read again.
 pub type ConfigSource = Box<dyn Fn() -> Result<DaemonConfig, ConfigError> + Send>;
 
+/// Where a reload the `config_reload` method runs is.
+#[derive(Debug)]
+pub enum ReloadPhase<'a> {
+    /// It begins (the configuration is about to be read).
+    Started,
+    /// It ended: what it changed and what it could not, or why nothing.
+    Done(&'a Result<crate::registry::ReloadReport, RpcError>),
+}
+
+/// Told when the `config_reload` method reloads (the daemon tells the
+/// service manager, as for SIGHUP).
+pub type ReloadHook = Box<dyn Fn(ReloadPhase<'_>) + Send>;
+
 /// What the methods act on.
 pub struct Context {
     /// The devices and workers.
     pub registry: Arc<Registry>,
     /// The configuration to reload (`None`: `config_reload` is refused).
     pub source: Mutex<Option<ConfigSource>>,
+    /// Told when `config_reload` reloads.
+    pub reload_hook: Mutex<Option<ReloadHook>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -134,7 +149,32 @@ impl Context {
         Context {
             registry,
             source: Mutex::new(None),
+            reload_hook: Mutex::new(None),
         }
+    }
+
+    /// [`Self::reload`], told to the reload hook: the `config_reload`
+    /// method. Without a configuration source nothing is reloaded and
+    /// nothing told.
+    pub fn reload_announced(&self) -> Result<crate::registry::ReloadReport, RpcError> {
+        let has_source = self
+            .source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        let hook = self
+            .reload_hook
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let tell = |phase| {
+            if let Some(h) = hook.as_ref().filter(|_| has_source) {
+                h(phase);
+            }
+        };
+        tell(ReloadPhase::Started);
+        let result = self.reload();
+        tell(ReloadPhase::Done(&result));
+        result
     }
 
     /// Reads the configuration again and applies it (SIGHUP,
@@ -470,7 +510,7 @@ pub static METHODS: &[Method] = &[
         summary: "Read the configuration file again and apply what changed (what SIGHUP does)",
         params: &[],
         open: false,
-        handler: |ctx, _| to_value(&ctx.reload()?),
+        handler: |ctx, _| to_value(&ctx.reload_announced()?),
     },
 ];
 
@@ -673,6 +713,19 @@ pub fn handle_line(ctx: &Context, line: &str) -> Option<String> {
     reply.map(|v| v.to_string())
 }
 
+/// The errors a `config_reload` result reports, if it reports any: the
+/// reload failed in part, though the call itself succeeded.
+pub fn reload_errors<'a>(method: &str, result: &'a Value) -> Option<&'a [Value]> {
+    if method != "config_reload" {
+        return None;
+    }
+    result
+        .get("errors")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .filter(|e| !e.is_empty())
+}
+
 /// How long the client waits for an answer (a removal waits for I/O).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -788,6 +841,20 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), names.len());
         assert!(names.contains(&"queue_attach_worker"));
+    }
+
+    #[test]
+    fn a_reload_that_reports_errors_failed() {
+        let failed = json!({ "changed": ["worker 1 created"], "errors": ["lun_add: exists"] });
+        assert_eq!(
+            reload_errors("config_reload", &failed),
+            Some(&[json!("lun_add: exists")][..])
+        );
+        let done = json!({ "changed": [], "errors": [] });
+        assert_eq!(reload_errors("config_reload", &done), None);
+        // stats_get's "errors" are counters, not a failure.
+        let stats = json!({ "errors": { "0": { "bad_descriptor": 0 } } });
+        assert_eq!(reload_errors("stats_get", &stats), None);
     }
 
     #[test]

@@ -498,8 +498,8 @@ fn hostile_clients_get_400_or_are_closed_and_scrapes_go_on() {
     );
     body(&exchange(unix(&path), GET));
 
-    // More silent clients than the endpoint serves at once: a scrape waits
-    // until their time is up, then is answered; they are closed.
+    // Silent clients: a scrape is answered beside them; they are closed
+    // when their time is up.
     let mut crowd: Vec<_> = (0..10).map(|_| unix(&path)).collect();
     body(&exchange(unix(&path), GET));
     for c in crowd.iter_mut().chain([&mut silent]) {
@@ -508,6 +508,31 @@ fn hostile_clients_get_400_or_are_closed_and_scrapes_go_on() {
     }
     daemon.shutdown();
     assert!(!path.exists(), "the socket is removed at shutdown");
+}
+
+/// Clients holding connections open, many more than the endpoint serves
+/// at once, keep no scrape waiting: a new connection takes the slot of
+/// the one that has waited longest for its request. (When the endpoint
+/// took 8 and left the rest in the backlog, each 8 held it for 5 s: the
+/// scrape here timed out.)
+#[test]
+fn scrapes_are_answered_beside_hundreds_of_idle_connections() {
+    let dir = TempDir::new("metrics-idle");
+    let any_port = MetricsListen::Tcp("127.0.0.1:0".parse().unwrap());
+    let (daemon, _socket) = start_daemon(&dir, any_port);
+    let Some(&MetricsListen::Tcp(addr)) = daemon.metrics_endpoint() else {
+        panic!("{:?}", daemon.metrics_endpoint())
+    };
+    let idle: Vec<TcpStream> = (0..200).map(|_| tcp(addr)).collect();
+    body(&exchange(tcp(addr), GET));
+    // And with a request begun by each of the next ones, never finished.
+    let mut slow: Vec<TcpStream> = (0..100).map(|_| tcp(addr)).collect();
+    for s in &mut slow {
+        s.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+    }
+    body(&exchange(tcp(addr), GET));
+    drop((idle, slow));
+    daemon.shutdown();
 }
 
 /// Devices and workers created at run time, and a queue moved between

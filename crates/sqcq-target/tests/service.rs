@@ -807,3 +807,108 @@ fn sighup_applies_the_changed_configuration_file() {
     assert!(reloaded.contains("\"assigned_worker\":1"), "{reloaded}");
     sigterm_exits_zero(&mut child2);
 }
+
+/// A reload that fails, because the file does not parse or asks for a
+/// change that needs a restart, still ends with READY=1 (the daemon
+/// serves on) but the status says that it failed and why; the same
+/// reload through `sqcqd rpc ... config_reload` is told the same way,
+/// and the client exits 1 and prints the errors. A good reload, either
+/// way, then says "serving" again.
+#[test]
+fn a_failed_reload_says_so_in_the_status_and_the_rpc_exit_code() {
+    let dir = TempDir::new("svc-reload-fail");
+    let mut notify = NotifySocket::path(&dir.path("notify"));
+    let admin = dir.path("admin.sock");
+    let file = dir.path("sqcqd.toml");
+    let a = dir.path("a.sock");
+    let good = format!(
+        "workers = 1\nadmin-socket = {admin:?}\n\n\
+         [[device]]\nsocket-path = {a:?}\nqueue-size = 64\n\
+         [[device.lun]]\nkind = \"ram\"\nsize = \"1M\"\n"
+    );
+    std::fs::write(&file, &good).unwrap();
+    let log = dir.path("sqcqd.log");
+    let mut cmd = Command::new(SQCQD);
+    cmd.env("NOTIFY_SOCKET", &notify.address)
+        .arg("--config")
+        .arg(&file);
+    let (mut child, _guard) = spawn(&mut cmd, &log);
+    notify.wait_for("READY=1");
+    // The status sent with the `n`th READY=1.
+    let mut status_at_ready = |n: usize| {
+        wait_until("READY=1 again", || {
+            notify.receive();
+            notify
+                .messages
+                .iter()
+                .filter(|m| m.lines().any(|l| l == "READY=1"))
+                .count()
+                >= n
+        });
+        let ready = notify
+            .messages
+            .iter()
+            .filter(|m| m.lines().any(|l| l == "READY=1"))
+            .nth(n - 1)
+            .unwrap();
+        let status = ready.lines().find_map(|l| l.strip_prefix("STATUS="));
+        status.expect("a status with READY=1").to_owned()
+    };
+    let sighup = || {
+        // SAFETY: kill() with a child's pid and a signal number.
+        assert_eq!(unsafe { libc::kill(pid(child.id()), libc::SIGHUP) }, 0);
+    };
+    assert_eq!(status_at_ready(1), "serving 1 device, 1 worker");
+
+    std::fs::write(&file, "workers = [\n").unwrap();
+    sighup();
+    let status = status_at_ready(2);
+    assert!(
+        status.starts_with("reload failed: invalid config file"),
+        "{status}"
+    );
+    assert!(status.ends_with("; serving 1 device, 1 worker"), "{status}");
+
+    std::fs::write(&file, format!("seccomp = \"errno\"\n{good}")).unwrap();
+    sighup();
+    let status = status_at_ready(3);
+    assert!(status.starts_with("reload failed: "), "{status}");
+    assert!(status.contains("restart the daemon to apply"), "{status}");
+
+    let out = Command::new(SQCQD)
+        .args(["rpc", "--admin-socket"])
+        .arg(&admin)
+        .arg("config_reload")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("restart the daemon to apply"), "{stderr}");
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        result["errors"].as_array().map(Vec::len),
+        Some(1),
+        "{result}"
+    );
+    let status = status_at_ready(4);
+    assert!(status.contains("restart the daemon to apply"), "{status}");
+
+    std::fs::write(&file, &good).unwrap();
+    let out = Command::new(SQCQD)
+        .args(["rpc", "--admin-socket"])
+        .arg(&admin)
+        .arg("config_reload")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(status_at_ready(5), "serving 1 device, 1 worker");
+    sighup();
+    assert_eq!(status_at_ready(6), "serving 1 device, 1 worker");
+    let reloading = notify
+        .messages
+        .iter()
+        .filter(|m| m.lines().any(|l| l == "RELOADING=1"))
+        .count();
+    assert_eq!(reloading, 5, "each reload is framed: {:?}", notify.messages);
+    sigterm_exits_zero(&mut child);
+}

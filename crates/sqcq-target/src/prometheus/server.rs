@@ -3,12 +3,20 @@
 //! `GET /metrics` on a TCP address or a Unix socket.
 //!
 //! Every client is taken for hostile. The thread multiplexes at most
-//! [`MAX_CONNECTIONS`] connections with `poll` (more wait in the listen
-//! backlog), so a client that never sends, or reads its answer slowly,
-//! holds one slot, never the thread; each connection has
-//! [`REQUEST_TIMEOUT`] to send a request of at most [`MAX_REQUEST`] bytes
-//! (request line and headers, parsed by `httparse`) and
-//! [`RESPONSE_TIMEOUT`] to read the answer, then it is closed. A request
+//! [`MAX_CONNECTIONS`] connections with `poll`, so a client that never
+//! sends, or reads its answer slowly, holds one slot, never the thread;
+//! each connection has [`REQUEST_TIMEOUT`] from its connection to send a
+//! request of at most [`MAX_REQUEST`] bytes (request line and headers,
+//! parsed by `httparse`; a byte now and then does not extend it) and
+//! [`RESPONSE_TIMEOUT`] to read the answer, then it is closed. The
+//! listener is always served: when every slot is taken, a new connection
+//! takes the slot of the one that has waited longest for its request
+//! (as servers facing slowloris shed their oldest idle connections; one
+//! reading its answer goes only when none is waiting), so clients holding
+//! connections open, however many, delay a scrape by nothing; a scrape
+//! loses its slot only if [`MAX_CONNECTIONS`] clients connect between its
+//! connection and its request, which its request, read as soon as it is
+//! accepted, usually beats. A request
 //! that does not parse, or is too long, gets `400` and is closed; every
 //! answer says `Connection: close` and the connection is closed after it.
 //! Problems of a connection are logged at debug level only: a client
@@ -30,8 +38,9 @@ use super::MetricsListen;
 use super::text::CONTENT_TYPE;
 use crate::transport::listen::{ListeningSocket, SocketOwnership};
 
-/// Connections served at once.
-pub const MAX_CONNECTIONS: usize = 8;
+/// Connections served at once (each holds at most [`MAX_REQUEST`] bytes
+/// of request, or one answer).
+pub const MAX_CONNECTIONS: usize = 64;
 /// Longest request (request line and headers).
 pub const MAX_REQUEST: usize = 8192;
 /// Headers accepted in a request.
@@ -187,6 +196,9 @@ enum State {
 
 struct Conn {
     stream: Stream,
+    /// When it connected, or its answer started: the oldest is shed
+    /// first when every slot is taken.
+    since: Instant,
     deadline: Instant,
     state: State,
 }
@@ -196,7 +208,6 @@ pub(crate) fn serve(listener: &Listener, stop: &EventFd, render: &(dyn Fn(&mut S
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNECTIONS + 2);
     loop {
-        let accepting = conns.len() < MAX_CONNECTIONS;
         fds.clear();
         let pollfd = |fd, events| libc::pollfd {
             fd,
@@ -204,11 +215,7 @@ pub(crate) fn serve(listener: &Listener, stop: &EventFd, render: &(dyn Fn(&mut S
             revents: 0,
         };
         fds.push(pollfd(stop.as_raw_fd(), libc::POLLIN));
-        // Full: new connections wait in the backlog.
-        fds.push(pollfd(
-            if accepting { listener.fd() } else { -1 },
-            libc::POLLIN,
-        ));
+        fds.push(pollfd(listener.fd(), libc::POLLIN));
         for c in &conns {
             let events = match c.state {
                 State::Reading(_) => libc::POLLIN,
@@ -254,20 +261,45 @@ pub(crate) fn serve(listener: &Listener, stop: &EventFd, render: &(dyn Fn(&mut S
             true
         });
         if fds[1].revents != 0 {
-            while conns.len() < MAX_CONNECTIONS {
-                match listener.accept() {
-                    Ok(stream) => conns.push(Conn {
-                        stream,
-                        deadline: Instant::now() + REQUEST_TIMEOUT,
-                        state: State::Reading(Vec::new()),
-                    }),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        debug!("metrics endpoint: accept: {e}");
-                        break;
-                    }
-                }
+            accept(listener, &mut conns, render);
+        }
+    }
+}
+
+/// Accepts every connection waiting (a bounded number per call, so the
+/// others are served between bursts); when every slot is taken, closes
+/// the connection that has waited longest to make room. Reads a request
+/// that came with the connection at once.
+fn accept(listener: &Listener, conns: &mut Vec<Conn>, render: &dyn Fn(&mut String)) {
+    for _ in 0..MAX_CONNECTIONS {
+        let stream = match listener.accept() {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                debug!("metrics endpoint: accept: {e}");
+                return;
             }
+        };
+        // A connection still waiting for its request goes before one
+        // whose answer is being read: that one was a scrape.
+        if conns.len() >= MAX_CONNECTIONS
+            && let Some(oldest) = (0..conns.len()).min_by_key(|&i| {
+                let c = &conns[i];
+                (matches!(c.state, State::Writing { .. }), c.since)
+            })
+        {
+            debug!("metrics endpoint: full, closing the connection waiting longest");
+            conns.swap_remove(oldest);
+        }
+        let now = Instant::now();
+        let mut c = Conn {
+            stream,
+            since: now,
+            deadline: now + REQUEST_TIMEOUT,
+            state: State::Reading(Vec::new()),
+        };
+        if progress(&mut c, render) {
+            conns.push(c);
         }
     }
 }
@@ -295,7 +327,8 @@ fn progress(c: &mut Conn, render: &dyn Fn(&mut String)) -> bool {
                     continue;
                 };
                 c.state = State::Writing { answer, at: 0 };
-                c.deadline = Instant::now() + RESPONSE_TIMEOUT;
+                c.since = Instant::now();
+                c.deadline = c.since + RESPONSE_TIMEOUT;
             }
             State::Writing { answer, at } => match c.stream.write(&answer[*at..]) {
                 Ok(n) => {

@@ -116,8 +116,12 @@ impl Notifier {
         };
         let mut msg = String::new();
         for s in states {
+            // One line per state: a newline in a value (a status quoting a
+            // configuration error) would start a line of its own, read as
+            // another assignment.
+            let line = s.to_string().replace(['\n', '\r'], " ");
             // Writing to a String cannot fail.
-            let _ = writeln!(msg, "{s}");
+            let _ = writeln!(msg, "{line}");
         }
         let io_err = |source| NotifyError::Io {
             address: t.name.clone(),
@@ -168,6 +172,20 @@ mod tests {
         let n = Notifier::to(OsStr::new(&format!("@{name}"))).unwrap();
         n.notify(&[NotifyState::Stopping]).unwrap();
         assert_eq!(receive(&rx), "STOPPING=1\n");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_value_stays_on_its_line() {
+        let dir = std::env::temp_dir().join(format!("sqcq-notify-nl-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("notify");
+        let rx = UnixDatagram::bind(&path).unwrap();
+        let n = Notifier::to(path.as_os_str()).unwrap();
+        n.notify(&[NotifyState::Status("reload failed: line 2\nREADY=1\r")])
+            .unwrap();
+        assert_eq!(receive(&rx), "STATUS=reload failed: line 2 READY=1 \n");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

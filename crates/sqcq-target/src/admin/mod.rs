@@ -12,10 +12,12 @@
 //! A reply starts with `ok` or `error`. `device=` defaults to 0; `lun add`
 //! takes every key of a `--lun` spec and needs `lun=`. The socket is
 //! created with mode 0600 unless `--admin-socket-mode` says otherwise:
-//! whoever can use it can make the daemon open any file it can open. One thread serves it, one connection and one
-//! command at a time, so changes are serialised; a command waits until
-//! its change reached every worker (and, for a removal, until the LUN's
-//! requests in flight completed) before it replies.
+//! whoever can use it can make the daemon open any file it can open.
+//! One thread serves it (`admin/server.rs`): up to [`MAX_CONNECTIONS`]
+//! clients at once, of which idle ones delay nobody, and one command at
+//! a time, so changes are serialised; a command waits until its change
+//! reached every worker (and, for a removal, until the LUN's requests in
+//! flight completed) before it replies.
 //!
 //! `fault break` is fault injection, for testing how a driver recovers:
 //! the request queue `vq` (every running request queue of the device
@@ -29,33 +31,24 @@
 //! `sqcqd admin --admin-socket PATH COMMAND...` ([`request`]) is the
 //! client.
 
+mod server;
+
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
-use tracing::{info, warn};
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::registry::Registry;
-use crate::rpc::Context;
-use crate::runtime::stoppable::StoppableThread;
 use crate::scsi::hotplug::HotplugError;
 use crate::spec::{LunSpec, LunSpecError, parse_size};
-use crate::transport::listen::ListeningSocket;
 
-/// Longest line accepted (a JSON-RPC request creating a device with
-/// dozens of LUNs fits).
-const MAX_LINE: usize = 64 << 10;
+pub use server::{AdminServer, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE};
+
 /// How long the client waits for a reply (a removal waits for I/O).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long a connection may stay silent, or leave a reply unread,
-/// before the server closes it.
-const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An admin command that could not be parsed.
 #[derive(Debug, Error)]
@@ -239,121 +232,6 @@ fn stats(registry: &Registry) -> String {
         }
     }
     s
-}
-
-/// The admin socket's thread.
-#[derive(Debug)]
-pub struct AdminServer {
-    thread: StoppableThread,
-}
-
-impl AdminServer {
-    /// Serves `socket` (bound with the admin socket's ownership, by
-    /// default mode 0600, or passed in by the service manager).
-    pub fn spawn(socket: ListeningSocket, ctx: Arc<Context>) -> io::Result<Self> {
-        let path = socket.path().to_owned();
-        // The thread owns the socket: it is removed when the thread ends.
-        let thread = StoppableThread::spawn(
-            "sqcq-admin".into(),
-            "the admin thread".into(),
-            move |stop| serve(socket.listener(), &stop, &ctx),
-        )?;
-        info!("admin socket {}", path.display());
-        Ok(AdminServer { thread })
-    }
-
-    /// Stops serving (after the command running, if any) and removes the
-    /// socket.
-    pub fn shutdown(mut self) {
-        self.thread.stop();
-    }
-}
-
-/// Waits until `fd` or `stop` is readable; false when stopping or after
-/// `timeout_ms` (-1: none).
-fn wait(fd: i32, stop: &EventFd, timeout_ms: i32) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: stop.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    loop {
-        // SAFETY: two valid pollfds for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-        if n > 0 {
-            return fds[1].revents == 0;
-        }
-        if n == 0 {
-            return false;
-        }
-        if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return false;
-        }
-    }
-}
-
-fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Context) {
-    while wait(listener.as_raw_fd(), stop, -1) {
-        match listener.accept() {
-            Ok((conn, _)) => {
-                if let Err(e) = connection(conn, stop, ctx) {
-                    warn!("admin connection: {e}");
-                }
-            }
-            Err(e) => warn!("admin accept: {e}"),
-        }
-    }
-}
-
-/// Serves one connection until it closes, sends an over-long line, or
-/// the daemon stops.
-fn connection(mut conn: UnixStream, stop: &EventFd, ctx: &Context) -> io::Result<()> {
-    // One client at a time: one that stops reading or writing must not
-    // keep the others out for long.
-    conn.set_write_timeout(Some(IO_TIMEOUT))?;
-    let idle_ms = i32::try_from(IO_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
-    let mut buf = Vec::with_capacity(256);
-    let mut chunk = [0u8; 512];
-    while wait(conn.as_raw_fd(), stop, idle_ms) {
-        let n = conn.read(&mut chunk)?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=end).collect();
-            let line = String::from_utf8_lossy(&line);
-            if line.trim().is_empty() {
-                continue;
-            }
-            // JSON (any value) is JSON-RPC; anything else a text command.
-            let json = line.trim_start().starts_with(['{', '['])
-                || serde_json::from_str::<serde_json::Value>(&line).is_ok();
-            let reply = if json {
-                crate::rpc::handle_line(ctx, &line)
-            } else {
-                let reply = execute(&ctx.registry, &line);
-                info!("admin: {} -> {reply}", line.trim());
-                Some(reply)
-            };
-            if let Some(reply) = reply {
-                conn.write_all(reply.as_bytes())?;
-                conn.write_all(b"\n")?;
-            }
-        }
-        if buf.len() > MAX_LINE {
-            conn.write_all(b"error line too long\n")?;
-            return Ok(());
-        }
-    }
-    Ok(())
 }
 
 /// `sqcqd admin`: the command line of the client.

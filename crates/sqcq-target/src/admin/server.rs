@@ -1,0 +1,332 @@
+//! The admin socket's server: one thread, started with the daemon, that
+//! multiplexes up to [`MAX_CONNECTIONS`] clients with `poll` and runs
+//! their commands (text or JSON-RPC lines) one at a time, in the order
+//! their lines arrive.
+//!
+//! A command runs on this thread, so changes stay serialised and each
+//! still replies once its change reached every worker; while one runs,
+//! the others wait (the registry serialises its changes in any case, with
+//! SIGHUP's reload too). A client that is not sending a command costs the
+//! others nothing: the thread only waits in `poll`, never on one
+//! connection. Each client is served one line at a time in turn, and its
+//! next line is read only once the reply to the last one is written, so a
+//! client that does not read its replies holds one reply in memory.
+//!
+//! A connection must complete a command line within [`IDLE_TIMEOUT`] of
+//! its connection or of its last command (a byte now and then does not
+//! extend it), and read a reply within as long, or it is closed. When
+//! every place is taken, a new connection takes the place of the one idle
+//! longest (without a reply being written, if there is one), which is
+//! closed as if its time were up: clients holding connections open,
+//! however many, never lock management out.
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, error, info, warn};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::rpc::Context;
+use crate::runtime::ratelimit::RateLimiter;
+use crate::runtime::stoppable::StoppableThread;
+use crate::transport::listen::ListeningSocket;
+
+/// Clients served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Longest line accepted (a JSON-RPC request creating a device with
+/// dozens of LUNs fits).
+pub const MAX_LINE: usize = 64 << 10;
+/// How long a connection may go without a command, or leave a reply
+/// unread, before it is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes read from a connection per turn.
+const CHUNK: usize = 4096;
+
+/// The admin socket's thread.
+#[derive(Debug)]
+pub struct AdminServer {
+    thread: StoppableThread,
+}
+
+impl AdminServer {
+    /// Serves `socket` (bound with the admin socket's ownership, by
+    /// default mode 0600, or passed in by the service manager).
+    pub fn spawn(socket: ListeningSocket, ctx: Arc<Context>) -> io::Result<Self> {
+        let path = socket.path().to_owned();
+        socket.listener().set_nonblocking(true)?;
+        // The thread owns the socket: it is removed when the thread ends.
+        let thread = StoppableThread::spawn(
+            "sqcq-admin".into(),
+            "the admin thread".into(),
+            move |stop| serve(socket.listener(), &stop, &ctx),
+        )?;
+        info!("admin socket {}", path.display());
+        Ok(AdminServer { thread })
+    }
+
+    /// Stops serving (after the command running, if any), closes every
+    /// connection and removes the socket.
+    pub fn shutdown(mut self) {
+        self.thread.stop();
+    }
+}
+
+/// One client.
+struct Conn {
+    stream: UnixStream,
+    /// What came and is not served yet.
+    input: Vec<u8>,
+    /// The reply being written, from `written`.
+    output: Vec<u8>,
+    written: usize,
+    /// Its connection or its last command: the longest idle is closed
+    /// first when every place is taken.
+    since: Instant,
+    deadline: Instant,
+    /// The client shut its side: its lines are served, then it is closed.
+    eof: bool,
+    /// Closed once the reply is written (its line was too long).
+    closing: bool,
+}
+
+impl Conn {
+    fn new(stream: UnixStream) -> Self {
+        let now = Instant::now();
+        Conn {
+            stream,
+            input: Vec::new(),
+            output: Vec::new(),
+            written: 0,
+            since: now,
+            deadline: now + IDLE_TIMEOUT,
+            eof: false,
+            closing: false,
+        }
+    }
+
+    fn replying(&self) -> bool {
+        self.written < self.output.len()
+    }
+
+    /// A whole line is there to serve now.
+    fn has_line(&self) -> bool {
+        !self.replying() && !self.closing && self.input.contains(&b'\n')
+    }
+
+    /// What to wait for: to write the reply, or to read (once the lines
+    /// received are served); nothing else.
+    fn events(&self) -> libc::c_short {
+        if self.replying() {
+            libc::POLLOUT
+        } else if self.eof || self.closing || self.has_line() {
+            0
+        } else {
+            libc::POLLIN
+        }
+    }
+
+    /// Reads what came (one chunk); false when the connection failed.
+    fn read(&mut self) -> bool {
+        let mut chunk = [0u8; CHUNK];
+        match self.stream.read(&mut chunk) {
+            Ok(0) => self.eof = true,
+            Ok(n) => self.input.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => {
+                debug!("admin connection: read: {e}");
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Writes what it can of the reply; false when the connection failed.
+    fn write(&mut self) -> bool {
+        while self.replying() {
+            match self.stream.write(&self.output[self.written..]) {
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    debug!("admin connection: write: {e}");
+                    return false;
+                }
+            }
+        }
+        self.output.clear();
+        self.written = 0;
+        true
+    }
+
+    /// Queues `reply` (a line) and writes what it can of it.
+    fn reply(&mut self, reply: &str) -> bool {
+        self.output.clear();
+        self.output.extend_from_slice(reply.as_bytes());
+        self.output.push(b'\n');
+        self.written = 0;
+        self.write()
+    }
+
+    /// The next whole line, if it is its turn.
+    fn next_line(&mut self) -> Option<String> {
+        if !self.has_line() {
+            return None;
+        }
+        let end = self.input.iter().position(|b| *b == b'\n')?;
+        let line: Vec<u8> = self.input.drain(..=end).collect();
+        Some(String::from_utf8_lossy(&line).into_owned())
+    }
+}
+
+/// Serves `listener` (non-blocking) until `stop` is signalled.
+fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Context) {
+    let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNECTIONS + 2);
+    let shed_log = RateLimiter::new(1);
+    loop {
+        fds.clear();
+        let pollfd = |fd, events| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        fds.push(pollfd(stop.as_raw_fd(), libc::POLLIN));
+        fds.push(pollfd(listener.as_raw_fd(), libc::POLLIN));
+        fds.extend(
+            conns
+                .iter()
+                .map(|c| pollfd(c.stream.as_raw_fd(), c.events())),
+        );
+        // Lines already received are served without waiting.
+        let timeout = if conns.iter().any(Conn::has_line) {
+            0
+        } else {
+            let now = Instant::now();
+            conns
+                .iter()
+                .map(|c| c.deadline.saturating_duration_since(now))
+                .min()
+                .map_or(-1, |d| {
+                    i32::try_from(d.as_millis().saturating_add(1)).unwrap_or(i32::MAX)
+                })
+        };
+        let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(0);
+        // SAFETY: `fds` holds `nfds` valid pollfds for the duration of
+        // the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            error!("admin socket: poll failed: {e}");
+            return;
+        }
+        if fds[0].revents != 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        conns.retain_mut(|c| {
+            let revents = fds[2 + i].revents;
+            i += 1;
+            turn(c, revents, now, ctx)
+        });
+        if fds[1].revents != 0 {
+            accept(listener, &mut conns, &shed_log);
+        }
+    }
+}
+
+/// One turn of a connection: writes or reads what it is ready for and
+/// serves at most one line. False once it is to be closed.
+fn turn(c: &mut Conn, revents: libc::c_short, now: Instant, ctx: &Context) -> bool {
+    if revents != 0 {
+        let ok = if c.replying() { c.write() } else { c.read() };
+        if !ok {
+            return false;
+        }
+    }
+    if !c.replying() && !c.closing && !c.has_line() && c.input.len() > MAX_LINE {
+        c.closing = true;
+        return c.reply("error line too long") && c.replying();
+    }
+    if let Some(line) = c.next_line() {
+        if line.trim().is_empty() {
+            return true;
+        }
+        let reply = run(ctx, &line);
+        // The time the command took is not the client's.
+        c.since = Instant::now();
+        c.deadline = c.since + IDLE_TIMEOUT;
+        return reply.is_none_or(|r| c.reply(&r));
+    }
+    if c.replying() {
+        return now < c.deadline;
+    }
+    if c.closing || c.eof {
+        return false;
+    }
+    if now >= c.deadline {
+        debug!("admin connection: idle for {IDLE_TIMEOUT:?}, closed");
+        return false;
+    }
+    true
+}
+
+/// Runs one line; the reply (without newline), `None` for a JSON-RPC
+/// notification.
+fn run(ctx: &Context, line: &str) -> Option<String> {
+    // JSON (any value) is JSON-RPC; anything else a text command.
+    let json = line.trim_start().starts_with(['{', '['])
+        || serde_json::from_str::<serde_json::Value>(line).is_ok();
+    if json {
+        crate::rpc::handle_line(ctx, line)
+    } else {
+        let reply = super::execute(&ctx.registry, line);
+        info!("admin: {} -> {reply}", line.trim());
+        Some(reply)
+    }
+}
+
+/// Accepts the connections waiting (a bounded number per turn, so the
+/// others are served between bursts); when every place is taken, closes
+/// the connection idle longest to make room.
+fn accept(listener: &UnixListener, conns: &mut Vec<Conn>, shed_log: &RateLimiter) {
+    for _ in 0..MAX_CONNECTIONS {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                warn!("admin accept: {e}");
+                return;
+            }
+        };
+        if let Err(e) = stream.set_nonblocking(true) {
+            warn!("admin accept: {e}");
+            continue;
+        }
+        // One still reading its reply goes last.
+        if conns.len() >= MAX_CONNECTIONS
+            && let Some(idle) =
+                (0..conns.len()).min_by_key(|&i| (conns[i].replying(), conns[i].since))
+        {
+            let permit = shed_log.check();
+            if permit.allowed {
+                warn!(
+                    suppressed = permit.suppressed_before,
+                    "admin socket: {MAX_CONNECTIONS} connections open: closing the one idle longest"
+                );
+            }
+            conns.swap_remove(idle);
+        }
+        conns.push(Conn::new(stream));
+    }
+}

@@ -1,0 +1,180 @@
+//! The admin socket serves several clients at once, with the real
+//! binary: clients that hold a connection open without a command, send a
+//! byte now and then, or do not read their replies delay no other
+//! client's call, however many they are; past the connection limit the
+//! one idle longest is closed; changes stay serialised and answered.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const SQCQD: &str = env!("CARGO_BIN_EXE_sqcqd");
+
+/// `sqcqd` with one SCSI device and the admin socket, under its seccomp
+/// filter, its stderr in `log`; returns once the socket answers.
+fn start(dir: &TempDir) -> (Child, LogOnPanic, std::path::PathBuf) {
+    let admin = dir.path("admin.sock");
+    let log = dir.path("sqcqd.log");
+    let child = Command::new(SQCQD)
+        .arg("--socket-path")
+        .arg(dir.path("scsi.sock"))
+        .arg("--admin-socket")
+        .arg(&admin)
+        .args(["--lun", "kind=ram,size=1M", "--queue-size", "64"])
+        // What the server does is allowed by the filter.
+        .args(["--seccomp", "kill"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let guard = LogOnPanic(log, child.id());
+    wait_until("the admin socket answers", || {
+        sqcq_target::rpc::call(&admin, "daemon_info", Default::default()).is_ok()
+    });
+    (child, guard, admin)
+}
+
+/// Runs the client `sqcqd ARGS...`; fails the test if it has not ended
+/// within [`WAIT`] (a call that waits for other clients would: an idle
+/// one held the socket for 30 s).
+fn client(args: &[&str], admin: &Path) -> Output {
+    let mut child = Command::new(SQCQD)
+        .arg(args[0])
+        .arg("--admin-socket")
+        .arg(admin)
+        .args(&args[1..])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sqcqd {args:?} not answered within {WAIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Calls of both protocols, a change among them, each on its own
+/// connection, all answered.
+fn calls_are_answered(admin: &Path, lun: u16) {
+    let list = stdout(&client(&["rpc", "device_list"], admin));
+    assert!(list.contains("\"socket_path\""), "{list}");
+    assert!(stdout(&client(&["admin", "stats"], admin)).starts_with("ok "));
+    let added = stdout(&client(
+        &[
+            "rpc",
+            "lun_add",
+            "device=0",
+            &format!("lun={lun}"),
+            "kind=ram",
+            "size=1M",
+        ],
+        admin,
+    ));
+    assert!(added.contains(&format!("\"lun\": {lun}")), "{added}");
+    let stats = stdout(&client(&["admin", "stats"], admin));
+    assert!(
+        stats.contains(&format!(" lun{lun}=")),
+        "the change is made: {stats}"
+    );
+}
+
+fn connect(admin: &Path) -> UnixStream {
+    let s = UnixStream::connect(admin).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s
+}
+
+/// Sends `line` on `s` and reads one reply line.
+fn ask(s: &mut UnixStream, line: &str) -> String {
+    s.write_all(line.as_bytes()).unwrap();
+    s.write_all(b"\n").unwrap();
+    let mut reply = String::new();
+    BufReader::new(s).read_line(&mut reply).unwrap();
+    reply
+}
+
+#[test]
+fn an_idle_client_and_a_trickling_one_delay_no_other_call() {
+    let dir = TempDir::new("admin-idle");
+    let (mut child, _guard, admin) = start(&dir);
+    // Connected, silent.
+    let mut idle = connect(&admin);
+    // A command that never ends: a byte a second.
+    let trickling = Arc::new(AtomicBool::new(true));
+    let trickle = {
+        let mut s = connect(&admin);
+        let go = Arc::clone(&trickling);
+        std::thread::spawn(move || {
+            s.write_all(b"{\"jsonrpc\": \"2.0\", ").unwrap();
+            while go.load(Ordering::Relaxed) {
+                if s.write_all(b" ").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    // One that sends commands and does not read the replies.
+    let mut deaf = connect(&admin);
+    deaf.write_all(&b"stats\n".repeat(5000)).unwrap();
+
+    calls_are_answered(&admin, 1);
+    std::thread::sleep(Duration::from_secs(2));
+    calls_are_answered(&admin, 2);
+
+    // The idle client is served in turn when it speaks.
+    assert!(ask(&mut idle, "stats").starts_with("ok "));
+    // The deaf one gets its replies once it reads, in order.
+    let mut r = BufReader::new(&mut deaf);
+    for _ in 0..5000 {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ok device=0 "), "{line}");
+    }
+    trickling.store(false, Ordering::Relaxed);
+    trickle.join().unwrap();
+    sigterm_exits_zero(&mut child);
+}
+
+#[test]
+fn many_idle_clients_delay_no_call_and_the_longest_idle_makes_room() {
+    let dir = TempDir::new("admin-many");
+    let (mut child, _guard, admin) = start(&dir);
+    let mut first: Vec<UnixStream> = (0..50).map(|_| connect(&admin)).collect();
+    calls_are_answered(&admin, 1);
+    // Past the limit (64): each new connection closes the one idle
+    // longest, the first ones here.
+    let rest: Vec<UnixStream> = (0..60).map(|_| connect(&admin)).collect();
+    calls_are_answered(&admin, 2);
+    let mut b = [0u8; 1];
+    assert_eq!(
+        first[0].read(&mut b).unwrap(),
+        0,
+        "the idle longest is closed"
+    );
+    // The newest idle connections still work.
+    let mut last = rest.into_iter().last().unwrap();
+    assert!(ask(&mut last, "stats").starts_with("ok "));
+    first.clear();
+    let log = std::fs::read_to_string(dir.path("sqcqd.log")).unwrap();
+    assert!(log.contains("closing the one idle longest"), "{log}");
+    sigterm_exits_zero(&mut child);
+}
