@@ -64,6 +64,12 @@ bound_path() {
     awk -v ino="$inode" '$7 == ino && NF >= 8 { print $8; exit }' /proc/net/unix
 }
 
+# A TOML basic string.
+toml_str() {
+    local v="${1//\\/\\\\}"
+    printf '"%s"' "${v//\"/\\\"}"
+}
+
 config=""
 passed_fds=()
 names=()
@@ -90,24 +96,26 @@ for val in "${exports[@]}"; do
             [[ "$addr_str" =~ ^[0-9]+$ ]] || die "--export $id: addr.str must be a descriptor number"
             addr_path="$(bound_path "$addr_str")"
             [ -n "$addr_path" ] || die "--export $id: descriptor $addr_str is not a bound unix socket"
+            [[ "$addr_path" != *:* ]] || die "--export $id: socket path $addr_path has a ':' (LISTEN_FDNAMES separator)"
             passed_fds+=("$addr_str")
             names+=("$addr_path")
             ;;
         unix) [ -n "$addr_path" ] || die "--export $id: addr.type=unix needs addr.path" ;;
         *) die "--export $id: addr.type must be fd or unix" ;;
     esac
+    [[ "$queues" =~ ^[0-9]+$ ]] || die "--export $id: num-queues=$queues"
     case "$writable" in on | true | yes) ro=false ;; off | false | no) ro=true ;;
         *) die "--export $id: writable=$writable" ;; esac
     config+="[[device]]
 type = \"blk\"
-socket-path = \"$addr_path\"
+socket-path = $(toml_str "$addr_path")
 num-queues = $queues
 
 [[device.lun]]
 kind = \"file\"
-path = \"${node_file[$node]}\"
+path = $(toml_str "${node_file[$node]}")
 read-only = $ro
-serial = \"$id\"
+serial = $(toml_str "$id")
 
 "
 done
