@@ -155,6 +155,9 @@ pub enum FrontendError {
     /// Setting up the socket (timeouts, duplicating it) failed.
     #[error("setting up the vhost-user socket failed")]
     Socket(#[source] io::Error),
+    /// Reading a queue's call eventfd failed.
+    #[error("reading the call eventfd failed")]
+    CallFd(#[source] io::Error),
     /// A vhost-user request failed or got a bad reply.
     #[error("vhost-user {request} failed")]
     Request {
@@ -513,6 +516,17 @@ impl Frontend {
         self.inner
             .set_vring_call(i, events.call_fd())
             .map_err(request("SET_VRING_CALL"))?;
+        // Back-ends signal a new call eventfd at once (libvhost-user's
+        // `vu_set_vring_call_exec`, sqcqd): once the message is processed,
+        // that call is taken off so that the call counters count
+        // completions only. Nothing is lost: every wait for completions
+        // looks at the used ring before it sleeps.
+        self.sync()?;
+        match events.call_fd().read() {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(FrontendError::CallFd(e)),
+        }
         self.inner
             .set_vring_kick(i, events.kick_fd())
             .map_err(request("SET_VRING_KICK"))?;

@@ -586,6 +586,35 @@ fn a_message_whose_body_never_comes_is_dropped_and_does_not_hold_sigterm() {
 }
 
 #[test]
+fn frontends_that_hang_up_mid_message_do_not_hold_the_next_one() {
+    let mut h = Harness::start("hangup", &[]);
+    // 20 frontends in a row each send a header announcing 40 bytes of body
+    // and 10 of them, then close. Each connection must end at its end of
+    // file: waiting out the 5 s message deadline instead would keep the
+    // next frontend in the listen backlog for 20 x 5 s.
+    let mut msg = code::SET_VRING_ADDR.to_le_bytes().to_vec();
+    msg.extend_from_slice(&raw::VERSION.to_le_bytes());
+    msg.extend_from_slice(&40u32.to_le_bytes());
+    msg.extend_from_slice(&[0; 10]);
+    for _ in 0..20 {
+        let mut c = Raw::connect(&h.a);
+        c.bytes(&msg).unwrap();
+    }
+    // A hang guard far below those 100 s, far above what the 20 cost.
+    let mut c = Raw::connect(&h.a);
+    c.send(code::GET_FEATURES, 0, &[], &[]).unwrap();
+    let reply = c.recv(Duration::from_secs(20));
+    assert!(
+        reply.is_some_and(|m| m.code == code::GET_FEATURES),
+        "the fresh frontend's GET_FEATURES went unanswered; log:\n{}",
+        h.log_text()
+    );
+    drop(c);
+    h.check("hang-ups mid-message");
+    h.stop();
+}
+
+#[test]
 fn a_frontend_that_never_reads_replies_is_dropped() {
     let mut h = Harness::start("no-read", &[]);
     let c = Raw::connect(&h.a);

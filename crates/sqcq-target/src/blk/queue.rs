@@ -11,7 +11,8 @@
 //! that cannot be followed, a header or status buffer missing, a transfer
 //! that is not a whole number of sectors or runs past the end of the
 //! disk, a write to a read-only disk, a discard or write-zeroes request
-//! with more than one segment, reserved flags, more than
+//! with more segments than the one the device announces (UNSUPP, as in
+//! QEMU's back-ends) or less than one, reserved flags, more than
 //! [`MAX_RANGE_SECTORS`] or a range not aligned to the logical block:
 //! each gets its status (IOERR, or UNSUPP for what the device does not
 //! do), is counted and logged through the rate limiter. Reads and writes
@@ -225,8 +226,14 @@ impl BlkQueue {
                 if self.disk.read_only {
                     return Err(Refusal::Bad("write to a read-only disk"));
                 }
+                // The device announces one range (max_discard_seg,
+                // max_write_zeroes_seg): more is a feature it lacks
+                // (UNSUPP, as QEMU's back-ends answer), less is malformed.
+                if data_out > SEGMENT_SIZE as u64 {
+                    return Err(Refusal::Unsupported("more than one range"));
+                }
                 if data_out != SEGMENT_SIZE as u64 {
-                    return Err(Refusal::Bad("not exactly one range"));
+                    return Err(Refusal::Bad("less than one range"));
                 }
                 let mut b = [0u8; SEGMENT_SIZE];
                 guest::read_at(mem, &c.readable, HEADER_SIZE as u64, &mut b)

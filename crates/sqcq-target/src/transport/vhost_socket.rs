@@ -10,7 +10,10 @@
 //!   body its header announces) is queued on the socket, or gives up after
 //!   [`MESSAGE_TIMEOUT`] (the frontend is then disconnected), or when the
 //!   device is stopping. Frontends write a message with one `sendmsg`, so
-//!   an honest one never waits here.
+//!   an honest one never waits here. A frontend that hangs up after part
+//!   of a message ends the wait at once: the part can never complete, and
+//!   the next frontend of the device waits in the listen backlog until
+//!   this connection is over.
 //! - [`unread_reply_bytes`] tells how much of what the daemon sent the
 //!   frontend has not read; above [`MAX_UNREAD_REPLIES`] the frontend is
 //!   disconnected before a reply could fill the socket buffer and block.
@@ -79,8 +82,6 @@ pub fn wait_for_message(sock: RawFd, stop: RawFd, timeout: Duration) -> io::Resu
     }
 }
 
-/// `Some(true)`: a whole message (or end of file, or an invalid size) is
-/// queued; `Some(false)`: part of one; `None`: nothing.
 /// Copies up to `buf.len()` bytes queued on `sock` into `buf` without
 /// taking them off the socket and without waiting (no descriptor is
 /// received: there is no control buffer); how many.
@@ -97,6 +98,9 @@ pub(crate) fn peek(sock: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
+/// `Some(true)`: a whole message (or end of file, or an invalid size, or
+/// part of a message from a peer that hung up) is queued; `Some(false)`:
+/// part of one that may still complete; `None`: nothing.
 fn queued_message(sock: RawFd) -> io::Result<Option<bool>> {
     let mut header = [0u8; HEADER_LEN];
     let n = peek(sock, &mut header);
@@ -113,15 +117,41 @@ fn queued_message(sock: RawFd) -> io::Result<Option<bool>> {
     if n == 0 {
         return Ok(Some(true));
     }
-    if n < HEADER_LEN {
-        return Ok(Some(false));
+    let whole = if n < HEADER_LEN {
+        false
+    } else {
+        let body = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+        let body = usize::try_from(body).unwrap_or(usize::MAX);
+        body > MAX_BODY || queued_bytes(sock)? >= HEADER_LEN + body
+    };
+    // Bytes still queued hide the end of file from `recv` (it returns
+    // them, not 0), so a peer that closed after part of a message is
+    // seen by `poll`'s hang-up flags: the handler then reads the part,
+    // meets the end of file and ends the connection.
+    Ok(Some(whole || hung_up(sock)?))
+}
+
+/// Whether the peer of `sock` shut down its sending side or closed:
+/// nothing more will arrive.
+fn hung_up(sock: RawFd) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: sock,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call; no waiting.
+    match unsafe { libc::poll(&raw mut pfd, 1, 0) } {
+        n if n > 0 => Ok(pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0),
+        0 => Ok(false),
+        _ => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
     }
-    let body = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-    let body = usize::try_from(body).unwrap_or(usize::MAX);
-    if body > MAX_BODY {
-        return Ok(Some(true));
-    }
-    Ok(Some(queued_bytes(sock)? >= HEADER_LEN + body))
 }
 
 fn queued_bytes(sock: RawFd) -> io::Result<usize> {
@@ -217,6 +247,28 @@ mod tests {
             new_stop().as_raw_fd(),
             Duration::from_secs(30),
         );
+        assert_eq!(w.unwrap(), Wait::Ready);
+    }
+
+    #[test]
+    fn a_peer_that_hangs_up_mid_message_is_ready_at_once() {
+        let stop = new_stop();
+        // Half a header, and a header with half its body.
+        for part in [
+            &[1u8, 0, 0][..],
+            &[1, 0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0],
+        ] {
+            let (mut fe, be) = UnixStream::pair().unwrap();
+            fe.write_all(part).unwrap();
+            drop(fe);
+            let w = wait_for_message(be.as_raw_fd(), stop.as_raw_fd(), Duration::from_secs(5));
+            assert_eq!(w.unwrap(), Wait::Ready, "{part:?}");
+        }
+        // Shutting down only the sending side counts as hanging up too.
+        let (mut fe, be) = UnixStream::pair().unwrap();
+        fe.write_all(&[1, 0, 0]).unwrap();
+        fe.shutdown(std::net::Shutdown::Write).unwrap();
+        let w = wait_for_message(be.as_raw_fd(), stop.as_raw_fd(), Duration::from_secs(5));
         assert_eq!(w.unwrap(), Wait::Ready);
     }
 
