@@ -7,7 +7,7 @@
 # replace Debian's in the guest initramfs (tests/guest/build-initramfs.sh).
 #
 # The patches are checked with that source's scripts/checkpatch.pl first.
-# Cached under target/guest-modules/KEY/, KEY = kernel package version +
+# Cached under $(cache_dir guest-modules)/KEY/ (scripts/lib/cache.sh), KEY = kernel package version +
 # patches + this script + the Kbuild file: a rerun with nothing changed
 # costs a few dpkg queries and a hash.
 #
@@ -28,7 +28,10 @@ version="$(dpkg-query -W -f='${Version}' "linux-image-$kver")"
 series="$(echo "$kver" | cut -d. -f1,2)"
 kbuild="$repo/tests/guest/kmod/Kbuild"
 key="$( { echo "$kver $version"; cat patches/linux/*.patch "$0" "$kbuild"; } | sha256sum | cut -c1-16)"
-out="$repo/target/guest-modules/$key"
+# shellcheck source=scripts/lib/cache.sh
+source "$repo/scripts/lib/cache.sh"
+cache="$(cache_dir guest-modules)"
+out="$cache/$key"
 mods=(virtio virtio_ring virtio_pci virtio_pci_modern_dev virtio_pci_legacy_dev virtio_scsi)
 if [ -d "$out" ] && [ -s "$out/virtio_scsi.ko" ]; then
     echo "$out"
@@ -42,7 +45,7 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/sqcq-kmod.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 # The source package of exactly this version (downloaded, not installed:
 # only a few files of its tarball are needed).
-debs="$repo/target/guest-modules/debs"
+debs="$cache/debs"
 mkdir -p "$debs"
 deb="$debs/linux-source-${series}_${version}_all.deb"
 if [ ! -s "$deb" ]; then
@@ -96,7 +99,7 @@ done
 rm -rf "$out"
 mv "$out.tmp" "$out"
 # drop older builds
-for d in "$repo"/target/guest-modules/*/; do
+for d in "$cache"/*/; do
     d="${d%/}"
     case "$d" in "$out"|*/debs) ;; *) rm -rf "$d" ;; esac
 done

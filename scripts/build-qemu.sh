@@ -6,7 +6,8 @@
 # (x86_64 system emulation, TCG, vhost-user; firmware from Debian's
 # qemu-system-data and seabios packages).
 #
-# Cached under target/qemu/KEY/, KEY = source version + patches + this
+# Cached under $(cache_dir qemu)/KEY/ (scripts/lib/cache.sh: /var/cache/sqcq
+# as root), KEY = source version + patches + this
 # script: a rerun with nothing changed costs one dpkg query and a hash.
 #
 #   scripts/build-qemu.sh      prints the path of qemu-system-x86_64
@@ -21,7 +22,9 @@ log() { echo "build-qemu: $*" >&2; }
 version="$(dpkg-query -W -f='${source:Version}' qemu-system-x86 2>/dev/null || true)"
 [ -n "$version" ] || { log "qemu-system-x86 is not installed"; exit 1; }
 key="$( { echo "$version"; cat patches/qemu/*.patch "$0"; } | sha256sum | cut -c1-16)"
-out="$repo/target/qemu/$key"
+# shellcheck source=scripts/lib/cache.sh
+source "$repo/scripts/lib/cache.sh"
+out="$(cache_dir qemu)/$key"
 bin="$out/bin/qemu-system-x86_64"
 if [ -x "$bin" ]; then
     echo "$bin"

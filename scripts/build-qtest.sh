@@ -8,7 +8,7 @@
 # emulation, vhost-user, and the tools and vhost-user-blk server that its
 # meson.build asks for (neither is built here: only the two programs).
 #
-# Cached under target/qtest/KEY/, KEY = source version + the configure
+# Cached under $(cache_dir qtest)/KEY/ (scripts/lib/cache.sh), KEY = source version + the configure
 # options and ninja targets below (what decides the binaries; comments may
 # change without a rebuild): a rerun with nothing changed costs one
 # apt-cache query and a hash.
@@ -40,7 +40,9 @@ configure_opts=(--target-list=x86_64-softmmu
     --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu)
 targets=(qemu-system-x86_64 tests/qtest/qos-test)
 key="$(echo "$version ${configure_opts[*]} ${targets[*]}" | sha256sum | cut -c1-16)"
-out="$repo/target/qtest/$key"
+# shellcheck source=scripts/lib/cache.sh
+source "$repo/scripts/lib/cache.sh"
+out="$(cache_dir qtest)/$key"
 if [ -x "$out/bin/qos-test" ] && [ -x "$out/bin/qemu-system-x86_64" ]; then
     echo "$out"
     exit 0

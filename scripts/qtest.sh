@@ -32,6 +32,7 @@ mapfile -t tests < <(QTEST_QEMU_BINARY="$out/bin/qemu-system-x86_64" "$out/bin/q
 [ "${#tests[@]}" -ge 6 ] || { log "qos-test lists ${#tests[@]} vhost-user-blk tests, not 6"; exit 1; }
 
 # The tests make their disk images in the working directory.
+mkdir -p "$repo/target/qtest"
 work="$(mktemp -d "$repo/target/qtest/run.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 log "${#tests[@]} tests against $SQCQD"
