@@ -485,6 +485,13 @@ impl RequestHandler for BlkQueue {
         usize::try_from(self.in_flight).unwrap_or(usize::MAX)
     }
 
+    fn cancel(&mut self, ring: &Vring) {
+        if let Err(e) = self.io.cancel() {
+            warn!(device = %ring.device().name, vq = ring.key().vq,
+                "cannot cancel backstore requests: {e}");
+        }
+    }
+
     fn memory_changed(&mut self) {
         self.pins.release_idle();
     }

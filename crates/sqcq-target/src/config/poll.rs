@@ -107,6 +107,7 @@ impl From<FilePoll> for PollOptions {
             stats_interval: f.stats_interval.map_or(d.stats_interval, interval),
             stats_file: f.stats_file,
             spin: f.spin_us.map_or(d.spin, |[min, max]| spin_config(min, max)),
+            stop_timeout: d.stop_timeout,
         }
     }
 }

@@ -153,7 +153,7 @@ impl QueueMetrics {
     }
 
     /// The queue stopped (it keeps its figures and whether it broke);
-    /// requests it abandoned are no longer in flight.
+    /// nothing is in flight any more.
     pub fn stopped(&self) {
         self.in_flight.store(0, Ordering::Relaxed);
         self.state.fetch_and(!RUNNING, Ordering::Relaxed);

@@ -51,8 +51,9 @@ pub enum WorkerCommand {
         /// Whether it started.
         reply: SyncSender<Result<(), QueueError>>,
     },
-    /// Stop serving a queue after its in-flight requests completed (or
-    /// `deadline` passed: they are abandoned).
+    /// Stop serving a queue after its in-flight requests completed (past
+    /// `deadline` they are cancelled, and their completions waited for:
+    /// see `ServedQueue::stop`).
     Stop {
         /// The queue.
         key: QueueKey,
@@ -132,7 +133,8 @@ pub enum WorkerCommand {
 }
 
 /// How long stopping a queue waits for its requests in flight before it
-/// abandons them (the SCSI command timeout of Linux guests).
+/// cancels them (the SCSI command timeout of Linux guests); the default
+/// of `PollOptions::stop_timeout`.
 pub const QUEUE_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A command could not be answered.

@@ -241,6 +241,15 @@ impl RequestHandler for ScsiQueue {
         usize::try_from(self.inflight.len()).unwrap_or(usize::MAX)
     }
 
+    fn cancel(&mut self, ring: &Vring) {
+        for l in &mut self.luns {
+            if let Err(e) = l.io.cancel() {
+                warn!(device = %ring.device().name, vq = ring.key().vq, lun = l.lun,
+                    "cannot cancel backstore requests: {e}");
+            }
+        }
+    }
+
     fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError> {
         match update.downcast_ref::<Arc<Target>>() {
             Some(target) => self.set_target(ring, target),

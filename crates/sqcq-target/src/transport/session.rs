@@ -32,6 +32,13 @@ use crate::transport::memory::{GuardedRegion, Mapping};
 /// How long after its deadline a worker's answer to a stop may take.
 const REPLY_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a stop waits, past its deadline, for the requests it
+/// cancelled to complete before it ends the process (`stop_failed`). The
+/// kernel completes a cancelled request at once unless it is already
+/// running and cannot be interrupted (a regular file's read or write in
+/// io-wq): this is how long such an operation may take.
+const CANCEL_GRACE: std::time::Duration = QUEUE_STOP_TIMEOUT;
+
 /// How long a queue being moved to another worker waits for its requests
 /// in flight (its worker serves nothing else meanwhile); past it the
 /// queue stays where it is.
@@ -604,17 +611,24 @@ impl Session {
             Running::Worker(w) => {
                 let key = self.key(index);
                 // The worker waits for requests in flight until the
-                // deadline; its answer follows at once.
-                let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
+                // deadline, then cancels what is left and waits for those
+                // completions (`ServedQueue::stop`): it answers once
+                // nothing can touch the ring or the memory any more.
+                let deadline = self.pool.deadline(self.pool.options().stop_timeout);
                 let call = |reply| WorkerCommand::Stop {
                     key,
                     deadline,
                     reply,
                 };
-                match self.pool.call(w, call, deadline + REPLY_MARGIN) {
+                match self
+                    .pool
+                    .call(w, call, deadline + CANCEL_GRACE + REPLY_MARGIN)
+                {
                     Ok(Some(report)) => Some(report.next_avail),
                     Ok(None) => None,
-                    Err(e) => {
+                    Err(WorkerGone::TimedOut(_)) => stop_failed(&self.dev.info, vq, w),
+                    Err(e @ WorkerGone::Exited(_)) => {
+                        // The thread and everything it served are gone.
                         error!(device = %self.dev.info.name, vq, "cannot stop: {e}");
                         None
                     }
@@ -711,8 +725,9 @@ impl Session {
 
     /// Ends the connection: stops every queue, tells the device (for SCSI:
     /// the I_T nexus is gone), and unmaps guest memory. Returns the
-    /// regions something still uses (requests abandoned by a queue that
-    /// could not stop in time), for the caller to unmap later.
+    /// regions something still uses, for the caller to unmap later: no
+    /// request of a stopped queue (a stop waits for every completion),
+    /// but a map a worker that exited may have left referenced.
     pub fn teardown(&mut self) -> Vec<GuardedRegion> {
         self.reset_rings();
         self.backend_channel = None;
@@ -726,6 +741,24 @@ impl Session {
         info!(device = %self.dev.info.name, "connection closed");
         std::mem::take(&mut self.retired)
     }
+}
+
+/// A worker did not answer a stop: it still serves the queue, waiting
+/// for backstore requests that neither complete nor cancel, and may
+/// touch the ring, the doorbells and the guest memory when they do.
+/// Spec 7.3.2 S5: GET_VRING_BASE must not be answered and the queue must
+/// not start again while that may happen, and the memory those requests
+/// write into must stay mapped. Waiting on would hang this device's
+/// connection (and the frontend, which waits for the answer) for as
+/// long as the backstore does; ending the process turns the stop into
+/// a crash, which the frontend recovers from by reconnecting to a
+/// restarted daemon (resubmitting from the in-flight area where it keeps
+/// one), and which no kernel copy can outlive into reused memory.
+fn stop_failed(info: &DeviceInfo, vq: u16, worker: usize) -> ! {
+    error!(device = %info.name, vq,
+        "worker {worker} did not stop the queue: backstore requests neither complete nor \
+         cancel; ending the process (vhost-user stop rule S5)");
+    std::process::abort()
 }
 
 /// Tells the frontend the configuration space changed, on `channel`;

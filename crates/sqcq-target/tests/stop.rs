@@ -1,0 +1,239 @@
+//! A queue stopped while its backstore holds requests (spec 7.3.2 S1,
+//! S5): past the stop deadline the requests are cancelled and waited for,
+//! never abandoned with the kernel still copying through guest memory.
+//!
+//! The backstore is really blocked, with no test hook: a thread of this
+//! test writes to the disk file from a page registered with userfaultfd
+//! and never served, so that it faults while it holds the file's inode
+//! lock. The daemon's direct writes to that file then wait in io_uring's
+//! io-wq: as many as io-wq runs at once (4 per CPU) in kernel threads
+//! that sleep on the lock, which no cancellation interrupts, and the rest
+//! queued behind them, which a cancellation ends at once.
+
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
+mod common;
+
+use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use common::raw_ring::{Guest, Vq, connect_device};
+use common::*;
+use sqcq_target::Daemon;
+use sqcq_target::config::{
+    BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, PollOptions, QueueMap,
+};
+use sqcq_wire::blk::{RequestHeader, RequestType, Status};
+
+const DISK: u64 = 8 << 20;
+const LEN: u32 = 4096;
+
+fn start(dir: &TempDir) -> (Daemon, std::path::PathBuf) {
+    let socket = dir.path("blk.sock");
+    let mut disk = lun(BackstoreKind::File, DISK);
+    disk.path = Some(dir.path("disk"));
+    disk.create = true;
+    let config = DaemonConfig {
+        poll: PollOptions {
+            stop_timeout: Duration::from_millis(300),
+            ..PollOptions::default()
+        },
+        workers: 1,
+        admin_socket: None,
+        seccomp: Default::default(),
+        service: Default::default(),
+        devices: vec![DeviceConfig {
+            device_type: DeviceType::Blk,
+            socket_path: socket.clone(),
+            luns: vec![disk],
+            num_queues: 1,
+            queue_size: QUEUE_SIZE,
+            queue_map: QueueMap::default(),
+        }],
+    };
+    config.validate().unwrap();
+    (Daemon::start(&config).unwrap(), socket)
+}
+
+/// A write of `data` at `sector`, its data buffer aligned for the file
+/// backstore's direct descriptor; made available, not kicked. Returns its
+/// head and its status byte's address.
+fn write(vq: &mut Vq, g: &mut Guest, sector: u64, data: &[u8]) -> (u16, u64) {
+    let h = g.alloc(16);
+    g.write(
+        h,
+        &RequestHeader {
+            kind: RequestType::Out,
+            ioprio: 0,
+            sector,
+        }
+        .encode(),
+    );
+    let d = g.alloc(data.len() as u32 + 512).next_multiple_of(512);
+    g.write(d, data);
+    let s = g.alloc(1);
+    g.write(s, &[0xff]);
+    let head = vq.add(
+        g,
+        &[(h, 16, false), (d, data.len() as u32, false), (s, 1, true)],
+    );
+    (head, s)
+}
+
+/// Holds the inode lock of `path` until dropped: a thread writes to the
+/// file from a userfaultfd page nobody serves. Dropping closes the
+/// userfaultfd, which fails that write (EFAULT) and releases the lock.
+struct InodeLock {
+    uffd: Option<OwnedFd>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InodeLock {
+    fn hold(path: &std::path::Path) -> InodeLock {
+        // SAFETY: userfaultfd(2) with flags only.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+        assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor owned by nobody else.
+        let uffd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let mut api = [0u64; 3]; // struct uffdio_api: api, features, ioctls
+        api[0] = 0xaa; // UFFD_API
+        // SAFETY: UFFDIO_API reads and writes a struct uffdio_api.
+        let rc = unsafe { libc::ioctl(uffd.as_raw_fd(), 0xc018_aa3f, api.as_mut_ptr()) };
+        assert_eq!(rc, 0, "UFFDIO_API: {}", std::io::Error::last_os_error());
+        // SAFETY: an anonymous private mapping of one page.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        // struct uffdio_register: range { start, len }, mode, ioctls.
+        let mut reg = [page as u64, 4096, 1 /* MISSING */, 0];
+        // SAFETY: UFFDIO_REGISTER reads and writes a struct uffdio_register.
+        let rc = unsafe { libc::ioctl(uffd.as_raw_fd(), 0xc020_aa00, reg.as_mut_ptr()) };
+        assert_eq!(
+            rc,
+            0,
+            "UFFDIO_REGISTER: {}",
+            std::io::Error::last_os_error()
+        );
+        let file = OpenOptions::new().write(true).open(path).unwrap();
+        let at = page as usize;
+        let writer = std::thread::spawn(move || {
+            // SAFETY: the page stays mapped (never unmapped); the write
+            // faults on it under the inode lock until the userfaultfd
+            // closes, then fails.
+            let buf = unsafe { std::slice::from_raw_parts(at as *const u8, 4096) };
+            let _ = file.write_at(buf, 0);
+        });
+        // The fault is reported once the writer is inside, holding the
+        // lock: wait for it (bounded).
+        let mut pfd = libc::pollfd {
+            fd: uffd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, WAIT.as_millis() as i32) };
+        assert_eq!(n, 1, "the writer did not fault");
+        InodeLock {
+            uffd: Some(uffd),
+            writer: Some(writer),
+        }
+    }
+
+    fn release(&mut self) {
+        self.uffd = None;
+        if let Some(w) = self.writer.take() {
+            w.join().unwrap();
+        }
+    }
+}
+
+impl Drop for InodeLock {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+fn in_flight(d: &Daemon) -> u32 {
+    let m = &d.device(0).unwrap().info.metrics;
+    m.queues().map(|q| q.in_flight).sum()
+}
+
+/// More writes than io-wq runs at once on this machine (4 per CPU).
+fn writes() -> u16 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    u16::try_from(4 * cpus + 4).unwrap().min(QUEUE_SIZE / 3)
+}
+
+#[test]
+fn a_stop_past_its_deadline_cancels_and_waits_for_the_backstore_then_serves_again() {
+    let dir = TempDir::new("stop-cancel");
+    let (daemon, socket) = start(&dir);
+    let mut g = Guest::new();
+    let mut vqs = vec![Vq::new(0)];
+    let fe = connect_device(&socket, &g, &mut vqs, false, 0);
+
+    let mut lock = InodeLock::hold(&dir.path("disk"));
+    let n = writes();
+    let mut status = std::collections::HashMap::new();
+    for i in 0..n {
+        let (head, at) = write(&mut vqs[0], &mut g, 8 * u64::from(i), &[0xa1; LEN as usize]);
+        status.insert(head, at);
+    }
+    vqs[0].kick(&g);
+    wait_until("the writes in flight", || {
+        in_flight(&daemon) == u32::from(n)
+    });
+
+    // The frontend goes away: the queue stops and past its deadline
+    // cancels the writes. The queued ones complete at once, with an error;
+    // the running ones wait for the lock, the guest memory they copy from
+    // still mapped by the daemon.
+    drop(fe);
+    let (head, _) = vqs[0].wait_used(&g);
+    assert_eq!(
+        g.read(status[&head], 1)[0],
+        Status::IoErr as u8,
+        "cancelled"
+    );
+    let cancelled = vqs[0].used_idx(&g);
+    assert!(cancelled < n, "the running writes are still waited for");
+    for _ in 1..cancelled {
+        let (head, _) = vqs[0].wait_used(&g);
+        assert_eq!(g.read(status[&head], 1)[0], Status::IoErr as u8);
+    }
+
+    // The backstore lets go: the running writes complete (whatever their
+    // result) and are published before the stop ends.
+    lock.release();
+    for _ in cancelled..n {
+        let (head, _) = vqs[0].wait_used(&g);
+        assert_ne!(g.read(status[&head], 1)[0], 0xff, "its status was written");
+    }
+
+    // The daemon survived and serves a new frontend.
+    let mut g2 = Guest::new();
+    let mut vqs2 = vec![Vq::new(0)];
+    let _fe2 = connect_device(&socket, &g2, &mut vqs2, false, 0);
+    let sector = 8 * u64::from(n);
+    let (_, at) = write(&mut vqs2[0], &mut g2, sector, &[0xb3; LEN as usize]);
+    vqs2[0].kick(&g2);
+    vqs2[0].wait_used(&g2);
+    assert_eq!(g2.read(at, 1)[0], Status::Ok as u8);
+    let mut back = vec![0u8; LEN as usize];
+    std::fs::File::open(dir.path("disk"))
+        .unwrap()
+        .read_exact_at(&mut back, sector * 512)
+        .unwrap();
+    assert_eq!(back, vec![0xb3; LEN as usize]);
+    daemon.shutdown();
+}
