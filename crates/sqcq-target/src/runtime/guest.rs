@@ -126,6 +126,21 @@ impl DirtyLog {
     pub fn beyond(&self) -> u64 {
         self.beyond.load(Ordering::Relaxed)
     }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The bytes of dirty log that cover every page of `mem`, up to its last
+/// guest address (one bit per [`LOG_PAGE`], as the frontend sizes it).
+pub fn log_bytes_needed(mem: &GuestMem) -> u64 {
+    if mem.num_regions() == 0 {
+        return 0;
+    }
+    let pages = mem.last_addr().0 / LOG_PAGE + 1;
+    pages.div_ceil(8)
 }
 
 /// The dirty bitmap of one region while dirty logging is on: the

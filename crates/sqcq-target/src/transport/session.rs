@@ -287,6 +287,16 @@ impl Session {
         } else {
             None
         };
+        if let Some(why) = log
+            .as_deref()
+            .and_then(|l| crate::transport::handler::log_too_small(l, &self.mem.memory()))
+        {
+            // Logging into a log that misses pages would lose them in the
+            // migration: the connection ends (see `set_log_base`).
+            error!(device = %self.dev.info.name, "cannot log: {why}");
+            self.fatal = Some(format!("dirty log refused: {why}"));
+            return false;
+        }
         let map = match crate::transport::memory::memory_map(&mut self.regions, log.as_ref()) {
             Ok(m) => m,
             Err(e) => {
