@@ -118,6 +118,15 @@ pub enum WorkerCommand {
         /// The vrings armed here.
         reply: SyncSender<Vec<u16>>,
     },
+    /// Answer at once. The worker handles commands only between two ring
+    /// operations, and each operation loads the device's memory map
+    /// anew when it changed (`MemoryView::take`): once it answered, it
+    /// holds no map older than the one current when this was sent (a
+    /// dirty-logging switch waits for that, see `Session::remap`).
+    Barrier {
+        /// Answered at once.
+        reply: SyncSender<()>,
+    },
     /// End the thread if it serves no queue; otherwise answer how many
     /// it serves and go on (freeing a worker).
     Retire {
@@ -739,6 +748,9 @@ impl Worker {
                         return false;
                     }
                     let _ = reply.send(Err(served));
+                }
+                WorkerCommand::Barrier { reply } => {
+                    let _ = reply.send(());
                 }
                 WorkerCommand::Exit { deadline } => {
                     self.stop_all(deadline);

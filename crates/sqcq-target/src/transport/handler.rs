@@ -28,6 +28,7 @@ use virtio_bindings::bindings::virtio_ring::{
 
 use crate::runtime::eventfd::{FdRole, PeerEventFd};
 use crate::runtime::guest::{DirtyLog, GuestMem};
+use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::tracking::{InflightArea, queue_region_size};
 use crate::transport::backend_channel::BackendChannel;
 use crate::transport::session::Session;
@@ -476,9 +477,17 @@ impl VhostUserBackendReqHandlerMut for Session {
         )
         .map_err(|e| refuse(crate::runtime::error_chain(&e)))?;
         let (ptr, len) = (map.ptr(), map.len());
+        // Pages beyond the log (none: its size is checked below and at
+        // every memory change) are counted and logged, rate-limited.
+        let info = std::sync::Arc::clone(&self.dev.info);
+        let lost = Box::new(move |gpa: u64| {
+            DeviceMetrics::bump(&info.metrics.log_marks_lost);
+            crate::guest_warn!(info.limiter, device = %info.name,
+                "page {gpa:#x} written beyond the end of the dirty log: not marked");
+        });
         // SAFETY: the mapping is `len` bytes and lives as long as the log
         // (it is the log's keeper).
-        let dirty = unsafe { DirtyLog::new(ptr, len, Box::new(map)) };
+        let dirty = unsafe { DirtyLog::new(ptr, len, Box::new(map), lost) };
         // A log that does not reach the end of guest memory would leave
         // the pages past it unmarked, and the migration would copy them
         // stale. (Without a memory table yet, SET_MEM_TABLE checks.)

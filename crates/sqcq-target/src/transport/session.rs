@@ -308,6 +308,17 @@ impl Session {
             return false;
         }
         self.pool.nudge_all();
+        // A worker in the middle of a ring operation still writes through
+        // the map it loaded before the switch: with logging turned on,
+        // without marking. The frontend may read and clear the log as soon
+        // as this switch is answered, and copy a page such a write then
+        // changes: so the answer waits until every worker serving this
+        // device has finished the operation it was in (`Barrier`: its
+        // next one loads the new map, the command channel ordering the
+        // `replace` above before that load).
+        if !workers_caught_up(&self.pool, &self.vrings, &self.dev.info) {
+            return false;
+        }
         info!(device = %self.dev.info.name, logging = log.is_some(), "memory map rebuilt");
         true
     }
@@ -801,10 +812,21 @@ fn config_changed(channel: Option<&BackendChannel>, info: &DeviceInfo) -> bool {
     }
 }
 
-/// Waits until every request of the device in flight now completed, on
-/// every worker serving one of its queues, or [`QUEUE_STOP_TIMEOUT`]
-/// passed; returns whether they all did.
-fn drain_requests(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+/// Waits until every worker serving a queue of the device has finished
+/// the ring operation it was in ([`WorkerCommand::Barrier`]); false if
+/// one did not answer within [`QUEUE_STOP_TIMEOUT`].
+fn workers_caught_up(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+    let deadline = pool.deadline(QUEUE_STOP_TIMEOUT);
+    serving_workers(vrings).into_iter().all(|w| {
+        let call = |reply| WorkerCommand::Barrier { reply };
+        pool.call(w, call, deadline)
+            .inspect_err(|e| error!(device = %info.name, "memory map switch: {e}"))
+            .is_ok()
+    })
+}
+
+/// The workers serving a queue of the device, each once.
+fn serving_workers(vrings: &[Vring]) -> Vec<usize> {
     let mut workers: Vec<usize> = vrings
         .iter()
         .filter_map(|v| match v.running {
@@ -814,6 +836,14 @@ fn drain_requests(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> boo
         .collect();
     workers.sort_unstable();
     workers.dedup();
+    workers
+}
+
+/// Waits until every request of the device in flight now completed, on
+/// every worker serving one of its queues, or [`QUEUE_STOP_TIMEOUT`]
+/// passed; returns whether they all did.
+fn drain_requests(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+    let workers = serving_workers(vrings);
     let device = info.id;
     let deadline = pool.deadline(QUEUE_STOP_TIMEOUT);
     let mut drained = true;
