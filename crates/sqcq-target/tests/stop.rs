@@ -19,7 +19,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
-use common::raw_ring::{Guest, Vq, connect_device};
+use common::raw_ring::{
+    Guest, Vq, clear_unit_attention, connect_device, connect_with, lun_field, read_resp, submit,
+    vqs as scsi_vqs, write10,
+};
 use common::*;
 use sqcq_target::Daemon;
 use sqcq_target::config::{
@@ -30,8 +33,10 @@ use sqcq_wire::blk::{RequestHeader, RequestType, Status};
 const DISK: u64 = 8 << 20;
 const LEN: u32 = 4096;
 
-fn start(dir: &TempDir) -> (Daemon, std::path::PathBuf) {
-    let socket = dir.path("blk.sock");
+/// A daemon with one device of `device_type` on a file of `dir`, with a
+/// stop deadline of 300 ms.
+fn start(dir: &TempDir, device_type: DeviceType) -> (Daemon, std::path::PathBuf) {
+    let socket = dir.path("dev.sock");
     let mut disk = lun(BackstoreKind::File, DISK);
     disk.path = Some(dir.path("disk"));
     disk.create = true;
@@ -45,7 +50,7 @@ fn start(dir: &TempDir) -> (Daemon, std::path::PathBuf) {
         seccomp: Default::default(),
         service: Default::default(),
         devices: vec![DeviceConfig {
-            device_type: DeviceType::Blk,
+            device_type,
             socket_path: socket.clone(),
             luns: vec![disk],
             num_queues: 1,
@@ -177,7 +182,7 @@ fn writes() -> u16 {
 #[test]
 fn a_stop_past_its_deadline_cancels_and_waits_for_the_backstore_then_serves_again() {
     let dir = TempDir::new("stop-cancel");
-    let (daemon, socket) = start(&dir);
+    let (daemon, socket) = start(&dir, DeviceType::Blk);
     let mut g = Guest::new();
     let mut vqs = vec![Vq::new(0)];
     let fe = connect_device(&socket, &g, &mut vqs, false, 0);
@@ -235,5 +240,83 @@ fn a_stop_past_its_deadline_cancels_and_waits_for_the_backstore_then_serves_agai
         .read_exact_at(&mut back, sector * 512)
         .unwrap();
     assert_eq!(back, vec![0xb3; LEN as usize]);
+    daemon.shutdown();
+}
+
+/// The SCSI request queue of `scsi_vqs`.
+const RQ: usize = 2;
+
+/// Pads `g`'s allocations so that the data-out buffer `submit` allocates
+/// next (after a 64-byte request header) is 512-byte aligned, for the
+/// file backstore's direct descriptor.
+fn align_data_out(g: &mut Guest) {
+    let at = g.alloc(1);
+    let pad = (512 - (at + 64 + 64) % 512) % 512;
+    if pad > 0 {
+        g.alloc(pad as u32);
+    }
+}
+
+#[test]
+fn a_scsi_queue_stop_past_its_deadline_cancels_and_waits_for_the_backstore() {
+    let dir = TempDir::new("stop-cancel-scsi");
+    let (daemon, socket) = start(&dir, DeviceType::Scsi);
+    let mut g = Guest::new();
+    let mut vqs = scsi_vqs();
+    let fe = connect_with(&socket, &g, &mut vqs, false, 0);
+    clear_unit_attention(&mut vqs[RQ], &mut g, 0);
+
+    let mut lock = InodeLock::hold(&dir.path("disk"));
+    let n = writes();
+    let mut resp = std::collections::HashMap::new();
+    for i in 0..n {
+        align_data_out(&mut g);
+        let p = submit(
+            &mut vqs[RQ],
+            &mut g,
+            lun_field(0, 0),
+            &write10(8 * u32::from(i), 8),
+            &[0xc4; LEN as usize],
+            0,
+        );
+        resp.insert(p.head, p.resp);
+    }
+    vqs[RQ].kick(&g);
+    wait_until("the writes in flight", || {
+        in_flight(&daemon) == u32::from(n)
+    });
+
+    // As for blk: the queued writes are cancelled and fail at once (CHECK
+    // CONDITION), the running ones are waited for.
+    drop(fe);
+    let (head, _) = vqs[RQ].wait_used(&g);
+    assert_eq!(read_resp(&g, resp[&head]).status, 2, "cancelled");
+    let cancelled = vqs[RQ].used_idx(&g) - vqs[RQ].last_used + 1;
+    assert!(cancelled < n, "the running writes are still waited for");
+    for _ in 1..cancelled {
+        let (head, _) = vqs[RQ].wait_used(&g);
+        assert_eq!(read_resp(&g, resp[&head]).status, 2);
+    }
+    lock.release();
+    for _ in cancelled..n {
+        vqs[RQ].wait_used(&g);
+    }
+
+    // The daemon survived and serves a new frontend.
+    let mut g2 = Guest::new();
+    let mut vqs2 = scsi_vqs();
+    let _fe2 = connect_with(&socket, &g2, &mut vqs2, false, 0);
+    clear_unit_attention(&mut vqs2[RQ], &mut g2, 0);
+    let p = submit(
+        &mut vqs2[RQ],
+        &mut g2,
+        lun_field(0, 0),
+        &write10(0, 8),
+        &[0xd5; LEN as usize],
+        0,
+    );
+    vqs2[RQ].kick(&g2);
+    assert_eq!(vqs2[RQ].wait_used(&g2).0, p.head);
+    assert_eq!(read_resp(&g2, p.resp).status, 0);
     daemon.shutdown();
 }
