@@ -320,3 +320,92 @@ fn a_scsi_queue_stop_past_its_deadline_cancels_and_waits_for_the_backstore() {
     assert_eq!(read_resp(&g2, p.resp).status, 0);
     daemon.shutdown();
 }
+
+/// Spec 7.3.2 S5: a worker that cannot finish a stop (a backstore write
+/// that neither completes nor cancels) keeps GET_VRING_BASE unanswered and
+/// the memory mapped; the real binary then ends the process (a crash for
+/// the frontend) rather than start the vring again under it.
+#[test]
+fn a_stop_the_backstore_never_lets_finish_ends_the_process_unanswered() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+
+    let dir = TempDir::new("stop-abort");
+    let socket = dir.path("scsi.sock");
+    let stats = dir.path("stats.json");
+    let disk = dir.path("disk");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .arg("--socket-path")
+        .arg(&socket)
+        .arg("--lun")
+        .arg(format!("kind=file,path={},size=8M,create", disk.display()))
+        .args(["--stop-timeout", "1", "--stats-interval", "1"])
+        .arg("--stats-file")
+        .arg(&stats)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path("sqcqd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _log = LogOnPanic(dir.path("sqcqd.log"), child.id());
+    wait_until("the socket", || socket.exists() && disk.exists());
+
+    let mut g = Guest::new();
+    let mut vqs = scsi_vqs();
+    let fe = connect_with(&socket, &g, &mut vqs, false, 0);
+    clear_unit_attention(&mut vqs[RQ], &mut g, 0);
+    let mut lock = InodeLock::hold(&disk);
+    align_data_out(&mut g);
+    submit(
+        &mut vqs[RQ],
+        &mut g,
+        lun_field(0, 0),
+        &write10(0, 8),
+        &[0xe6; LEN as usize],
+        0,
+    );
+    vqs[RQ].kick(&g);
+    let in_flight_by = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = std::fs::read_to_string(&stats).unwrap_or_default();
+        if s.replace([' ', '\n'], "").contains("\"in_flight\":1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < in_flight_by,
+            "not in flight: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // GET_VRING_BASE: no answer while the write runs. The worker waits
+    // for it past the deadline and past the grace after the cancel
+    // (30 s); then the daemon ends the process.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(vhost::VhostBackend::get_vring_base(&fe, RQ).map_err(|e| e.to_string()));
+    });
+    let log = dir.path("sqcqd.log");
+    let ending = std::time::Instant::now() + Duration::from_secs(90);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("ending the process")
+    {
+        assert!(
+            std::time::Instant::now() < ending,
+            "the process did not end"
+        );
+        assert!(rx.try_recv().is_err(), "GET_VRING_BASE answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The kernel itself holds the exit until the io-wq write is done
+    // (io_uring cancels and waits for a task's requests as it exits),
+    // so the memory stays mapped until then: let the write go.
+    assert_eq!(vqs[RQ].used_idx(&g), vqs[RQ].last_used, "nothing published");
+    lock.release();
+    let answer = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the socket did not close");
+    assert!(answer.is_err(), "GET_VRING_BASE answered: {answer:?}");
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGABRT), "{status:?}");
+}
