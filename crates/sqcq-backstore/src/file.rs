@@ -311,6 +311,10 @@ impl Backstore for FileBackstore {
     }
 }
 
+/// The `user_data` of a cancel request: beyond every slot (at most 4096),
+/// so that `Slots::release` finds nothing and `reap` skips its completion.
+const CANCEL_TAG: u64 = u64::MAX;
+
 struct FileQueue {
     ring: IoUring,
     eventfd: OwnedFd,
@@ -476,6 +480,24 @@ impl BackstoreQueue for FileQueue {
             };
             done(tag, result);
         }
+    }
+
+    /// One `IORING_OP_ASYNC_CANCEL` with `IORING_ASYNC_CANCEL_ANY` (every
+    /// request of the ring, Linux 5.19 on; an older kernel fails the
+    /// cancel request with EINVAL and the requests are waited for as they
+    /// are). Cancelled requests complete with ECANCELED (or EINTR, from
+    /// io-wq) through `reap`; the cancel's own completion carries
+    /// [`CANCEL_TAG`], which names no slot and is skipped there.
+    fn cancel(&mut self) -> Result<(), BackstoreError> {
+        if self.slots.in_flight() == 0 {
+            return Ok(());
+        }
+        let entry = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+            .build()
+            .user_data(CANCEL_TAG);
+        // A cancel request names no buffer; it goes out at once.
+        self.push(&entry)?;
+        self.commit()
     }
 
     fn in_flight(&self) -> u32 {

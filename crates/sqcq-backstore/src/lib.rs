@@ -156,6 +156,19 @@ pub trait BackstoreQueue: Send {
     /// as `commit` returns. Reading it (8 bytes) rearms it.
     fn completion_fd(&self) -> Option<RawFd>;
 
+    /// Asks the backstore to end every request in flight early (a queue
+    /// stopping past its deadline). Each request still completes through
+    /// [`reap`](Self::reap), failed if it was cancelled, done if it
+    /// finished first: the memory its iovecs name stays in use until
+    /// then, as [`submit`](Self::submit) says, whatever this returns. An
+    /// operation already running in a kernel thread (a regular file's
+    /// read or write in io-wq) may not be cancellable at all and can only
+    /// be waited for. Calling it again is harmless; the default does
+    /// nothing (backstores that complete requests inside `commit`).
+    fn cancel(&mut self) -> Result<(), BackstoreError> {
+        Ok(())
+    }
+
     /// Restricts the kernel threads that do this queue's asynchronous
     /// completion work to `cpus` (io_uring's `IORING_REGISTER_IOWQ_AFF`),
     /// so that it does not compete with poll threads bound elsewhere.

@@ -267,7 +267,9 @@ impl Daemon {
 
     /// Stops accepting connections, finishes in-flight I/O, stops the
     /// workers. Requests the backstore has not completed within
-    /// [`SHUTDOWN_GRACE`] are abandoned; whatever frontends do, nothing
+    /// [`SHUTDOWN_GRACE`] are cancelled and their completions waited for
+    /// (a backstore that neither completes nor cancels them ends the
+    /// process, see `Session::stop_queue`); whatever frontends do, nothing
     /// here waits on them (see `docs/target.md`, "Hostile frontends").
     pub fn shutdown(self) {
         self.pool.begin_shutdown(SHUTDOWN_GRACE);

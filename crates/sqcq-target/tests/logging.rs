@@ -160,7 +160,9 @@ fn a_log_that_cannot_be_mapped_ends_the_connection() {
     let dir = TempDir::new("logging-bad");
     let (daemon, socket) = start(&dir, 1);
     let small = memfd(100);
-    for (size, offset) in [(LOG_LEN, 0), (0, 0), (16, 4095), (1 << 40, 0)] {
+    // Beyond the file, empty, across the file's end, too large, and too
+    // small for the guest: 8 bytes cover 256 KiB of its 8 MiB.
+    for (size, offset) in [(LOG_LEN, 0), (0, 0), (16, 4095), (1 << 40, 0), (8, 0)] {
         let g = Guest::new();
         let mut vqs = vqs();
         let fe = connect_logging(&socket, &g, &mut vqs);
@@ -178,4 +180,70 @@ fn a_log_that_cannot_be_mapped_ends_the_connection() {
         assert!(r.is_err(), "log {size}@{offset} refused");
         assert_eq!(counter(&daemon, "failed_messages"), failed + 1);
     }
+}
+
+/// The log that covers exactly the test guest's 8 MiB.
+const GUEST_LOG: u64 = GUEST_SIZE / 4096 / 8;
+
+fn set_log(fe: &vhost::vhost_user::Frontend, log: &File, size: u64) -> vhost::Result<()> {
+    fe.set_log_base(
+        0,
+        Some(VhostUserDirtyLogRegion {
+            mmap_size: size,
+            mmap_offset: 0,
+            mmap_handle: log.as_raw_fd(),
+        }),
+    )
+}
+
+#[test]
+fn memory_grown_past_the_log_is_refused_while_logging_and_when_logging_starts() {
+    let dir = TempDir::new("logging-grown");
+    let (daemon, socket) = start(&dir, 1);
+    let features = (1u64 << 32)
+        | (1 << 28)
+        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        | (1 << 1)
+        | (1 << 2);
+    let log = memfd(LOG_LEN);
+    // The same 8 MiB, moved up by 8 MiB: a log of 256 bytes misses it.
+    let moved = |g: &Guest| {
+        let mut r = g.region();
+        r.guest_phys_addr = GUEST_SIZE;
+        r
+    };
+
+    // While logging: SET_MEM_TABLE ends the connection.
+    let g = Guest::new();
+    let mut rings = vqs();
+    let fe = connect_logging(&socket, &g, &mut rings);
+    set_log(&fe, &log, GUEST_LOG).unwrap();
+    fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
+        .unwrap();
+    let failed = counter(&daemon, "failed_messages");
+    assert!(
+        fe.set_mem_table(&[moved(&g)]).is_err(),
+        "memory past the log"
+    );
+    // The refusal is counted as the connection ends, after the reply.
+    wait_until("the connection ended", || {
+        counter(&daemon, "failed_messages") == failed + 1
+    });
+    drop(fe);
+
+    // Logging off, the table grows, then logging starts: SET_FEATURES
+    // ends the connection.
+    let g = Guest::new();
+    let mut rings = vqs();
+    let fe = connect_logging(&socket, &g, &mut rings);
+    set_log(&fe, &log, GUEST_LOG).unwrap();
+    fe.set_mem_table(&[moved(&g)]).unwrap();
+    assert!(
+        fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
+            .is_err(),
+        "logging into a log that misses memory"
+    );
+    wait_until("the connection ended", || {
+        counter(&daemon, "failed_messages") == failed + 2
+    });
 }

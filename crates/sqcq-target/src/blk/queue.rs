@@ -32,6 +32,7 @@ use tracing::{debug, error, warn};
 
 use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::guest_warn;
+use crate::runtime::backstore;
 use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
 use crate::runtime::guest;
 use crate::runtime::guest::GuestMem;
@@ -421,11 +422,9 @@ impl RequestHandler for BlkQueue {
     }
 
     fn commit(&mut self, ring: &Vring) {
-        if std::mem::take(&mut self.uncommitted)
-            && let Err(e) = self.io.commit()
-        {
-            // The requests stay queued and are reaped as failures or on a
-            // later commit.
+        if let Err(e) = backstore::commit(self.io.as_mut(), &mut self.uncommitted) {
+            // The requests stay queued: `has_deferred` brings the worker
+            // back to commit them again.
             error!(device = %ring.device().name, vq = ring.key().vq,
                 "backstore commit failed: {e}");
         }
@@ -455,7 +454,8 @@ impl RequestHandler for BlkQueue {
     }
 
     fn has_deferred(&self) -> bool {
-        false
+        // Requests a failed commit left unsent.
+        self.uncommitted
     }
 
     fn run_deferred(&mut self, _ring: &mut Vring, _mem: &GuestMem) {}
@@ -490,6 +490,13 @@ impl RequestHandler for BlkQueue {
             self.reap_completions(ring, mem);
         }
         usize::try_from(self.in_flight).unwrap_or(usize::MAX)
+    }
+
+    fn cancel(&mut self, ring: &Vring) {
+        if let Err(e) = self.io.cancel() {
+            warn!(device = %ring.device().name, vq = ring.key().vq,
+                "cannot cancel backstore requests: {e}");
+        }
     }
 
     fn memory_changed(&mut self) {

@@ -37,6 +37,10 @@ pub struct PollArgs {
     /// [default: 1,200].
     #[arg(long, value_name = "MIN,MAX", value_parser = parse_spin_us)]
     pub spin_us: Option<SpinConfig>,
+    /// Seconds a queue stop (GET_VRING_BASE, a disconnect) waits for the
+    /// requests in flight before it cancels them [default: 30].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub stop_timeout: Option<u64>,
 }
 
 /// Parses `MIN,MAX` microseconds into a spin configuration.
@@ -76,6 +80,9 @@ impl PollArgs {
         if let Some(c) = self.spin_us {
             base.spin = c;
         }
+        if let Some(s) = self.stop_timeout {
+            base.stop_timeout = Duration::from_secs(s);
+        }
         base
     }
 }
@@ -96,6 +103,7 @@ pub struct FilePoll {
     stats_interval: Option<u64>,
     stats_file: Option<PathBuf>,
     spin_us: Option<[u64; 2]>,
+    stop_timeout: Option<u64>,
 }
 
 impl From<FilePoll> for PollOptions {
@@ -108,6 +116,10 @@ impl From<FilePoll> for PollOptions {
             stats_interval: f.stats_interval.map_or(d.stats_interval, interval),
             stats_file: f.stats_file,
             spin: f.spin_us.map_or(d.spin, |[min, max]| spin_config(min, max)),
+            stop_timeout: f
+                .stop_timeout
+                .filter(|&s| s > 0)
+                .map_or(d.stop_timeout, Duration::from_secs),
         }
     }
 }
@@ -118,11 +130,13 @@ mod tests {
 
     #[test]
     fn command_line_overrides_file_options() {
-        let file: FilePoll =
-            toml::from_str("sqcq = true\nmode = \"ring\"\ncpus = [1]\nstats-interval = 5\n")
-                .unwrap();
+        let file: FilePoll = toml::from_str(
+            "sqcq = true\nmode = \"ring\"\ncpus = [1]\nstats-interval = 5\nstop-timeout = 7\n",
+        )
+        .unwrap();
         let base = PollOptions::from(file);
         assert_eq!(base.ring, RingMode::Ring);
+        assert_eq!(base.stop_timeout, Duration::from_secs(7));
         assert_eq!(base.stats_interval, Some(Duration::from_secs(5)));
         let args = PollArgs {
             no_sqcq: true,

@@ -37,14 +37,20 @@ pub const LOG_PAGE: u64 = 0x1000;
 /// SET_LOG_BASE): bit `n % 8` of byte `n / 8` stands for guest page `n`
 /// (QEMU reads it as little-endian 64-bit words, which is the same
 /// thing). The device sets bits with atomic ORs; the frontend reads and
-/// clears them while it migrates. A page beyond the log's end (a log
-/// smaller than guest memory) cannot be marked and is counted.
+/// clears them while it migrates. A page beyond the log's end cannot be
+/// marked: it is counted and reported ([`LostMark`]). The session
+/// refuses a log smaller than guest memory, so none should be.
 pub struct DirtyLog {
     ptr: NonNull<u8>,
     len: usize,
     beyond: std::sync::atomic::AtomicU64,
+    lost: LostMark,
     _keep: Box<dyn Send + Sync>,
 }
+
+/// Told of the guest address of every page written beyond the end of a
+/// [`DirtyLog`] (the device counts it and logs it, rate-limited).
+pub type LostMark = Box<dyn Fn(u64) + Send + Sync>;
 
 // SAFETY: the log is shared memory accessed only through atomics.
 unsafe impl Send for DirtyLog {}
@@ -60,16 +66,23 @@ impl std::fmt::Debug for DirtyLog {
 }
 
 impl DirtyLog {
-    /// The log of `len` bytes at `ptr`.
+    /// The log of `len` bytes at `ptr`, which tells `lost` of pages
+    /// beyond its end.
     ///
     /// # Safety
     /// `ptr` must be valid for reads and writes of `len` bytes for as
     /// long as `keep` lives.
-    pub unsafe fn new(ptr: NonNull<u8>, len: usize, keep: Box<dyn Send + Sync>) -> Self {
+    pub unsafe fn new(
+        ptr: NonNull<u8>,
+        len: usize,
+        keep: Box<dyn Send + Sync>,
+        lost: LostMark,
+    ) -> Self {
         DirtyLog {
             ptr,
             len,
             beyond: std::sync::atomic::AtomicU64::new(0),
+            lost,
             _keep: keep,
         }
     }
@@ -97,7 +110,9 @@ impl DirtyLog {
                     b.fetch_or(1 << (page % 8), Ordering::Relaxed);
                 }
                 None => {
+                    // Every later page is beyond as well: one report.
                     self.beyond.fetch_add(1, Ordering::Relaxed);
+                    (self.lost)(page * LOG_PAGE);
                     return;
                 }
             }
@@ -126,6 +141,21 @@ impl DirtyLog {
     pub fn beyond(&self) -> u64 {
         self.beyond.load(Ordering::Relaxed)
     }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The bytes of dirty log that cover every page of `mem`, up to its last
+/// guest address (one bit per [`LOG_PAGE`], as the frontend sizes it).
+pub fn log_bytes_needed(mem: &GuestMem) -> u64 {
+    if mem.num_regions() == 0 {
+        return 0;
+    }
+    let pages = mem.last_addr().0 / LOG_PAGE + 1;
+    pages.div_ceil(8)
 }
 
 /// The dirty bitmap of one region while dirty logging is on: the
@@ -460,7 +490,7 @@ pub fn heap_log(len: usize) -> DirtyLog {
     let buf: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
     let ptr = NonNull::new(buf.as_mut_ptr()).unwrap_or(NonNull::dangling());
     // SAFETY: the leaked buffer lives for ever.
-    unsafe { DirtyLog::new(ptr, len, Box::new(())) }
+    unsafe { DirtyLog::new(ptr, len, Box::new(()), Box::new(|_| {})) }
 }
 
 /// [`memory_over`] without dirty logging.
@@ -472,6 +502,31 @@ pub fn test_memory(ranges: &[(GuestAddress, usize)]) -> GuestMem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_beyond_the_log_is_reported_not_marked() {
+        let mut buf = [0u8; 1];
+        let reported = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let r = Arc::clone(&reported);
+        let ptr = NonNull::new(buf.as_mut_ptr()).unwrap();
+        // SAFETY: `buf` outlives the log, which is dropped first.
+        let log = unsafe {
+            DirtyLog::new(
+                ptr,
+                1,
+                Box::new(()),
+                Box::new(move |gpa| r.lock().unwrap().push(gpa)),
+            )
+        };
+        // One byte: pages 0 to 7. A write over pages 7 to 9 marks 7 and
+        // reports 8 (the first one beyond), once.
+        log.mark(7 * LOG_PAGE, 3 * LOG_PAGE);
+        assert!(log.is_marked(7 * LOG_PAGE));
+        assert_eq!(*reported.lock().unwrap(), vec![8 * LOG_PAGE]);
+        assert_eq!(log.beyond(), 1);
+        drop(log);
+        assert_eq!(buf[0], 0x80);
+    }
 
     fn segs() -> Vec<Segment> {
         vec![

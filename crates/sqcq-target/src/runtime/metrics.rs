@@ -153,7 +153,7 @@ impl QueueMetrics {
     }
 
     /// The queue stopped (it keeps its figures and whether it broke);
-    /// requests it abandoned are no longer in flight.
+    /// nothing is in flight any more.
     pub fn stopped(&self) {
         self.in_flight.store(0, Ordering::Relaxed);
         self.state.fetch_and(!RUNNING, Ordering::Relaxed);
@@ -397,6 +397,11 @@ pub struct DeviceMetrics {
     /// Configuration changes the frontend could not be told of: no
     /// backend channel, or one it does not read.
     pub config_changes_lost: AtomicU64,
+    /// Guest pages written while logging beyond the end of the dirty log,
+    /// so never marked (a migration would copy them stale). The log's
+    /// size is checked against guest memory: this stays 0 unless that
+    /// check has a hole.
+    pub log_marks_lost: AtomicU64,
     /// Device number, as in [`QueueSnapshot::device`].
     device: u32,
     queues: Box<[QueueMetrics]>,
@@ -427,6 +432,7 @@ impl DeviceMetrics {
             dropped_connections: zero(),
             memory_faults: zero(),
             config_changes_lost: zero(),
+            log_marks_lost: zero(),
             device,
             queues: (0..queues).map(|_| QueueMetrics::default()).collect(),
         }
@@ -451,7 +457,7 @@ impl DeviceMetrics {
     }
 
     /// The error counters as (name, value) pairs.
-    pub fn errors(&self) -> [(&'static str, u64); 20] {
+    pub fn errors(&self) -> [(&'static str, u64); 21] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("malformed_chains", get(&self.malformed_chains)),
@@ -474,6 +480,7 @@ impl DeviceMetrics {
             ("dropped_connections", get(&self.dropped_connections)),
             ("memory_faults", get(&self.memory_faults)),
             ("config_changes_lost", get(&self.config_changes_lost)),
+            ("log_marks_lost", get(&self.log_marks_lost)),
         ]
     }
 }

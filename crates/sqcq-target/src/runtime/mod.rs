@@ -9,6 +9,7 @@
 //! `stats`, `ratelimit`) with the worker's pass clock that times requests
 //! (`pass`).
 
+pub(crate) mod backstore;
 pub(crate) mod chain;
 pub(crate) mod cpu;
 pub(crate) mod eventfd;

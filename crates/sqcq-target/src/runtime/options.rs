@@ -42,6 +42,11 @@ pub struct PollOptions {
     pub stats_file: Option<PathBuf>,
     /// Bounds of the adaptive spin window.
     pub spin: SpinConfig,
+    /// How long a queue stop (GET_VRING_BASE, a disconnect) waits for
+    /// the requests in flight before it cancels them
+    /// ([`crate::runtime::worker::QUEUE_STOP_TIMEOUT`] by default; tests
+    /// shorten it).
+    pub stop_timeout: Duration,
 }
 
 impl Default for PollOptions {
@@ -53,6 +58,7 @@ impl Default for PollOptions {
             stats_interval: Some(Duration::from_secs(DEFAULT_STATS_INTERVAL)),
             stats_file: None,
             spin: SpinConfig::default(),
+            stop_timeout: crate::runtime::worker::QUEUE_STOP_TIMEOUT,
         }
     }
 }

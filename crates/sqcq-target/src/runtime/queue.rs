@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use sqcq_protocol::SpinPolicy;
 use thiserror::Error;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -158,8 +158,14 @@ pub trait RequestHandler {
     fn steer_completions(&mut self, ring: &Vring, cpus: &[usize]);
 
     /// Waits for the requests in flight until `deadline`, completing them
-    /// to the driver; returns how many are left (abandoned).
+    /// to the driver; returns how many are left (still in flight: their
+    /// buffers, pins and backstore queues stay as they are).
     fn finish(&mut self, ring: &mut Vring, mem: &GuestMem, deadline: Instant) -> usize;
+
+    /// Asks the backstore queues to cancel every request in flight (see
+    /// `BackstoreQueue::cancel`); they still complete through `finish`,
+    /// with an error status when cancelled.
+    fn cancel(&mut self, ring: &Vring);
 
     /// A change of the device that concerns its running queues (for SCSI,
     /// a new LUN snapshot); a handler ignores what it does not know. On
@@ -744,13 +750,48 @@ impl ServedQueue {
 
     /// Stops the queue: waits for the backstore to finish everything in
     /// flight, completes it to the driver, and says where to resume.
+    ///
+    /// Nothing is ever abandoned. The iovecs of a request in flight point
+    /// into guest memory that its pin keeps mapped, through an iovec array
+    /// of its handler, on the handler's io_uring: dropping this queue
+    /// while the kernel may still copy through them (an io-wq thread runs
+    /// on after we let go) would let it write into memory unmapped, or
+    /// mapped again for something else, meanwhile. So past `deadline` the
+    /// queue cancels what is in flight and then waits, without a bound,
+    /// until every request has completed (cancelled requests with an
+    /// error status, spec 7.3.2 S1: this stop cannot know whether an
+    /// in-flight area will reach the next instance, a migration carries
+    /// none, so even blk requests are completed rather than left recorded
+    /// in flight). Only then is `self` dropped with the pins, the iovecs
+    /// and the ring. An operation the kernel cannot cancel (a regular
+    /// file's read or write already running in io-wq) is waited for: the
+    /// session meanwhile does not answer GET_VRING_BASE (S5) and gives up
+    /// on the whole process if the wait outlasts its own bound (see
+    /// `Session::stop_queue`).
     pub fn stop(mut self, deadline: Instant) -> StopReport {
         let mem = self.ring.mem.take();
-        let left = self.handler.finish(&mut self.ring, &mem, deadline);
+        let mut left = self.handler.finish(&mut self.ring, &mem, deadline);
         let (device, vq) = (Arc::clone(&self.ring.device), self.ring.key.vq);
         if left > 0 {
             error!(device = %device.name, vq,
-                "{left} requests still in flight at the stop deadline; abandoning them");
+                "{left} requests still in flight at the stop deadline: cancelling them");
+        }
+        while left > 0 {
+            // Again at each round: a SCSI command sliced into several
+            // backstore requests submits its next slice when one
+            // completes, and that one must be cancelled too.
+            self.handler.cancel(&self.ring);
+            left = self
+                .handler
+                .finish(&mut self.ring, &mem, Instant::now() + CANCEL_ROUND);
+            // What completed goes to the driver now, not once the last
+            // request is back: the queue is still ours (nothing was
+            // answered yet), and the driver need not wait for the slowest.
+            self.ring.publish(&mem);
+            if left > 0 {
+                warn!(device = %device.name, vq,
+                    "{left} requests not yet completed after their cancellation: waiting for them");
+            }
         }
         self.ring.publish(&mem);
         self.ring.park_poll();
@@ -765,6 +806,10 @@ impl ServedQueue {
         }
     }
 }
+
+/// How long a stop waits for cancelled requests between two cancellations
+/// (and two log lines).
+const CANCEL_ROUND: Duration = Duration::from_secs(1);
 
 /// A chain a request handler received, once [`Vring::accept`] looked at
 /// it.

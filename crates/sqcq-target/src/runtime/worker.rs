@@ -51,8 +51,9 @@ pub enum WorkerCommand {
         /// Whether it started.
         reply: SyncSender<Result<(), QueueError>>,
     },
-    /// Stop serving a queue after its in-flight requests completed (or
-    /// `deadline` passed: they are abandoned).
+    /// Stop serving a queue after its in-flight requests completed (past
+    /// `deadline` they are cancelled, and their completions waited for:
+    /// see `ServedQueue::stop`).
     Stop {
         /// The queue.
         key: QueueKey,
@@ -117,6 +118,15 @@ pub enum WorkerCommand {
         /// The vrings armed here.
         reply: SyncSender<Vec<u16>>,
     },
+    /// Answer at once. The worker handles commands only between two ring
+    /// operations, and each operation loads the device's memory map
+    /// anew when it changed (`MemoryView::take`): once it answered, it
+    /// holds no map older than the one current when this was sent (a
+    /// dirty-logging switch waits for that, see `Session::remap`).
+    Barrier {
+        /// Answered at once.
+        reply: SyncSender<()>,
+    },
     /// End the thread if it serves no queue; otherwise answer how many
     /// it serves and go on (freeing a worker).
     Retire {
@@ -132,7 +142,8 @@ pub enum WorkerCommand {
 }
 
 /// How long stopping a queue waits for its requests in flight before it
-/// abandons them (the SCSI command timeout of Linux guests).
+/// cancels them (the SCSI command timeout of Linux guests); the default
+/// of `PollOptions::stop_timeout`.
 pub const QUEUE_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A command could not be answered.
@@ -737,6 +748,9 @@ impl Worker {
                         return false;
                     }
                     let _ = reply.send(Err(served));
+                }
+                WorkerCommand::Barrier { reply } => {
+                    let _ = reply.send(());
                 }
                 WorkerCommand::Exit { deadline } => {
                     self.stop_all(deadline);

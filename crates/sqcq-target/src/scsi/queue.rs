@@ -15,6 +15,7 @@ use sqcq_backstore::{Backstore, BackstoreQueue};
 use sqcq_scsi::NexusId;
 use tracing::{debug, error, warn};
 
+use crate::runtime::backstore;
 use crate::runtime::chain::ChainBuffers;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::queue::{
@@ -149,12 +150,11 @@ impl RequestHandler for ScsiQueue {
     }
 
     fn commit(&mut self, ring: &Vring) {
-        for l in self.luns.iter_mut().filter(|l| l.uncommitted) {
-            l.uncommitted = false;
-            if let Err(e) = l.io.commit() {
-                // The requests stay queued in the backstore queue and are
-                // reaped as failures or on a later commit.
-                error!(device = %ring.device().name, vq = ring.key().vq,
+        for l in &mut self.luns {
+            if let Err(e) = backstore::commit(l.io.as_mut(), &mut l.uncommitted) {
+                // The requests stay queued: `has_deferred` brings the
+                // worker back to commit them again.
+                error!(device = %ring.device().name, vq = ring.key().vq, lun = l.lun,
                     "backstore commit failed: {e}");
             }
         }
@@ -188,7 +188,9 @@ impl RequestHandler for ScsiQueue {
     }
 
     fn has_deferred(&self) -> bool {
-        self.has_slices_pending()
+        // The next slice of a long command, or requests a failed commit
+        // left unsent.
+        self.has_slices_pending() || self.luns.iter().any(|l| l.uncommitted)
     }
 
     fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMem) {
@@ -237,6 +239,15 @@ impl RequestHandler for ScsiQueue {
             }
         }
         usize::try_from(self.inflight.len()).unwrap_or(usize::MAX)
+    }
+
+    fn cancel(&mut self, ring: &Vring) {
+        for l in &mut self.luns {
+            if let Err(e) = l.io.cancel() {
+                warn!(device = %ring.device().name, vq = ring.key().vq, lun = l.lun,
+                    "cannot cancel backstore requests: {e}");
+            }
+        }
     }
 
     fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError> {

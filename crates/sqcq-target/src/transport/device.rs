@@ -243,8 +243,9 @@ struct ControlThread {
     requests: Receiver<Manage>,
     manage_wake: EventFd,
     epoll: Epoll,
-    /// Guest memory of ended connections still used by abandoned requests:
-    /// unmapped once they are gone.
+    /// Guest memory of ended connections something still references (a
+    /// stopped queue references none: its stop waited for every request):
+    /// unmapped once nothing does.
     lingering: Vec<GuardedRegion>,
 }
 

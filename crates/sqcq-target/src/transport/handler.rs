@@ -27,7 +27,8 @@ use virtio_bindings::bindings::virtio_ring::{
 };
 
 use crate::runtime::eventfd::{FdRole, PeerEventFd, Signal};
-use crate::runtime::guest::DirtyLog;
+use crate::runtime::guest::{DirtyLog, GuestMem};
+use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::tracking::{InflightArea, queue_region_size};
 use crate::transport::backend_channel::BackendChannel;
 use crate::transport::session::Session;
@@ -131,6 +132,20 @@ impl Session {
     }
 }
 
+/// Why `log` cannot serve `mem`: it covers fewer pages than `mem` has up
+/// to its last address.
+pub(crate) fn log_too_small(log: &DirtyLog, mem: &GuestMem) -> Option<String> {
+    use vm_memory::GuestMemoryBackend;
+    let needed = crate::runtime::guest::log_bytes_needed(mem);
+    let len = u64::try_from(log.len()).unwrap_or(u64::MAX);
+    (len < needed).then(|| {
+        format!(
+            "{len} bytes of log for guest memory up to {:#x}, which needs {needed}",
+            mem.last_addr().0
+        )
+    })
+}
+
 impl VhostUserBackendReqHandlerMut for Session {
     fn set_owner(&mut self) -> Result<()> {
         if self.owned {
@@ -205,6 +220,17 @@ impl VhostUserBackendReqHandlerMut for Session {
             warn!(device = %self.dev.info.name, "memory table refused: {}", crate::runtime::error_chain(&e));
             Error::InvalidParam
         })?;
+        // Memory grown past the log while logging: the pages beyond it
+        // could not be marked. QEMU grows the log first (SET_LOG_BASE);
+        // a frontend that does not would lose them in the migration, so
+        // the connection ends, as for a log that cannot be used.
+        if self.logging()
+            && let Some(log) = &self.log
+            && let Some(why) = log_too_small(log, &shared.map)
+        {
+            self.fatal = Some(format!("memory table refused while logging: {why}"));
+            return Err(Error::InvalidParam);
+        }
         // Workers load the map once per pass: the swap takes effect at
         // their next pass; requests in flight keep the old map alive, and
         // its regions stay mapped until they are done.
@@ -465,9 +491,23 @@ impl VhostUserBackendReqHandlerMut for Session {
         )
         .map_err(|e| refuse(crate::runtime::error_chain(&e)))?;
         let (ptr, len) = (map.ptr(), map.len());
+        // Pages beyond the log (none: its size is checked below and at
+        // every memory change) are counted and logged, rate-limited.
+        let info = std::sync::Arc::clone(&self.dev.info);
+        let lost = Box::new(move |gpa: u64| {
+            DeviceMetrics::bump(&info.metrics.log_marks_lost);
+            crate::guest_warn!(info.limiter, device = %info.name,
+                "page {gpa:#x} written beyond the end of the dirty log: not marked");
+        });
         // SAFETY: the mapping is `len` bytes and lives as long as the log
         // (it is the log's keeper).
-        let dirty = unsafe { DirtyLog::new(ptr, len, Box::new(map)) };
+        let dirty = unsafe { DirtyLog::new(ptr, len, Box::new(map), lost) };
+        // A log that does not reach the end of guest memory would leave
+        // the pages past it unmarked, and the migration would copy them
+        // stale. (Without a memory table yet, SET_MEM_TABLE checks.)
+        if let Some(why) = log_too_small(&dirty, &self.mem.memory()) {
+            return Err(refuse(why));
+        }
         self.log = Some(std::sync::Arc::new(dirty));
         info!(device = %self.dev.info.name, size = len, "dirty log set");
         // A log replaced while logging (QEMU resizes it when memory

@@ -32,6 +32,13 @@ use crate::transport::memory::{GuardedRegion, Mapping};
 /// How long after its deadline a worker's answer to a stop may take.
 const REPLY_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a stop waits, past its deadline, for the requests it
+/// cancelled to complete before it ends the process (`stop_failed`). The
+/// kernel completes a cancelled request at once unless it is already
+/// running and cannot be interrupted (a regular file's read or write in
+/// io-wq): this is how long such an operation may take.
+const CANCEL_GRACE: std::time::Duration = QUEUE_STOP_TIMEOUT;
+
 /// How long a queue being moved to another worker waits for its requests
 /// in flight (its worker serves nothing else meanwhile); past it the
 /// queue stays where it is.
@@ -280,6 +287,16 @@ impl Session {
         } else {
             None
         };
+        if let Some(why) = log
+            .as_deref()
+            .and_then(|l| crate::transport::handler::log_too_small(l, &self.mem.memory()))
+        {
+            // Logging into a log that misses pages would lose them in the
+            // migration: the connection ends (see `set_log_base`).
+            error!(device = %self.dev.info.name, "cannot log: {why}");
+            self.fatal = Some(format!("dirty log refused: {why}"));
+            return false;
+        }
         let map = match crate::transport::memory::memory_map(&mut self.regions, log.as_ref()) {
             Ok(m) => m,
             Err(e) => {
@@ -291,6 +308,17 @@ impl Session {
             return false;
         }
         self.pool.nudge_all();
+        // A worker in the middle of a ring operation still writes through
+        // the map it loaded before the switch: with logging turned on,
+        // without marking. The frontend may read and clear the log as soon
+        // as this switch is answered, and copy a page such a write then
+        // changes: so the answer waits until every worker serving this
+        // device has finished the operation it was in (`Barrier`: its
+        // next one loads the new map, the command channel ordering the
+        // `replace` above before that load).
+        if !workers_caught_up(&self.pool, &self.vrings, &self.dev.info) {
+            return false;
+        }
         info!(device = %self.dev.info.name, logging = log.is_some(), "memory map rebuilt");
         true
     }
@@ -611,17 +639,24 @@ impl Session {
             Running::Worker(w) => {
                 let key = self.key(index);
                 // The worker waits for requests in flight until the
-                // deadline; its answer follows at once.
-                let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
+                // deadline, then cancels what is left and waits for those
+                // completions (`ServedQueue::stop`): it answers once
+                // nothing can touch the ring or the memory any more.
+                let deadline = self.pool.deadline(self.pool.options().stop_timeout);
                 let call = |reply| WorkerCommand::Stop {
                     key,
                     deadline,
                     reply,
                 };
-                match self.pool.call(w, call, deadline + REPLY_MARGIN) {
+                match self
+                    .pool
+                    .call(w, call, deadline + CANCEL_GRACE + REPLY_MARGIN)
+                {
                     Ok(Some(report)) => Some(report.next_avail),
                     Ok(None) => None,
-                    Err(e) => {
+                    Err(WorkerGone::TimedOut(_)) => stop_failed(&self.dev.info, vq, w),
+                    Err(e @ WorkerGone::Exited(_)) => {
+                        // The thread and everything it served are gone.
                         error!(device = %self.dev.info.name, vq, "cannot stop: {e}");
                         None
                     }
@@ -731,8 +766,9 @@ impl Session {
 
     /// Ends the connection: stops every queue, tells the device (for SCSI:
     /// the I_T nexus is gone), and unmaps guest memory. Returns the
-    /// regions something still uses (requests abandoned by a queue that
-    /// could not stop in time), for the caller to unmap later.
+    /// regions something still uses, for the caller to unmap later: no
+    /// request of a stopped queue (a stop waits for every completion),
+    /// but a map a worker that exited may have left referenced.
     pub fn teardown(&mut self) -> Vec<GuardedRegion> {
         self.reset_rings();
         self.backend_channel = None;
@@ -746,6 +782,24 @@ impl Session {
         info!(device = %self.dev.info.name, "connection closed");
         std::mem::take(&mut self.retired)
     }
+}
+
+/// A worker did not answer a stop: it still serves the queue, waiting
+/// for backstore requests that neither complete nor cancel, and may
+/// touch the ring, the doorbells and the guest memory when they do.
+/// Spec 7.3.2 S5: GET_VRING_BASE must not be answered and the queue must
+/// not start again while that may happen, and the memory those requests
+/// write into must stay mapped. Waiting on would hang this device's
+/// connection (and the frontend, which waits for the answer) for as
+/// long as the backstore does; ending the process turns the stop into
+/// a crash, which the frontend recovers from by reconnecting to a
+/// restarted daemon (resubmitting from the in-flight area where it keeps
+/// one), and which no kernel copy can outlive into reused memory.
+fn stop_failed(info: &DeviceInfo, vq: u16, worker: usize) -> ! {
+    error!(device = %info.name, vq,
+        "worker {worker} did not stop the queue: backstore requests neither complete nor \
+         cancel; ending the process (vhost-user stop rule S5)");
+    std::process::abort()
 }
 
 /// Tells the frontend the configuration space changed, on `channel`;
@@ -778,10 +832,21 @@ fn config_changed(channel: Option<&BackendChannel>, info: &DeviceInfo) -> bool {
     }
 }
 
-/// Waits until every request of the device in flight now completed, on
-/// every worker serving one of its queues, or [`QUEUE_STOP_TIMEOUT`]
-/// passed; returns whether they all did.
-fn drain_requests(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+/// Waits until every worker serving a queue of the device has finished
+/// the ring operation it was in ([`WorkerCommand::Barrier`]); false if
+/// one did not answer within [`QUEUE_STOP_TIMEOUT`].
+fn workers_caught_up(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+    let deadline = pool.deadline(QUEUE_STOP_TIMEOUT);
+    serving_workers(vrings).into_iter().all(|w| {
+        let call = |reply| WorkerCommand::Barrier { reply };
+        pool.call(w, call, deadline)
+            .inspect_err(|e| error!(device = %info.name, "memory map switch: {e}"))
+            .is_ok()
+    })
+}
+
+/// The workers serving a queue of the device, each once.
+fn serving_workers(vrings: &[Vring]) -> Vec<usize> {
     let mut workers: Vec<usize> = vrings
         .iter()
         .filter_map(|v| match v.running {
@@ -791,6 +856,14 @@ fn drain_requests(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> boo
         .collect();
     workers.sort_unstable();
     workers.dedup();
+    workers
+}
+
+/// Waits until every request of the device in flight now completed, on
+/// every worker serving one of its queues, or [`QUEUE_STOP_TIMEOUT`]
+/// passed; returns whether they all did.
+fn drain_requests(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+    let workers = serving_workers(vrings);
     let device = info.id;
     let deadline = pool.deadline(QUEUE_STOP_TIMEOUT);
     let mut drained = true;
