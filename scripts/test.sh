@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README, `.ci/run`): formatting, lints, the
 # proofs (loom with each fence removed, spin on the Promela models), every
-# unit and integration test, every fuzz target for a while, and Linux
+# unit and integration test, a 3-minute soak (scripts/soak.sh), every
+# fuzz target for a while, and Linux
 # guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
 # (patches/linux, patches/qemu); sqcqd killed and restarted, and the guest
 # migrated, under a verified fio load.
@@ -26,6 +27,9 @@ echo "== spin: the Promela models (NEED_WAKEUP; stop, crash and restart) and the
 scripts/check-models.sh
 echo "== cargo test (every peer installed above: none may be skipped)"
 SQCQ_REQUIRE_PEERS=1 cargo test --workspace
+echo "== soak: 3 minutes of kill -9, dropped frontends, moved queues, grown LUNs, reloads and hot-plug under verified load (target/soak/)"
+cargo build --quiet -p sqcq-target -p sqcq-bench
+scripts/soak.sh --minutes 3
 echo "== fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
 echo "== guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
