@@ -347,15 +347,17 @@ act_reload() {
     fi
 }
 
+# LUN 1 comes and goes under the load on LUN 0 (every nexus gets REPORTED
+# LUNS DATA HAS CHANGED each time; the removal drains the device).
 act_hotplug() {
     local id
     id=$(dev_id 0)
     [ -n "$id" ] || return 0
-    if rpc device_list | grep -q '"lun": 1,'; then
-        try_rpc lun_remove lun_remove device="$id" lun=1
-    else
-        try_rpc lun_add lun_add device="$id" lun=1 kind=ram size=16M
+    if ! rpc device_list | grep -q '"lun": 1,'; then
+        try_rpc lun_add lun_add device="$id" lun=1 kind=ram size=16M || return 0
+        sleep "0.$((1 + RANDOM % 5))"
     fi
+    try_rpc lun_remove lun_remove device="$id" lun=1
 }
 
 act_recreate() {
