@@ -88,6 +88,7 @@ stop_pid() { # pid: TERM (its process group when it leads one), then KILL
     wait "$p" 2>/dev/null || true
 }
 cleanup() {
+    local rc=$?
     if [ -n "$libvirtd_pid" ]; then
         virsh_ destroy "$name" >/dev/null 2>&1 || true
         stop_pid "$libvirtd_pid"; libvirtd_pid=""
@@ -98,6 +99,7 @@ cleanup() {
     fi
     qemu_pid=""
     stop_pid "$daemon_pid"; daemon_pid=""
+    keep_logs "$rc" "$work"
     if [ "$keep" = 1 ]; then say "kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT

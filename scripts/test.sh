@@ -2,7 +2,8 @@
 # The project's test command (README, `.ci/run`): formatting, lints, the
 # proofs (loom with each fence removed, spin on the Promela models), every
 # unit and integration test, QEMU's own vhost-user-blk tests (qos-test)
-# against sqcqd, every fuzz target for a while, and Linux
+# against sqcqd, the unsafe-heavy crates' tests under AddressSanitizer, a
+# 3-minute soak (scripts/soak.sh), every fuzz target for a while, and Linux
 # guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
 # (patches/linux, patches/qemu); sqcqd killed and restarted, and the guest
 # migrated, under a verified fio load.
@@ -30,6 +31,11 @@ SQCQ_REQUIRE_PEERS=1 cargo test --workspace
 echo "== qtest: QEMU 7.2's own vhost-user-blk tests (qos-test) against sqcqd"
 cargo build --quiet -p sqcq-target --bin sqcqd
 SQCQD=target/debug/sqcqd scripts/qtest.sh
+echo "== asan: sqcq-backstore, sqcq-target and sqcq-driver tests under AddressSanitizer (target/asan)"
+SQCQ_REQUIRE_PEERS=1 scripts/asan.sh
+echo "== soak: 3 minutes of kill -9, dropped frontends, moved queues, grown LUNs, reloads and hot-plug under verified load (target/soak/)"
+cargo build --quiet -p sqcq-target -p sqcq-bench
+scripts/soak.sh --minutes 3
 echo "== fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
 echo "== guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"

@@ -3,6 +3,23 @@
 # scripts/libvirt-test.sh); sourced from the repository root, which they
 # cd to first.
 
+# Where a failed run leaves its logs (absolute: the runs cd elsewhere).
+failed_logs_root="$PWD/target/guest/failed"
+
+# keep_logs RC WORK: called first thing at exit; when the run failed (RC
+# is not 0) copies every file of the scratch directory WORK below 16 MiB
+# (guest consoles, daemon and QEMU logs, results; not the disk images) to
+# target/guest/failed/<WORK's name>/, so that a failure leaves its logs
+# where CI collects them even when the scratch directory goes.
+keep_logs() {
+    local rc="$1" work="$2" dest
+    [ "$rc" != 0 ] && [ -d "$work" ] || return 0
+    dest="$failed_logs_root/$(basename "$work")"
+    mkdir -p "$dest"
+    (cd "$work" && find . -type f -size -16M -print0 | xargs -0 -r cp --parents -t "$dest") || true
+    echo "the run failed (status $rc): its logs are in $dest" >&2
+}
+
 # kill_group PID: TERM the process group PID leads (or PID), wait up to
 # 2 s, then KILL the group.
 kill_group() {

@@ -113,10 +113,12 @@ work="$(mktemp -d /tmp/sqcq-live.XXXXXX)"
 declare -A daemon_pid=()   # name -> pid (the leader of its process group)
 vm_pids=() cg=""
 cleanup() {
+    local rc=$?
     local p
     for p in "${vm_pids[@]}"; do kill_group "$p"; done
     for p in "${daemon_pid[@]}"; do kill_group "$p"; done
     [ -z "$cg" ] || rmdir "$cg" 2>/dev/null || true
+    keep_logs "$rc" "$work"
     if [ "$keep" = 1 ]; then say "kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT

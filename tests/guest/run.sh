@@ -205,8 +205,10 @@ if [ "$blk" = 1 ]; then
 fi
 qemu_pid="" daemon_pid=""
 cleanup() {
+    local rc=$?
     kill_group "$qemu_pid"; qemu_pid=""
     kill_group "$daemon_pid"; daemon_pid=""
+    keep_logs "$rc" "$work"
     if [ "$keep" = 1 ]; then say "kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT

@@ -78,6 +78,22 @@ pub struct Args {
     /// job covers its own `--size` bytes after the previous job's.
     #[arg(long, value_enum)]
     pub verify: Option<Verify>,
+    /// With `--verify`: do not write, only read every unit of the region
+    /// back and check it, as fio's `verify_only`: the data of an earlier
+    /// run with the same `--offset`, `--size`, `--numjobs` and
+    /// `--randseed`, still on the disk.
+    #[arg(long = "verify_only", requires = "verify")]
+    pub verify_only: bool,
+    /// Seed of the run, as fio's `randseed`: the random offsets and the
+    /// verify data depend on it, and a verify check fails on a block
+    /// another seed wrote (stale data: a lost write).
+    #[arg(long, default_value_t = 0)]
+    pub randseed: u32,
+    /// Send the device the memory table again (SET_MEM_TABLE, same
+    /// memory) this often while the jobs run, as a frontend does when its
+    /// guest's memory changes; 0: only at the start.
+    #[arg(long = "mem-table-interval", default_value = "0", value_parser = parse_time)]
+    pub mem_table_interval: Duration,
     /// Set FUA on writes (SCSI; virtio-blk has no FUA).
     #[arg(long)]
     pub fua: bool,
@@ -147,7 +163,8 @@ pub struct Args {
     /// Survive restarts of the device: negotiate in-flight tracking, and
     /// when the device hangs up, connect again (retrying for this many
     /// seconds) and go on with the I/Os in flight, which the restarted
-    /// device resubmits.
+    /// device resubmits. The first connection is retried as long when no
+    /// device listens yet or the set-up fails half-way.
     #[arg(long = "reconnect", value_parser = parse_time)]
     pub reconnect: Option<Duration>,
     /// Output format.

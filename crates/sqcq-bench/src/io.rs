@@ -4,7 +4,7 @@
 //! (no allocation, no dynamic dispatch).
 
 use sqcq_driver::blk::{self, BlkQueue, Request, RequestError};
-use sqcq_driver::scsi::{Cdb, CdbSize, Command, CommandError, Data, Lun, ScsiQueue};
+use sqcq_driver::scsi::{Cdb, CdbSize, Command, CommandError, Data, Lun, ScsiQueue, sense};
 use sqcq_driver::{Buffer, NotifyCounters, QueueFailure, Virtqueue};
 
 use crate::error::BenchError;
@@ -43,6 +43,18 @@ pub enum IoError {
     /// A virtio-blk request's failure.
     #[error("virtio-blk request failed")]
     Blk(#[source] RequestError),
+}
+
+impl IoError {
+    /// Whether a SCSI LUN answered UNIT ATTENTION (a condition it reports
+    /// once, such as CAPACITY DATA HAS CHANGED): the command may be sent
+    /// again.
+    pub fn unit_attention(&self) -> bool {
+        matches!(
+            self,
+            Self::Scsi(CommandError::Status { sense: Some(s), .. }) if s.key == sense::UNIT_ATTENTION
+        )
+    }
 }
 
 /// A completed (or failed) I/O, with the submitter's token.

@@ -12,7 +12,7 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use crate::cpu::{CpuTime, thread_cpu_time};
 use crate::device::JobQueue;
 use crate::error::BenchError;
-use crate::io::{IoDone, IoQueue};
+use crate::io::{IoDone, IoError, IoQueue};
 use crate::link::Link;
 use crate::stats::JobStats;
 use crate::verify;
@@ -33,6 +33,10 @@ pub struct JobSpec {
     pub workload: Workload,
     /// Write, then read back and check every unit.
     pub verify: bool,
+    /// Verify: only read back and check every unit (`--verify_only`).
+    pub verify_only: bool,
+    /// The seed written into verify headers, and expected back.
+    pub verify_seed: u32,
     /// Stop after this many bytes (unless time based).
     pub size: u64,
     /// Keep going until the runtime ends.
@@ -86,7 +90,14 @@ struct InFlight {
     dir: Dir,
     lba: u64,
     measured: bool,
+    /// Times it was submitted again after a unit attention.
+    retries: u8,
 }
+
+/// Times an I/O is submitted again when the LUN answers UNIT ATTENTION
+/// (Linux's SCSI layer retries it too: the condition is reported once,
+/// to the first command that meets it, e.g. after a resize).
+const UA_RETRIES: u8 = 5;
 
 /// Which pass a job is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +123,8 @@ pub struct Job {
     stats: JobStats,
     /// Units the verify write pass issued, which the check pass reads.
     checked_limit: u64,
+    /// I/Os that met a unit attention, to submit again (buffer, I/O).
+    retry: Vec<(u16, InFlight)>,
     /// The device connection (followed across restarts with
     /// `--reconnect`).
     link: Arc<Link>,
@@ -142,6 +155,7 @@ impl Job {
             scratch: vec![0; bs],
             stats: JobStats::default(),
             checked_limit: 0,
+            retry: Vec::new(),
             generation: link.generation(),
             link,
         })
@@ -180,7 +194,12 @@ impl Job {
             since: Snapshot::take(&mut self.q.queue),
             started: start,
         };
-        if self.spec.verify {
+        if self.spec.verify_only {
+            self.checked_limit = self.spec.workload.units();
+            let t = Instant::now();
+            self.pass(Pass::Check, &mut clock, progress, abort)?;
+            self.stats.read.active = Some(t.elapsed());
+        } else if self.spec.verify {
             let t = Instant::now();
             self.pass(Pass::Write, &mut clock, progress, abort)?;
             let t_check = Instant::now();
@@ -229,6 +248,10 @@ impl Job {
             let stop = time_up || abort.raised();
             // I/Os written and not yet published.
             let mut added = 0u16;
+            while let Some((buf, io)) = self.retry.pop() {
+                self.resubmit(buf, io)?;
+                added = added.saturating_add(1);
+            }
             while !stop && issued < burst_end {
                 let Some(buf) = self.free.pop() else { break };
                 let (dir, unit) = match pass {
@@ -318,7 +341,7 @@ impl Job {
         let lba = self.spec.first_lba + unit * u64::from(self.spec.blocks);
         let addr = self.q.buffers[usize::from(buf)];
         if dir == Dir::Write && self.spec.verify {
-            verify::fill(&mut self.scratch, lba, verify_seed(self.spec.id));
+            verify::fill(&mut self.scratch, lba, self.spec.verify_seed);
             self.guest
                 .write_slice(&self.scratch, addr)
                 .map_err(BenchError::Memory)?;
@@ -337,6 +360,27 @@ impl Job {
             dir,
             lba,
             measured,
+            retries: 0,
+        });
+        Ok(())
+    }
+
+    /// Submits `io` again through its buffer `buf` (a write's data is
+    /// still there).
+    fn resubmit(&mut self, buf: u16, io: InFlight) -> Result<(), BenchError> {
+        let bs =
+            u32::try_from(self.spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
+        let addr = self.q.buffers[usize::from(buf)];
+        self.q.queue.submit(
+            io.dir,
+            io.lba,
+            self.spec.blocks,
+            Buffer::new(addr, bs),
+            u64::from(buf),
+        )?;
+        self.inflight[usize::from(buf)] = Some(InFlight {
+            retries: io.retries + 1,
+            ..io
         });
         Ok(())
     }
@@ -354,6 +398,11 @@ impl Job {
                     .get_or_insert(BenchError::Protocol("completion for an I/O not in flight"));
                 continue;
             };
+            if io.retries < UA_RETRIES && c.result.as_ref().is_err_and(IoError::unit_attention) {
+                self.retry
+                    .push((u16::try_from(buf).unwrap_or(u16::MAX), io));
+                continue;
+            }
             self.free.push(u16::try_from(buf).unwrap_or(u16::MAX));
             if let Err(e) = c.result {
                 let op = if io.dir == Dir::Read { "READ" } else { "WRITE" };
@@ -367,7 +416,7 @@ impl Job {
                 self.guest
                     .read_slice(&mut self.scratch, self.q.buffers[buf])
                     .map_err(BenchError::Memory)?;
-                if let Err(m) = verify::check(&mut self.scratch, io.lba) {
+                if let Err(m) = verify::check(&mut self.scratch, io.lba, self.spec.verify_seed) {
                     first_error.get_or_insert(BenchError::Verify(m));
                 }
             }
@@ -405,9 +454,10 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The seed written into verify headers of job `id`.
-fn verify_seed(id: usize) -> u32 {
-    0x5c9c_0000 ^ u32::try_from(id).unwrap_or(u32::MAX)
+/// The seed written into verify headers of job `id` of a run with
+/// `--randseed randseed`.
+pub fn verify_seed(id: usize, randseed: u32) -> u32 {
+    0x5c9c_0000 ^ u32::try_from(id).unwrap_or(u32::MAX) ^ randseed.rotate_left(16)
 }
 
 /// Counters at one moment.

@@ -90,47 +90,67 @@ impl Link {
 
     /// A job's queue saw the device hang up, on connection `seen`: makes
     /// (or, if another job did already, reuses) the next connection and
-    /// hands `queue` to it; `seen` becomes its generation.
+    /// hands `queue` to it; `seen` becomes its generation. A device that
+    /// goes away again before the queue is handed over is connected to
+    /// once more, until the reconnect timeout.
     pub fn follow(&self, seen: &mut u64, queue: &mut IoQueue) -> Result<(), BenchError> {
         let Some(r) = &self.reconnect else {
             return Err(BenchError::Protocol("the device hung up"));
         };
+        let deadline = Instant::now() + r.timeout;
         let mut state = self.lock();
-        if state.generation == *seen {
-            // Drop the dead connection first.
-            state.frontend = None;
-            let frontend = self.connect(r)?;
-            state.frontend = Some(frontend);
-            state.generation += 1;
+        loop {
+            if state.generation == *seen {
+                // Drop the dead connection first.
+                state.frontend = None;
+                let frontend = self.connect(r, deadline)?;
+                state.frontend = Some(frontend);
+                state.generation += 1;
+            }
+            let frontend = state
+                .frontend
+                .as_mut()
+                .ok_or(BenchError::Protocol("no connection"))?;
+            match self.hand_over(frontend, queue) {
+                Ok(()) => {
+                    *seen = state.generation;
+                    return Ok(());
+                }
+                Err(_) if Instant::now() < deadline => *seen = state.generation,
+                Err(e) => return Err(e),
+            }
         }
-        let frontend = state
-            .frontend
-            .as_mut()
-            .ok_or(BenchError::Protocol("no connection"))?;
+    }
+
+    /// Hands `queue` to `frontend`, at the ring's used index as QEMU does
+    /// after a backend died (the device adds the requests it records in
+    /// flight).
+    fn hand_over(&self, frontend: &mut Frontend, queue: &mut IoQueue) -> Result<(), BenchError> {
         let vq = queue.virtqueue();
-        // QEMU's base after a backend died: the used index (the device
-        // adds the requests it records in flight).
         let base = vq.ring().used_index();
         frontend.resume_queue(&self.mem, vq, base)?;
         frontend.sync()?;
         queue.reattach(frontend.hangup_fd()?);
-        *seen = state.generation;
         Ok(())
     }
 
-    /// Connects again until `r.timeout` passes, with the features of the
-    /// first connection, the same memory and the in-flight area.
-    fn connect(&self, r: &Reconnect) -> Result<Frontend, BenchError> {
-        let deadline = Instant::now() + r.timeout;
-        let mut frontend = loop {
-            match Frontend::connect(&r.config) {
-                Ok(f) => break f,
+    /// Connects again until `deadline`, with the features of the first
+    /// connection, the same memory and the in-flight area; a device that
+    /// goes away during the set-up is connected to again.
+    fn connect(&self, r: &Reconnect, deadline: Instant) -> Result<Frontend, BenchError> {
+        loop {
+            match self.set_up(r) {
+                Err(BenchError::Protocol(e)) => return Err(BenchError::Protocol(e)),
                 Err(_) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                Err(e) => return Err(e.into()),
+                result => return result,
             }
-        };
+        }
+    }
+
+    fn set_up(&self, r: &Reconnect) -> Result<Frontend, BenchError> {
+        let mut frontend = Frontend::connect(&r.config)?;
         let now = frontend.negotiated();
         if now.acked != self.negotiated.acked
             || now.protocol_acked != self.negotiated.protocol_acked
@@ -142,6 +162,19 @@ impl Link {
         frontend.set_mem_table(&self.mem)?;
         frontend.resume_inflight(&r.record)?;
         Ok(frontend)
+    }
+
+    /// Sends the memory table again on the present connection (the same
+    /// memory: the device maps it anew and swaps its map while the queues
+    /// run). `Ok(false)`: no connection (a reconnect is under way).
+    pub fn resend_mem_table(&self) -> Result<bool, BenchError> {
+        match &self.lock().frontend {
+            Some(f) => {
+                f.set_mem_table(&self.mem)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Takes the vrings back and disconnects.

@@ -30,7 +30,8 @@ mod verify;
 mod workload;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use serde_json::{Value, json};
@@ -41,6 +42,7 @@ use crate::cpu::{self_cpu_time, threads_since};
 use crate::device::{Device, DeviceSpec, has_event_idx, has_indirect};
 use crate::error::{BenchError, chain};
 use crate::job::{Abort, Job, JobSpec, Progress};
+use crate::link::Link;
 use crate::report::{Report, TargetCpu};
 use crate::target::{Target, TargetOptions, find_binary};
 use crate::workload::Workload;
@@ -211,9 +213,11 @@ impl Region {
                 self.size / args.bs,
                 args.rw.random(),
                 args.rw.read_percent(args.rwmixread),
-                0x5eed_0000 + id as u64,
+                (0x5eed_0000 + id as u64) ^ (u64::from(args.randseed) << 32),
             ),
             verify: args.verify.is_some(),
+            verify_only: args.verify_only,
+            verify_seed: job::verify_seed(id, args.randseed),
             size: self.size,
             time_based: args.time_based,
             runtime: (!args.runtime.is_zero()).then_some(args.runtime),
@@ -286,6 +290,56 @@ fn describe(
     (line, json)
 }
 
+/// Brings up the device at `socket`; with `--reconnect`, a set-up that
+/// fails (no daemon listening yet, or one that went away in the middle of
+/// it) starts again until the reconnect timeout, as the later connections
+/// do.
+fn open_device(socket: &std::path::Path, spec: &DeviceSpec) -> Result<Device, BenchError> {
+    let deadline = spec.reconnect.map(|t| Instant::now() + t);
+    loop {
+        match Device::open(socket, spec) {
+            Err(e)
+                if !matches!(e, BenchError::Usage(_))
+                    && deadline.is_some_and(|d| Instant::now() < d) =>
+            {
+                eprintln!(
+                    "sqcq-bench: warning: {}: set-up failed, connecting again: {}",
+                    socket.display(),
+                    chain(&e)
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// `--mem-table-interval`: sends every device its memory table again
+/// every `interval` until the jobs are done; says how often on stderr.
+fn resend_mem_tables(interval: Duration, links: Vec<Arc<Link>>, progress: &[Arc<Progress>]) {
+    let (mut sent, mut failed) = (0u64, 0u64);
+    let done = || progress.iter().all(|p| p.done.load(Ordering::Relaxed));
+    let mut next = Instant::now() + interval;
+    while !done() {
+        if Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        next += interval;
+        for link in &links {
+            match link.resend_mem_table() {
+                Ok(true) => sent += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("sqcq-bench: SET_MEM_TABLE again: {}", chain(&e));
+                }
+            }
+        }
+    }
+    eprintln!("sqcq-bench: memory table sent again {sent} times, {failed} failed");
+}
+
 fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     check_args(args)?;
     let jobs_n = u64::from(args.numjobs);
@@ -328,7 +382,7 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     }
     let mut devices = sockets
         .iter()
-        .map(|socket| Device::open(socket, &spec))
+        .map(|socket| open_device(socket, &spec))
         .collect::<Result<Vec<_>, _>>()?;
     for (d, device) in devices.iter().enumerate() {
         if let Some(f) = &device.fallback {
@@ -386,6 +440,10 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
     };
     let (cpu0, tcpu0, results) = std::thread::scope(|s| {
         let handle = s.spawn(|| job::run_all(jobs, &progress, &abort));
+        if !args.mem_table_interval.is_zero() {
+            let links: Vec<_> = devices.iter().map(|d| Arc::clone(&d.link)).collect();
+            s.spawn(|| resend_mem_tables(args.mem_table_interval, links, &progress));
+        }
         if !args.stats_interval.is_zero() {
             let reporter = stats_report::Periodic {
                 interval: args.stats_interval,

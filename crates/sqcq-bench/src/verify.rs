@@ -6,7 +6,8 @@
 //! crate, hardware-accelerated where the CPU has it) of the whole unit with
 //! the CRC field taken as zero. The rest is pseudo-random bytes derived
 //! from the LBA and the seed. A device returning zeros (a null LUN), stale
-//! data of another block or corrupted bytes fails the check.
+//! data of another block or of another run (`--randseed`), or corrupted
+//! bytes fails the check.
 
 use std::fmt;
 
@@ -54,9 +55,9 @@ pub fn fill(buf: &mut [u8], lba: u64, seed: u32) {
     buf[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Checks the read-back unit `buf` that should be the one at `lba`.
-/// Leaves `buf`'s CRC field zeroed.
-pub fn check(buf: &mut [u8], lba: u64) -> Result<(), Mismatch> {
+/// Checks the read-back unit `buf` that should be the one at `lba`,
+/// written with `seed`. Leaves `buf`'s CRC field zeroed.
+pub fn check(buf: &mut [u8], lba: u64, seed: u32) -> Result<(), Mismatch> {
     let fail = |what: String| Err(Mismatch { lba, what });
     if buf.len() < HEADER_LEN || &buf[..8] != MAGIC {
         return fail("no verify header (the block was never written, or was lost)".into());
@@ -73,6 +74,12 @@ pub fn check(buf: &mut [u8], lba: u64) -> Result<(), Mismatch> {
             "stored crc32c {stored:#010x}, computed {computed:#010x}"
         ));
     }
+    let written = u32::from_le_bytes(buf[20..24].try_into().unwrap_or_default());
+    if written != seed {
+        return fail(format!(
+            "the block holds data of seed {written:#010x}, not {seed:#010x} (a write was lost)"
+        ));
+    }
     Ok(())
 }
 
@@ -85,19 +92,27 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         fill(&mut buf, 77, 5);
         let pristine = buf.clone();
-        assert_eq!(check(&mut buf, 77), Ok(()));
+        assert_eq!(check(&mut buf, 77, 5), Ok(()));
 
         let mut other = pristine.clone();
-        assert!(check(&mut other, 78).unwrap_err().what.contains("LBA 77"));
+        assert!(
+            check(&mut other, 78, 5)
+                .unwrap_err()
+                .what
+                .contains("LBA 77")
+        );
+
+        let mut stale = pristine.clone();
+        assert!(check(&mut stale, 77, 6).unwrap_err().what.contains("lost"));
 
         let mut flipped = pristine.clone();
         flipped[1000] ^= 1;
-        let err = check(&mut flipped, 77).unwrap_err();
+        let err = check(&mut flipped, 77, 5).unwrap_err();
         assert_eq!(err.lba, 77);
         assert!(err.to_string().contains("crc32c mismatch at LBA 77"));
 
         let mut zeros = vec![0u8; 4096];
-        assert!(check(&mut zeros, 77).is_err());
+        assert!(check(&mut zeros, 77, 5).is_err());
     }
 
     #[test]

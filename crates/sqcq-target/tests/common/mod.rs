@@ -35,7 +35,9 @@ pub const QUEUE_SIZE: u16 = 64;
 /// The bound on every wait.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// A unique temporary directory removed on drop.
+/// A unique temporary directory, removed on drop unless the test failed:
+/// then it stays, and the daemon logs in it (`*.log`) are printed into the
+/// test's output, so that a failure always leaves its logs.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
@@ -52,7 +54,28 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            keep_logs(&self.0);
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Prints the logs of a failed test's directory `dir`, which stays.
+fn keep_logs(dir: &std::path::Path) {
+    eprintln!("the test failed: {} kept", dir.display());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_some_and(|e| e == "log") {
+            eprintln!(
+                "---- {}:\n{}",
+                path.display(),
+                std::fs::read_to_string(&path).unwrap_or_default()
+            );
+        }
     }
 }
 
