@@ -32,6 +32,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::rpc::Context;
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::stoppable::StoppableThread;
+use crate::service::pollset::PollSet;
 use crate::transport::listen::ListeningSocket;
 
 /// Clients served at once.
@@ -188,58 +189,40 @@ impl Conn {
 /// Serves `listener` (non-blocking) until `stop` is signalled.
 fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Context) {
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
-    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNECTIONS + 2);
+    let mut fds = PollSet::with_capacity(MAX_CONNECTIONS + 2);
     let shed_log = RateLimiter::new(1);
     loop {
         fds.clear();
-        let pollfd = |fd, events| libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
-        fds.push(pollfd(stop.as_raw_fd(), libc::POLLIN));
-        fds.push(pollfd(listener.as_raw_fd(), libc::POLLIN));
-        fds.extend(
-            conns
-                .iter()
-                .map(|c| pollfd(c.stream.as_raw_fd(), c.events())),
-        );
-        // Lines already received are served without waiting.
-        let timeout = if conns.iter().any(Conn::has_line) {
-            0
-        } else {
-            let now = Instant::now();
-            conns
-                .iter()
-                .map(|c| c.deadline.saturating_duration_since(now))
-                .min()
-                .map_or(-1, |d| {
-                    i32::try_from(d.as_millis().saturating_add(1)).unwrap_or(i32::MAX)
-                })
-        };
-        let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(0);
-        // SAFETY: `fds` holds `nfds` valid pollfds for the duration of
-        // the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            error!("admin socket: poll failed: {e}");
-            return;
+        fds.push(stop.as_raw_fd(), libc::POLLIN);
+        fds.push(listener.as_raw_fd(), libc::POLLIN);
+        for c in &conns {
+            fds.push(c.stream.as_raw_fd(), c.events());
         }
-        if fds[0].revents != 0 {
+        // Lines already received are served without waiting.
+        let deadline = if conns.iter().any(Conn::has_line) {
+            Some(Instant::now())
+        } else {
+            conns.iter().map(|c| c.deadline).min()
+        };
+        match fds.wait(deadline) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                error!("admin socket: poll failed: {e}");
+                return;
+            }
+        }
+        if fds.revents(0) != 0 {
             return;
         }
         let now = Instant::now();
         let mut i = 0;
         conns.retain_mut(|c| {
-            let revents = fds[2 + i].revents;
+            let revents = fds.revents(2 + i);
             i += 1;
             turn(c, revents, now, ctx)
         });
-        if fds[1].revents != 0 {
+        if fds.revents(1) != 0 {
             accept(listener, &mut conns, &shed_log);
         }
     }

@@ -33,6 +33,7 @@ use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::runtime::stoppable::StoppableThread;
+use crate::service::pollset::PollSet;
 
 use super::MetricsListen;
 use super::text::CONTENT_TYPE;
@@ -206,50 +207,33 @@ struct Conn {
 /// Serves `listener` until `stop` is signalled.
 pub(crate) fn serve(listener: &Listener, stop: &EventFd, render: &(dyn Fn(&mut String) + Sync)) {
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
-    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNECTIONS + 2);
+    let mut fds = PollSet::with_capacity(MAX_CONNECTIONS + 2);
     loop {
         fds.clear();
-        let pollfd = |fd, events| libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
-        fds.push(pollfd(stop.as_raw_fd(), libc::POLLIN));
-        fds.push(pollfd(listener.fd(), libc::POLLIN));
+        fds.push(stop.as_raw_fd(), libc::POLLIN);
+        fds.push(listener.fd(), libc::POLLIN);
         for c in &conns {
             let events = match c.state {
                 State::Reading(_) => libc::POLLIN,
                 State::Writing { .. } => libc::POLLOUT,
             };
-            fds.push(pollfd(c.stream.fd(), events));
+            fds.push(c.stream.fd(), events);
         }
-        let now = Instant::now();
-        let timeout = conns
-            .iter()
-            .map(|c| c.deadline.saturating_duration_since(now))
-            .min()
-            .map_or(-1, |d| {
-                i32::try_from(d.as_millis().saturating_add(1)).unwrap_or(i32::MAX)
-            });
-        let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(0);
-        // SAFETY: `fds` holds `nfds` valid pollfds for the duration of
-        // the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+        match fds.wait(conns.iter().map(|c| c.deadline).min()) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                error!("metrics endpoint: poll failed: {e}");
+                return;
             }
-            error!("metrics endpoint: poll failed: {e}");
-            return;
         }
-        if fds[0].revents != 0 {
+        if fds.revents(0) != 0 {
             return;
         }
         let now = Instant::now();
         let mut i = 0;
         conns.retain_mut(|c| {
-            let revents = fds[2 + i].revents;
+            let revents = fds.revents(2 + i);
             i += 1;
             if revents != 0 && !progress(c, render) {
                 return false;
@@ -260,7 +244,7 @@ pub(crate) fn serve(listener: &Listener, stop: &EventFd, render: &(dyn Fn(&mut S
             }
             true
         });
-        if fds[1].revents != 0 {
+        if fds.revents(1) != 0 {
             accept(listener, &mut conns, render);
         }
     }

@@ -13,6 +13,7 @@ pub mod account;
 pub mod activation;
 pub mod notify;
 pub mod pidfile;
+pub(crate) mod pollset;
 
 use activation::{ActivationError, PassedSockets};
 use notify::{Notifier, NotifyError};
