@@ -7,8 +7,8 @@
 # qemu-system-data and seabios packages).
 #
 # Cached under $(cache_dir qemu)/KEY/ (scripts/lib/cache.sh: /var/cache/sqcq
-# as root), KEY = source version + patches + this
-# script: a rerun with nothing changed costs one dpkg query and a hash.
+# as root), KEY = source version + patches + configure options: a rerun
+# with nothing changed costs one dpkg query and a hash.
 #
 #   scripts/build-qemu.sh      prints the path of qemu-system-x86_64
 set -euo pipefail
@@ -21,7 +21,12 @@ log() { echo "build-qemu: $*" >&2; }
 # The source version of the installed binary package (no binNMU suffix).
 version="$(dpkg-query -W -f='${source:Version}' qemu-system-x86 2>/dev/null || true)"
 [ -n "$version" ] || { log "qemu-system-x86 is not installed"; exit 1; }
-key="$( { echo "$version"; cat patches/qemu/*.patch "$0"; } | sha256sum | cut -c1-16)"
+configure_opts=(--target-list=x86_64-softmmu
+    --without-default-features --enable-tcg --enable-vhost-user
+    --disable-docs --disable-werror
+    --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu)
+key="$( { echo "$version ${configure_opts[*]} qemu-system-x86_64"; cat patches/qemu/*.patch; } |
+    sha256sum | cut -c1-16)"
 # shellcheck source=scripts/lib/cache.sh
 source "$repo/scripts/lib/cache.sh"
 out="$(cache_dir qemu)/$key"
@@ -40,18 +45,13 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/sqcq-qemu.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 (
     cd "$work"
-    apt-get source -qq --download-only "qemu=$version" >/dev/null 2>&1 ||
-        apt-get source --download-only "qemu=$version"
-    dpkg-source -x ./*.dsc src >/dev/null
+    unpack_qemu_source "$version"
     cd src
     for p in "$repo"/patches/qemu/*.patch; do
         patch -p1 --quiet --forward < "$p" || { log "$(basename "$p") does not apply"; exit 1; }
     done
     mkdir build && cd build
-    ../configure --prefix="$out" --target-list=x86_64-softmmu \
-        --without-default-features --enable-tcg --enable-vhost-user \
-        --disable-docs --disable-werror \
-        --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu \
+    ../configure --prefix="$out" "${configure_opts[@]}" \
         > "$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }
     # The emulator alone: not the tools, tests or documentation.
     ninja -j"$(nproc)" qemu-system-x86_64 > "$work/make.log" 2>&1 ||

@@ -53,9 +53,7 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/sqcq-qtest.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 (
     cd "$work"
-    apt-get source -qq --download-only "qemu=$version" >/dev/null 2>&1 ||
-        apt-get source --download-only "qemu=$version"
-    dpkg-source -x ./*.dsc src >/dev/null
+    unpack_qemu_source "$version"
     cd src
     mkdir build && cd build
     ../configure "${configure_opts[@]}" > "$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }

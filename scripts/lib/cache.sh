@@ -18,3 +18,12 @@ cache_dir() {
     mkdir -p "$base/$1"
     echo "$base/$1"
 }
+
+# unpack_qemu_source VERSION: fetches Debian's qemu source package of
+# VERSION with the ordinary apt client (scripts/enable-deb-src.sh first)
+# into the current folder and unpacks it into ./src.
+unpack_qemu_source() {
+    apt-get source -qq --download-only "qemu=$1" >/dev/null 2>&1 ||
+        apt-get source --download-only "qemu=$1"
+    dpkg-source -x ./*.dsc src >/dev/null
+}

@@ -155,19 +155,20 @@ fn hung_up(sock: RawFd) -> io::Result<bool> {
 }
 
 fn queued_bytes(sock: RawFd) -> io::Result<usize> {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int through a valid pointer.
-    if unsafe { libc::ioctl(sock, libc::FIONREAD, &raw mut n) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(usize::try_from(n).unwrap_or(0))
+    queue_bytes(sock, libc::FIONREAD)
 }
 
 /// Bytes sent on `sock` that the peer has not read yet.
 pub fn unread_reply_bytes(sock: RawFd) -> io::Result<usize> {
+    queue_bytes(sock, libc::TIOCOUTQ)
+}
+
+/// The bytes in one of `sock`'s queues: FIONREAD (SIOCINQ) the receive
+/// queue, TIOCOUTQ (SIOCOUTQ) the send queue.
+fn queue_bytes(sock: RawFd, request: libc::Ioctl) -> io::Result<usize> {
     let mut n: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int through a valid pointer.
-    if unsafe { libc::ioctl(sock, libc::TIOCOUTQ, &raw mut n) } != 0 {
+    // SAFETY: both requests write one int through a valid pointer.
+    if unsafe { libc::ioctl(sock, request, &raw mut n) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(usize::try_from(n).unwrap_or(0))
