@@ -15,6 +15,8 @@
 //! - [`FileBackstore`]: a regular file or block device through io_uring,
 //!   `O_DIRECT` when a request's buffers allow it, `RWF_DSYNC` for FUA,
 //!   `fdatasync` for flushes, hole punching or `BLKDISCARD` for discards.
+//! - [`RbdBackstore`] (cargo feature `rbd`, on by default; needs Debian's
+//!   `librbd-dev`): a Ceph RBD image through librbd's asynchronous calls.
 //!
 //! No library offers this seam for userspace SCSI targets (SPDK's bdev
 //! layer is the closest relative); it is written here.
@@ -27,6 +29,8 @@ mod file;
 mod lock;
 mod null;
 mod ram;
+#[cfg(feature = "rbd")]
+mod rbd;
 mod slots;
 
 use std::os::fd::RawFd;
@@ -36,6 +40,8 @@ pub use file::{FileBackstore, FileOptions};
 pub use lock::{Conflict, Holder};
 pub use null::NullBackstore;
 pub use ram::RamBackstore;
+#[cfg(feature = "rbd")]
+pub use rbd::{DEFAULT_TIMEOUT_SECS, RbdBackstore, RbdOptions};
 pub use slots::MAX_SEGMENTS;
 
 /// Size and capabilities of a backstore.

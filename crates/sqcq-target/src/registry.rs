@@ -226,6 +226,7 @@ fn kind_name(kind: BackstoreKind) -> &'static str {
         BackstoreKind::Null => "null",
         BackstoreKind::Ram => "ram",
         BackstoreKind::File => "file",
+        BackstoreKind::Rbd => "rbd",
     }
 }
 

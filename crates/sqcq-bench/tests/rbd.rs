@@ -1,0 +1,143 @@
+//! sqcqd on a Ceph RBD image (`--lun kind=rbd,...`) end to end, against
+//! the real single-host cluster of `scripts/ceph-cluster.sh` (started,
+//! and its environment exported, by `scripts/test.sh`): `sqcq-bench
+//! --verify crc32c` over both device types in every notification mode,
+//! so a lost, misplaced or torn write to the cluster fails the run.
+//! Skipped, saying why, without a cluster (a failure under
+//! `SQCQ_REQUIRE_PEERS`).
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// sqcqd serving `image` as its one LUN or disk, once it listens.
+fn daemon(bin: &Path, dir: &Path, device: &str, image: &RbdImage, extra: &[&str]) -> Child {
+    let socket = dir.join("vhost.sock");
+    let _ = std::fs::remove_file(&socket);
+    let log = std::fs::File::create(dir.join("sqcqd.log")).unwrap();
+    let mut d = Command::new(bin)
+        .arg("--socket-path")
+        .arg(&socket)
+        .args(["--device-type", device, "--num-queues", "2"])
+        .args(["--lun", &image.lun()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("sqcqd starts");
+    // A hang guard: connecting to the cluster is bounded by the client's
+    // mount time-out (30 s).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !socket.exists() {
+        if let Some(status) = d.try_wait().unwrap() {
+            panic!(
+                "sqcqd exited with {status}: {}",
+                std::fs::read_to_string(dir.join("sqcqd.log")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "sqcqd listens within 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    d
+}
+
+/// Stops sqcqd as a service manager does (SIGTERM), which closes the
+/// image and so gives its exclusive lock back: the next daemon on the
+/// image takes it at once. (After a `kill -9` the next writer waits until
+/// the cluster notices the dead client's watch is gone.)
+fn stop(mut d: Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &d.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = d.wait().unwrap();
+    assert!(status.success(), "sqcqd stopped cleanly: {status}");
+}
+
+/// Two jobs, each writing 4 MiB of its own in 8 KiB I/Os at QD8 (FUA on
+/// SCSI), then reading it back and checking every block.
+fn verify(socket: &Path, device: &str, mode: &str) -> Value {
+    let mut args = vec![
+        "--device-type",
+        device,
+        "--mode",
+        mode,
+        "--rw",
+        "randwrite",
+        "--verify",
+        "crc32c",
+        "--size",
+        "4m",
+        "--bs",
+        "8k",
+        "--iodepth",
+        "8",
+        "--numjobs",
+        "2",
+    ];
+    if device == "scsi" {
+        args.push("--fua");
+    }
+    let (_, v) = bench_json(&["--socket".as_ref(), socket.as_os_str()], &args);
+    let jobs = v["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2, "{device} {mode}");
+    for (i, job) in jobs.iter().enumerate() {
+        assert_eq!(job["error"], 0, "{device} {mode} job {i}");
+        assert_eq!(job["write"]["total_ios"], 512, "{device} {mode} job {i}");
+        assert_eq!(job["read"]["total_ios"], 512, "{device} {mode} job {i}");
+        assert_eq!(job["read"]["io_bytes"], 4 << 20, "{device} {mode} job {i}");
+    }
+    v
+}
+
+#[test]
+fn verify_passes_on_an_rbd_image_for_both_device_types_in_every_mode() {
+    let Some(ceph) = Ceph::get() else { return };
+    let Some(bin) = sqcqd() else { return };
+    let dir = Scratch::new("rbd", "verify");
+    let image = ceph.image("bench-verify", "64M");
+    for device in ["scsi", "blk"] {
+        for (mode, extra) in MODES {
+            let d = daemon(&bin, &dir.0, device, &image, extra);
+            let v = verify(&dir.0.join("vhost.sock"), device, mode);
+            assert_eq!(v["sqcq"]["mode"], mode, "{device} {mode}: no fallback");
+            stop(d);
+        }
+    }
+}
+
+#[test]
+fn a_missing_image_stops_sqcqd_with_one_clear_line() {
+    let Some(ceph) = Ceph::get() else { return };
+    let Some(bin) = sqcqd() else { return };
+    let dir = Scratch::new("rbd", "missing");
+    let lun = format!(
+        "kind=rbd,pool={},image=no-such-image,conf={},id={},keyring={}",
+        ceph.pool, ceph.conf, ceph.id, ceph.keyring
+    );
+    let start = Instant::now();
+    let out = Command::new(&bin)
+        .arg("--socket-path")
+        .arg(dir.0.join("vhost.sock"))
+        .args(["--lun", &lun])
+        .output()
+        .unwrap();
+    // A hang guard, not a timing.
+    assert!(start.elapsed() < Duration::from_secs(60));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot open RBD image sqcq/no-such-image")
+            || stderr.contains(&format!(
+                "cannot open RBD image {}/no-such-image",
+                ceph.pool
+            )),
+        "{stderr}"
+    );
+}
