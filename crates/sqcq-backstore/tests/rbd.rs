@@ -521,3 +521,61 @@ fn misconfiguration_is_one_clear_error_not_a_hang() {
     }
     let _ = std::fs::remove_file(bad_keyring);
 }
+
+#[test]
+fn a_second_writer_is_refused_and_the_lock_is_handed_over() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let image = cluster.image("fence", 4 << 20);
+    let first = RbdBackstore::open(&cluster.options(&image.name)).unwrap();
+    let start = Instant::now();
+    let e = RbdBackstore::open(&cluster.options(&image.name)).unwrap_err();
+    // A hang guard, not a timing.
+    assert!(start.elapsed() < Duration::from_secs(60));
+    let text = e.to_string();
+    assert!(
+        text.contains("exclusive lock is held by the client at 127.0.0.1:"),
+        "{text}"
+    );
+    // Readers do not need the lock.
+    let reader = RbdBackstore::open(&RbdOptions {
+        read_only: true,
+        ..cluster.options(&image.name)
+    })
+    .unwrap();
+    let mut b = Buf::new(4096);
+    let mut rq = reader.open_queue(1).unwrap();
+    assert_eq!(
+        run(&mut *rq, IoOp::Read { offset: 0 }, &[b.iov(0, 4096)]).unwrap(),
+        4096
+    );
+    // A migration's destination opens without the lock and takes it
+    // once the source has given it back.
+    let second = RbdBackstore::open(&RbdOptions {
+        defer_lock: true,
+        ..cluster.options(&image.name)
+    })
+    .unwrap();
+    assert!(
+        second.set_active(true).is_err(),
+        "the source still holds it"
+    );
+    first.set_active(false).unwrap();
+    second.set_active(true).unwrap();
+    let mut q = second.open_queue(1).unwrap();
+    pattern(b.bytes(), 5);
+    let write = IoOp::Write {
+        offset: 0,
+        fua: true,
+    };
+    assert_eq!(run(&mut *q, write, &[b.iov(0, 4096)]).unwrap(), 4096);
+    assert!(
+        first.set_active(true).is_err(),
+        "now the destination holds it"
+    );
+    drop(q);
+    drop(second);
+    // Closing the image gives the lock back.
+    first.set_active(true).unwrap();
+}

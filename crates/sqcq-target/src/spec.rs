@@ -79,8 +79,8 @@ pub struct LunSpec {
     /// or QEMU writes it at the same time (on by default).
     #[serde(default = "default_lock", deserialize_with = "de_bool")]
     pub lock: bool,
-    /// File LUNs: take the image locks when a frontend first starts a
-    /// queue rather than at open (`sqcqd --incoming`, the destination of
+    /// File and RBD LUNs: take the image locks (RBD: the exclusive lock)
+    /// when a frontend first starts a queue rather than at open (`sqcqd --incoming`, the destination of
     /// a live migration); not a key of its own.
     #[serde(skip)]
     pub defer_lock: bool,
@@ -202,6 +202,7 @@ impl LunSpec {
             keyring: self.keyring.clone(),
             block_size: self.block_size,
             read_only: self.read_only,
+            defer_lock: self.defer_lock,
             ..RbdOptions::new(
                 self.pool.clone().unwrap_or_default(),
                 self.image.clone().unwrap_or_default(),

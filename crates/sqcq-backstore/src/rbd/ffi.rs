@@ -24,6 +24,9 @@ pub(crate) type rbd_completion_t = *mut c_void;
 /// librbd's threads.
 pub(crate) type rbd_callback_t = extern "C" fn(rbd_completion_t, *mut c_void);
 
+/// `RBD_LOCK_MODE_EXCLUSIVE` of `rbd_lock_mode_t`.
+pub(crate) const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
+
 #[link(name = "rados")]
 unsafe extern "C" {
     pub(crate) fn rados_create2(
@@ -73,6 +76,15 @@ unsafe extern "C" {
     pub(crate) fn rbd_close(image: rbd_image_t) -> c_int;
     pub(crate) fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
     pub(crate) fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
+    pub(crate) fn rbd_lock_acquire(image: rbd_image_t, lock_mode: c_int) -> c_int;
+    pub(crate) fn rbd_lock_release(image: rbd_image_t) -> c_int;
+    pub(crate) fn rbd_lock_get_owners(
+        image: rbd_image_t,
+        lock_mode: *mut c_int,
+        lock_owners: *mut *mut c_char,
+        max_lock_owners: *mut usize,
+    ) -> c_int;
+    pub(crate) fn rbd_lock_get_owners_cleanup(lock_owners: *mut *mut c_char, count: usize);
 
     pub(crate) fn rbd_aio_create_completion(
         cb_arg: *mut c_void,

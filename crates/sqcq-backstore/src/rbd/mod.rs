@@ -8,6 +8,14 @@
 //! librbd's threads and reach the worker through the queue's completion
 //! list and eventfd (see [`queue`]); no request waits in the worker.
 //!
+//! Fencing: a writable image's exclusive lock (librbd's `exclusive-lock`
+//! feature, on by default in new images) is taken at open with
+//! `rbd_lock_acquire` in librbd's manual mode, so a second writer (another
+//! `sqcqd`, QEMU) is refused instead of the lock moving back and forth
+//! between them; a lock left by a dead client is broken by librbd, which
+//! blocklists that client first, once the cluster has noticed its death.
+//! A live migration hands it over through [`Backstore::set_active`].
+//!
 //! Bindings: our own (`ffi`), since the published crates are unmaintained
 //! or do not cover librbd; see that module.
 //!
@@ -55,6 +63,10 @@ pub struct RbdOptions {
     pub block_size: u32,
     /// Open read-only and refuse writes (always so with `snap`).
     pub read_only: bool,
+    /// Take the image's exclusive lock at the first
+    /// [`Backstore::set_active`] rather than at open: the destination of
+    /// a live migration, whose source holds it until its device stops.
+    pub defer_lock: bool,
 }
 
 impl RbdOptions {
@@ -70,6 +82,7 @@ impl RbdOptions {
             keyring: None,
             block_size: 512,
             read_only: false,
+            defer_lock: false,
         }
     }
 
@@ -291,6 +304,75 @@ impl Image {
         Ok(img)
     }
 
+    /// Takes the image's exclusive lock for good (librbd's manual mode:
+    /// it is not given up when another client asks for it).
+    fn lock(&self, spec: &str) -> Result<(), BackstoreError> {
+        // SAFETY: the image is open.
+        let rc = unsafe { ffi::rbd_lock_acquire(self.image, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        let what = if rc == -libc::EINVAL {
+            format!(
+                "RBD image {spec} has no exclusive-lock feature, so sqcqd cannot keep other \
+                 writers off it (rbd feature enable {spec} exclusive-lock)"
+            )
+        } else {
+            let owners = self.lock_owners();
+            let holder = if owners.is_empty() {
+                "another client".to_owned()
+            } else {
+                format!("the client at {}", owners.join(", "))
+            };
+            format!(
+                "RBD image {spec}: its exclusive lock is held by {holder}: is another sqcqd, \
+                 QEMU or rbd-nbd writing it? (ro or snap= serve it read-only)"
+            )
+        };
+        Err(ceph_error(what, rc))
+    }
+
+    /// Gives the exclusive lock back.
+    fn unlock(&self) -> io::Result<()> {
+        // SAFETY: the image is open.
+        let rc = unsafe { ffi::rbd_lock_release(self.image) };
+        // Not holding it (EINVAL) is what was asked for.
+        if rc < 0 && rc != -libc::EINVAL {
+            return Err(io::Error::from_raw_os_error(rc.saturating_neg()));
+        }
+        Ok(())
+    }
+
+    /// The clients holding the exclusive lock, as librbd names them.
+    fn lock_owners(&self) -> Vec<String> {
+        let mut mode: c_int = 0;
+        let mut owners: [*mut c_char; 8] = [ptr::null_mut(); 8];
+        let mut count = owners.len();
+        // SAFETY: the image is open; librbd fills at most `count` entries
+        // of `owners` with strings it allocates, freed by the cleanup.
+        let rc = unsafe {
+            ffi::rbd_lock_get_owners(self.image, &mut mode, owners.as_mut_ptr(), &mut count)
+        };
+        if rc < 0 {
+            return Vec::new();
+        }
+        let count = count.min(owners.len());
+        let names = owners[..count]
+            .iter()
+            .filter(|p| !p.is_null())
+            .map(|&p| {
+                // SAFETY: each filled entry is a NUL-terminated string,
+                // alive until the cleanup below.
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        // SAFETY: the entries librbd filled, freed once.
+        unsafe { ffi::rbd_lock_get_owners_cleanup(owners.as_mut_ptr(), count) };
+        names
+    }
+
     /// The image's size in bytes.
     fn size(&self) -> io::Result<u64> {
         let mut size = 0u64;
@@ -332,6 +414,10 @@ impl RbdBackstore {
         }
         let image = Image::open(options)?;
         let spec = options.spec();
+        let read_only = options.read_only || options.snap.is_some();
+        if !read_only && !options.defer_lock {
+            image.lock(&spec)?;
+        }
         let bytes = image.size().map_err(|source| BackstoreError::Ceph {
             what: format!("cannot read the size of {spec}"),
             source,
@@ -361,6 +447,23 @@ impl RbdBackstore {
 }
 
 impl Backstore for RbdBackstore {
+    /// A writable image's exclusive lock: taken when a queue starts (at
+    /// the destination of a migration, its first start), given back when
+    /// a migration stops the device at its source.
+    fn set_active(&self, active: bool) -> Result<(), BackstoreError> {
+        if self.geometry.read_only {
+            return Ok(());
+        }
+        if active {
+            self.image.lock(&self.spec)
+        } else {
+            self.image.unlock().map_err(|source| BackstoreError::Ceph {
+                what: format!("cannot release the exclusive lock of {}", self.spec),
+                source,
+            })
+        }
+    }
+
     fn geometry(&self) -> Geometry {
         Geometry {
             blocks: self.capacity.get() / u64::from(self.geometry.block_size),
