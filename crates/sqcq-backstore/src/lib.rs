@@ -114,6 +114,15 @@ pub trait Backstore: Send + Sync {
         let _ = bytes;
         Err(BackstoreError::Unsupported("resize"))
     }
+    /// Calls `changed` with the storage's new size in bytes (whole
+    /// blocks) each time it changes outside the daemon, such as an RBD
+    /// image resized in the cluster, from a thread of the backstore's own
+    /// that `changed` must not block. Replaces an earlier watcher.
+    /// Returns `Ok(false)` for storage nothing else resizes.
+    fn watch_size(&self, changed: SizeWatcher) -> Result<bool, BackstoreError> {
+        let _ = changed;
+        Ok(false)
+    }
     /// Takes (`true`) or gives up (`false`) what keeps other users off the
     /// storage while this one serves it (a file's image locks). Given up
     /// when a live migration stops the device at its source, taken again
@@ -124,6 +133,9 @@ pub trait Backstore: Send + Sync {
         Ok(())
     }
 }
+
+/// What [`Backstore::watch_size`] calls with the new size in bytes.
+pub type SizeWatcher = Box<dyn Fn(u64) + Send + Sync>;
 
 /// The completion callback of [`BackstoreQueue::reap`]: the request's tag
 /// and the bytes transferred, or why it failed.

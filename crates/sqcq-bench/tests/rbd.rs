@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use common::*;
 use serde_json::Value;
 
 /// sqcqd serving `image` as its one LUN or disk, once it listens.
-fn daemon(bin: &Path, dir: &Path, device: &str, image: &RbdImage, extra: &[&str]) -> Child {
+fn daemon(bin: &Path, dir: &Path, device: &str, image: &RbdImage, extra: &[&OsStr]) -> Child {
     let socket = dir.join("vhost.sock");
     let _ = std::fs::remove_file(&socket);
     let log = std::fs::File::create(dir.join("sqcqd.log")).unwrap();
@@ -104,7 +105,8 @@ fn verify_passes_on_an_rbd_image_for_both_device_types_in_every_mode() {
     let image = ceph.image("bench-verify", "64M");
     for device in ["scsi", "blk"] {
         for (mode, extra) in MODES {
-            let d = daemon(&bin, &dir.0, device, &image, extra);
+            let extra: Vec<&OsStr> = extra.iter().map(OsStr::new).collect();
+            let d = daemon(&bin, &dir.0, device, &image, &extra);
             let v = verify(&dir.0.join("vhost.sock"), device, mode);
             assert_eq!(v["sqcq"]["mode"], mode, "{device} {mode}: no fallback");
             stop(d);
@@ -140,4 +142,89 @@ fn a_missing_image_stops_sqcqd_with_one_clear_line() {
             )),
         "{stderr}"
     );
+}
+
+/// LUN 0's blocks as `sqcqd rpc device_list` reports them.
+fn blocks(bin: &Path, admin: &Path) -> u64 {
+    let out = Command::new(bin)
+        .arg("rpc")
+        .arg("--admin-socket")
+        .arg(admin)
+        .arg("device_list")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v[0]["luns"][0]["blocks"].as_u64().unwrap()
+}
+
+/// Waits until LUN 0 has `want` blocks; a hang guard, not a timing.
+fn wait_blocks(bin: &Path, admin: &Path, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = blocks(bin, admin);
+        if now == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{now} blocks, not {want}, 30 s after the resize"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_image_resized_in_the_cluster_resizes_the_device() {
+    let Some(ceph) = Ceph::get() else { return };
+    let Some(bin) = sqcqd() else { return };
+    let dir = Scratch::new("rbd", "resize");
+    let admin = dir.0.join("admin.sock");
+    for device in ["blk", "scsi"] {
+        let image = ceph.image(&format!("resize-{device}"), "64M");
+        let d = daemon(
+            &bin,
+            &dir.0,
+            device,
+            &image,
+            &["--admin-socket".as_ref(), admin.as_os_str()],
+        );
+        assert_eq!(blocks(&bin, &admin), 131_072);
+        let out = ceph.rbd(&["resize", "--no-progress", "--size", "128M", &image.spec]);
+        assert!(out.status.success(), "{out:?}");
+        wait_blocks(&bin, &admin, 262_144);
+        // The driver sees the new capacity, and the new range keeps data.
+        let (_, v) = bench_json(
+            &["--socket".as_ref(), dir.0.join("vhost.sock").as_os_str()],
+            &[
+                "--device-type",
+                device,
+                "--rw",
+                "randwrite",
+                "--verify",
+                "crc32c",
+                "--offset",
+                "120m",
+                "--size",
+                "8m",
+                "--bs",
+                "64k",
+            ],
+        );
+        assert_eq!(v["sqcq"]["device"]["blocks"], 262_144, "{device}");
+        assert_eq!(v["jobs"][0]["error"], 0, "{device}");
+        // Shrunk in the cluster: the LUN follows (sqcqd never shrinks an
+        // image itself).
+        let out = ceph.rbd(&[
+            "resize",
+            "--no-progress",
+            "--allow-shrink",
+            "--size",
+            "32M",
+            &image.spec,
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        wait_blocks(&bin, &admin, 65_536);
+        stop(d);
+    }
 }

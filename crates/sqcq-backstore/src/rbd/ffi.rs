@@ -24,6 +24,10 @@ pub(crate) type rbd_completion_t = *mut c_void;
 /// librbd's threads.
 pub(crate) type rbd_callback_t = extern "C" fn(rbd_completion_t, *mut c_void);
 
+/// `rbd_update_callback_t`: called when the image's header changes
+/// (resize, snapshots, features), from one of librbd's threads.
+pub(crate) type rbd_update_callback_t = extern "C" fn(*mut c_void);
+
 /// `RBD_LOCK_MODE_EXCLUSIVE` of `rbd_lock_mode_t`.
 pub(crate) const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
 
@@ -84,6 +88,13 @@ unsafe extern "C" {
         lock_owners: *mut *mut c_char,
         max_lock_owners: *mut usize,
     ) -> c_int;
+    pub(crate) fn rbd_update_watch(
+        image: rbd_image_t,
+        handle: *mut u64,
+        watch_cb: rbd_update_callback_t,
+        arg: *mut c_void,
+    ) -> c_int;
+    pub(crate) fn rbd_update_unwatch(image: rbd_image_t, handle: u64) -> c_int;
     pub(crate) fn rbd_lock_get_owners_cleanup(lock_owners: *mut *mut c_char, count: usize);
 
     pub(crate) fn rbd_aio_create_completion(

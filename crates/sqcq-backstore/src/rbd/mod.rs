@@ -32,10 +32,10 @@ use std::ffi::{CString, c_char, c_int};
 use std::io;
 use std::path::PathBuf;
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::capacity::Capacity;
-use crate::{Backstore, BackstoreError, BackstoreQueue, Geometry};
+use crate::{Backstore, BackstoreError, BackstoreQueue, Geometry, SizeWatcher};
 
 /// Seconds given to OSD and monitor operations, and to the connection,
 /// when the Ceph configuration does not say.
@@ -385,9 +385,45 @@ impl Image {
     }
 }
 
+/// What librbd's header-update callback needs: the image to read the
+/// size of, the LUN's capacity to compare it with, and whom to tell.
+struct WatchContext {
+    image: Arc<Image>,
+    capacity: Capacity,
+    block_size: u64,
+    changed: SizeWatcher,
+}
+
+/// A registered `rbd_update_watch`, undone by [`RbdBackstore`]'s Drop.
+struct UpdateWatch {
+    handle: u64,
+    /// At a stable address, passed to librbd.
+    context: Box<WatchContext>,
+}
+
+/// librbd's header-update callback, on one of its threads: the image was
+/// resized, snapshotted, or had its features changed.
+extern "C" fn on_header_update(arg: *mut std::ffi::c_void) {
+    // SAFETY: `arg` is the `WatchContext` of a registered watch, freed
+    // only after `rbd_update_unwatch` returned (which waits for running
+    // callbacks).
+    let context = unsafe { &*arg.cast::<WatchContext>() };
+    // Reading the size here is what Ceph's own rbd-nbd does in its
+    // update callback.
+    let Ok(size) = context.image.size() else {
+        return;
+    };
+    let bytes = size / context.block_size * context.block_size;
+    if bytes > 0 && bytes != context.capacity.get() {
+        (context.changed)(bytes);
+    }
+}
+
 /// A backstore on a Ceph RBD image.
 pub struct RbdBackstore {
     image: Arc<Image>,
+    /// The header watch of [`Backstore::watch_size`], if any.
+    watch: Mutex<Option<UpdateWatch>>,
     /// The geometry at open; `blocks` follows `capacity`.
     geometry: Geometry,
     capacity: Capacity,
@@ -431,6 +467,7 @@ impl RbdBackstore {
         let read_only = options.read_only || options.snap.is_some();
         Ok(RbdBackstore {
             image: Arc::new(image),
+            watch: Mutex::new(None),
             geometry: Geometry {
                 block_size,
                 blocks,
@@ -446,7 +483,68 @@ impl RbdBackstore {
     }
 }
 
+impl RbdBackstore {
+    fn unwatch(&self, watch: UpdateWatch) {
+        // SAFETY: the image is open and `handle` registered on it; librbd
+        // waits for a running callback before returning.
+        let rc = unsafe { ffi::rbd_update_unwatch(self.image.image, watch.handle) };
+        if rc < 0 {
+            // The callback may still come: leak its context rather than
+            // free it under librbd.
+            std::mem::forget(watch.context);
+        }
+    }
+}
+
+impl Drop for RbdBackstore {
+    fn drop(&mut self) {
+        let watch = self
+            .watch
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(watch) = watch {
+            self.unwatch(watch);
+        }
+    }
+}
+
 impl Backstore for RbdBackstore {
+    /// Watches the image's header (`rbd_update_watch`): a resize in the
+    /// cluster (`rbd resize`) reaches `changed`. Read-only images opened
+    /// without a watch (`ro`, `snap=`) report `Ok(false)`.
+    fn watch_size(&self, changed: SizeWatcher) -> Result<bool, BackstoreError> {
+        if self.geometry.read_only {
+            return Ok(false);
+        }
+        let mut slot = self.watch.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(old) = slot.take() {
+            self.unwatch(old);
+        }
+        let context = Box::new(WatchContext {
+            image: Arc::clone(&self.image),
+            capacity: self.capacity.clone(),
+            block_size: u64::from(self.geometry.block_size),
+            changed,
+        });
+        let mut handle = 0u64;
+        let arg = ptr::from_ref::<WatchContext>(&context)
+            .cast_mut()
+            .cast::<std::ffi::c_void>();
+        // SAFETY: the image is open; `arg` points to the boxed context,
+        // kept in `self.watch` until the watch is undone.
+        let rc =
+            unsafe { ffi::rbd_update_watch(self.image.image, &mut handle, on_header_update, arg) };
+        if rc < 0 {
+            return Err(ceph_error(
+                format!("cannot watch {} for resizes", self.spec),
+                rc,
+            ));
+        }
+        *slot = Some(UpdateWatch { handle, context });
+        Ok(true)
+    }
+
     /// A writable image's exclusive lock: taken when a queue starts (at
     /// the destination of a migration, its first start), given back when
     /// a migration stops the device at its source.
@@ -472,15 +570,19 @@ impl Backstore for RbdBackstore {
     }
 
     /// Grows the image in the cluster (`rbd_resize`) when it is smaller
-    /// than `bytes`, then publishes the capacity. Shrinking is refused, as
-    /// for file LUNs: it would destroy data.
+    /// than `bytes`, then publishes the capacity. The daemon never
+    /// shrinks an image (it would destroy data): a smaller capacity is
+    /// only taken once the image is that small already (shrunk in the
+    /// cluster, `rbd resize --allow-shrink`).
     fn resize(&self, bytes: u64) -> Result<Geometry, BackstoreError> {
         crate::ram::validated_geometry(bytes, self.geometry.block_size)?;
-        if bytes < self.capacity.get() {
-            return Err(BackstoreError::Unsupported("shrinking an RBD LUN"));
-        }
         let resize_err = |source| BackstoreError::Resize { bytes, source };
         let size = self.image.size().map_err(resize_err)?;
+        if bytes < self.capacity.get() && size > bytes {
+            return Err(BackstoreError::Unsupported(
+                "shrinking an RBD image (shrink it in the cluster: the LUN follows)",
+            ));
+        }
         if bytes > size {
             if self.geometry.read_only {
                 return Err(BackstoreError::ReadOnly);
