@@ -5,7 +5,7 @@
 # every daemon on 127.0.0.1 only, pool size 1; a pool `sqcq` with the rbd
 # application, and a client `client.sqcq` with the rbd profile's caps.
 #
-# Usage: scripts/ceph-cluster.sh start|stop|status|env
+# Usage: scripts/ceph-cluster.sh start|stop|status|env|kill-osd
 #
 #   start   installs the packages if missing (as root), creates the cluster
 #           on first use, starts whichever daemon is not running (a running
@@ -16,6 +16,8 @@
 #   env     what clients need, as KEY=VALUE lines: CEPH_CONF (librados
 #           and the ceph tools read it), SQCQ_CEPH_POOL, SQCQ_CEPH_ID,
 #           SQCQ_CEPH_KEYRING.
+#   kill-osd  kills the OSD with SIGKILL, for failure tests (`start`
+#           brings it back with its data).
 #
 # Environment: SQCQ_CEPH_DIR (work directory, default /var/tmp/sqcq-ceph),
 # SQCQ_CEPH_PORT (the monitor's msgr2 port, default 13300; the OSD and the
@@ -154,7 +156,13 @@ wait_healthy() {
     local health="" deadline=$((SECONDS + 60))
     while [ "$SECONDS" -lt "$deadline" ]; do
         health="$(admin health 2>/dev/null || true)"
-        case "$health" in HEALTH_OK*) return 0 ;; esac
+        # HEALTH_OK and every placement group active (after an OSD
+        # restart the health can be OK while they still peer).
+        case "$health" in
+        HEALTH_OK*)
+            admin pg stat 2>/dev/null | grep -Eq '^([0-9]+) pgs: \1 active\+clean' && return 0
+            ;;
+        esac
         sleep 0.2
     done
     say "not healthy after 60 s: ${health:-no answer} (logs in $dir/log)"
@@ -200,12 +208,18 @@ status)
     [ -e "$conf" ] || { say "no cluster in $dir"; exit 1; }
     admin -s
     ;;
+kill-osd)
+    pid_alive osd.0 || { say "the OSD is not running"; exit 1; }
+    pid="$(cat "$dir/run/osd.0.pid")"
+    kill -9 "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    ;;
 env)
     [ -e "$dir/created" ] || { say "no cluster in $dir (scripts/ceph-cluster.sh start)"; exit 1; }
     print_env
     ;;
 *)
-    echo "usage: $0 start|stop|status|env" >&2
+    echo "usage: $0 start|stop|status|env|kill-osd" >&2
     exit 2
     ;;
 esac
