@@ -579,3 +579,54 @@ fn a_second_writer_is_refused_and_the_lock_is_handed_over() {
     // Closing the image gives the lock back.
     first.set_active(true).unwrap();
 }
+
+#[test]
+fn an_image_in_a_namespace_is_found_there_only() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let ns = format!("ns-{}", std::process::id());
+    let spec = format!("{}/{ns}/img", cluster.pool);
+    cluster.rbd(&[
+        "namespace",
+        "create",
+        "--pool",
+        &cluster.pool,
+        "--namespace",
+        &ns,
+    ]);
+    cluster.rbd(&["create", "--size", "4M", &spec]);
+    let in_ns = RbdOptions {
+        namespace: Some(ns.clone()),
+        ..cluster.options("img")
+    };
+    let result = std::panic::catch_unwind(|| {
+        let store = RbdBackstore::open(&in_ns).unwrap();
+        assert_eq!(store.geometry().bytes(), 4 << 20);
+        let mut q = store.open_queue(1).unwrap();
+        let mut b = Buf::new(4096);
+        pattern(b.bytes(), 1);
+        let write = IoOp::Write {
+            offset: 4096,
+            fua: false,
+        };
+        assert_eq!(run(&mut *q, write, &[b.iov(0, 4096)]).unwrap(), 4096);
+        let e = RbdBackstore::open(&cluster.options("img")).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("{}/img", cluster.pool)),
+            "not in the default namespace: {e}"
+        );
+    });
+    cluster.rbd(&["rm", "--no-progress", &spec]);
+    cluster.rbd(&[
+        "namespace",
+        "remove",
+        "--pool",
+        &cluster.pool,
+        "--namespace",
+        &ns,
+    ]);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
