@@ -285,3 +285,21 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
     assert_eq!(job["sqcq"]["reconnects"], 1, "{job}");
     assert_eq!(job["read"]["total_ios"], 6144, "every block read back");
 }
+
+#[test]
+fn rbd_luns_are_refused_under_seccomp() {
+    let Some(bin) = sqcqd() else { return };
+    let dir = Scratch::new("rbd", "seccomp");
+    let out = Command::new(&bin)
+        .arg("--socket-path")
+        .arg(dir.0.join("vhost.sock"))
+        .args(["--seccomp", "errno", "--lun", "kind=rbd,pool=p,image=i"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("RBD LUNs cannot be served under --seccomp"),
+        "{stderr}"
+    );
+}

@@ -80,6 +80,12 @@ pub enum RegistryError {
     /// A queue could not move (it runs where it ran).
     #[error(transparent)]
     Move(MoveError),
+    /// An RBD LUN in a daemon under `--seccomp`: librados opens network
+    /// sockets to the cluster at any time, which the filter refuses.
+    #[error(
+        "RBD LUNs cannot be served under --seccomp (librados connects to the cluster's daemons at any time, which the filter refuses)"
+    )]
+    SandboxedRbd,
 }
 
 /// A device type, and the SCSI or blk device itself.
@@ -311,6 +317,18 @@ impl Registry {
         Ok(())
     }
 
+    /// Refuses RBD LUNs when the daemon runs (or will run) under a
+    /// seccomp filter.
+    fn check_sandbox(&self, luns: &[LunSpec]) -> Result<(), RegistryError> {
+        let sandboxed = plain(self.settings.lock())
+            .as_ref()
+            .is_some_and(|s| s.seccomp != crate::sandbox::SeccompMode::Off);
+        if sandboxed && luns.iter().any(|l| l.kind == BackstoreKind::Rbd) {
+            return Err(RegistryError::SandboxedRbd);
+        }
+        Ok(())
+    }
+
     /// Asks the backstores of device `id` (only LUN `only`, if given) to
     /// report sizes changed in the storage.
     fn watch_sizes(&self, id: u32, kind: &DeviceKind, only: Option<u16>) {
@@ -383,6 +401,7 @@ impl Registry {
         origin: Origin,
     ) -> Result<u32, RegistryError> {
         config.validate(|w| self.pool.exists(w))?;
+        self.check_sandbox(&config.luns)?;
         let id = {
             let devices = self.lock();
             if devices.len() >= MAX_DEVICES {
@@ -490,6 +509,7 @@ impl Registry {
     }
 
     fn lun_add_locked(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
+        self.check_sandbox(std::slice::from_ref(spec))?;
         let control = self.control(id)?;
         let lun = control.add_lun(spec)?;
         self.watch_sizes(id, &control.kind, Some(lun));
