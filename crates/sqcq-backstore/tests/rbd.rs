@@ -479,7 +479,23 @@ fn misconfiguration_is_one_clear_error_not_a_hang() {
         ),
     )
     .unwrap();
+    // Monitors that do not answer (nothing listens there), with a short
+    // connect time-out so that the test does not wait the default 30 s.
+    let dead_conf = dir.join(format!("dead-mon-{}.conf", std::process::id()));
+    std::fs::write(
+        &dead_conf,
+        "[global]\nmon host = v2:127.0.0.1:9\nauth client required = cephx\n\
+         [client]\nclient mount timeout = 3\n",
+    )
+    .unwrap();
     let cases: Vec<(RbdOptions, &str)> = vec![
+        (
+            RbdOptions {
+                conf: Some(dead_conf.clone()),
+                ..cluster.options(&image.name)
+            },
+            "cannot connect to the Ceph cluster as client.",
+        ),
         (
             RbdOptions {
                 pool: "no-such-pool".to_owned(),
@@ -520,6 +536,7 @@ fn misconfiguration_is_one_clear_error_not_a_hang() {
         assert!(matches!(e, BackstoreError::Ceph { .. }), "{want}: {e:?}");
     }
     let _ = std::fs::remove_file(bad_keyring);
+    let _ = std::fs::remove_file(dead_conf);
 }
 
 #[test]
