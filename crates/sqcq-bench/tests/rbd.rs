@@ -10,33 +10,35 @@ mod common;
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
 
 /// sqcqd serving `image` as its one LUN or disk, once it listens.
-fn daemon(bin: &Path, dir: &Path, device: &str, image: &RbdImage, extra: &[&OsStr]) -> Child {
+fn daemon(bin: &Path, dir: &Path, device: &str, image: &RbdImage, extra: &[&OsStr]) -> Running {
     let socket = dir.join("vhost.sock");
     let _ = std::fs::remove_file(&socket);
     let log = std::fs::File::create(dir.join("sqcqd.log")).unwrap();
-    let mut d = Command::new(bin)
-        .arg("--socket-path")
-        .arg(&socket)
-        .args(["--device-type", device, "--num-queues", "2"])
-        .args(["--lun", &image.lun()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("sqcqd starts");
+    let mut d = Running(
+        Command::new(bin)
+            .arg("--socket-path")
+            .arg(&socket)
+            .args(["--device-type", device, "--num-queues", "2"])
+            .args(["--lun", &image.lun()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("sqcqd starts"),
+    );
     // A hang guard: connecting to the cluster is bounded by the client's
     // mount time-out (30 s), taking a dead client's lock over by the
     // OSD's watch time-out (30 s).
     let deadline = Instant::now() + Duration::from_secs(90);
     while !socket.exists() {
-        if let Some(status) = d.try_wait().unwrap() {
+        if let Some(status) = d.0.try_wait().unwrap() {
             panic!(
                 "sqcqd exited with {status}: {}",
                 std::fs::read_to_string(dir.join("sqcqd.log")).unwrap_or_default()
@@ -46,20 +48,6 @@ fn daemon(bin: &Path, dir: &Path, device: &str, image: &RbdImage, extra: &[&OsSt
         std::thread::sleep(Duration::from_millis(10));
     }
     d
-}
-
-/// Stops sqcqd as a service manager does (SIGTERM), which closes the
-/// image and so gives its exclusive lock back: the next daemon on the
-/// image takes it at once. (After a `kill -9` the next writer waits until
-/// the cluster notices the dead client's watch is gone.)
-fn stop(mut d: Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &d.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let status = d.wait().unwrap();
-    assert!(status.success(), "sqcqd stopped cleanly: {status}");
 }
 
 /// Two jobs, each writing 4 MiB of its own in 8 KiB I/Os at QD8 (FUA on
@@ -110,7 +98,11 @@ fn verify_passes_on_an_rbd_image_for_both_device_types_in_every_mode() {
             let d = daemon(&bin, &dir.0, device, &image, &extra);
             let v = verify(&dir.0.join("vhost.sock"), device, mode);
             assert_eq!(v["sqcq"]["mode"], mode, "{device} {mode}: no fallback");
-            stop(d);
+            // SIGTERM closes the image and so gives its exclusive lock
+            // back: the next daemon on the image takes it at once (after
+            // a kill -9 it would wait until the OSD drops the dead
+            // client's watch).
+            d.stop();
         }
     }
 }
@@ -226,7 +218,7 @@ fn an_image_resized_in_the_cluster_resizes_the_device() {
         ]);
         assert!(out.status.success(), "{out:?}");
         wait_blocks(&bin, &admin, 65_536);
-        stop(d);
+        d.stop();
     }
 }
 
@@ -263,9 +255,7 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    let mut d = d;
-    d.kill().unwrap();
-    d.wait().unwrap();
+    d.kill();
     let killed = Instant::now();
     let d = daemon(&bin, &dir.0, "blk", &image, &[]);
     eprintln!(
@@ -273,7 +263,7 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
         killed.elapsed()
     );
     let out = bench.wait_with_output().unwrap();
-    stop(d);
+    d.stop();
     assert!(
         out.status.success(),
         "{}",

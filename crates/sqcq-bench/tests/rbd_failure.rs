@@ -63,16 +63,18 @@ fn a_dead_osd_fails_requests_in_bounded_time_and_io_resumes_when_it_is_back() {
         ceph.id,
         ceph.keyring
     );
-    let mut d = Command::new(&bin)
-        .arg("--socket-path")
-        .arg(&socket)
-        .arg("--admin-socket")
-        .arg(&admin)
-        .args(["--device-type", "blk", "--lun", &lun])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.0.join("sqcqd.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut d = Running(
+        Command::new(&bin)
+            .arg("--socket-path")
+            .arg(&socket)
+            .arg("--admin-socket")
+            .arg(&admin)
+            .args(["--device-type", "blk", "--lun", &lun])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.0.join("sqcqd.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while !socket.exists() {
         assert!(Instant::now() < deadline, "sqcqd listens");
@@ -105,7 +107,7 @@ fn a_dead_osd_fails_requests_in_bounded_time_and_io_resumes_when_it_is_back() {
     assert!(out.status.success(), "{out:?}");
     let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(sum("io_errors", &stats) > 0, "{stats}");
-    assert!(d.try_wait().unwrap().is_none(), "sqcqd still runs");
+    assert!(d.0.try_wait().unwrap().is_none(), "sqcqd still runs");
 
     // Back with its data (BlueStore). Requests sent while the client's
     // map still names the dead OSD, or while its placement groups peer,
@@ -123,8 +125,9 @@ fn a_dead_osd_fails_requests_in_bounded_time_and_io_resumes_when_it_is_back() {
         v["jobs"][0]["error_message"],
         std::fs::read_to_string(dir.0.join("sqcqd.log")).unwrap_or_default()
     );
-    let _ = d.kill();
-    let _ = d.wait();
+    // SIGTERM: the daemon closes the image, so that it can be removed
+    // at once (a killed one's watch would hold it for 30 s).
+    d.stop();
 }
 
 /// The sum of every `key` in `v`, at any depth.

@@ -96,6 +96,18 @@ fn serving(mut child: Child, socket: &Path) -> Result<Child, Output> {
     }
 }
 
+/// A daemon killed if the test panics before stopping it.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn refused(out: &Output) -> String {
     assert!(!out.status.success(), "{out:?}");
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -109,18 +121,22 @@ fn a_live_migration_hands_the_rbd_lock_over() {
     };
     let dir = TempDir::new("rbd-migrate");
     let (src_sock, dst_sock) = (dir.path("src.sock"), dir.path("dst.sock"));
-    let mut src = serving(sqcqd(&src_sock, &lun, &["--num-queues", "1"]), &src_sock)
-        .expect("the source serves");
+    let mut src = Running(
+        serving(sqcqd(&src_sock, &lun, &["--num-queues", "1"]), &src_sock)
+            .expect("the source serves"),
+    );
     let err = refused(
         &serving(sqcqd(&dir.path("x.sock"), &lun, &[]), &dir.path("x.sock"))
             .expect_err("a destination without --incoming"),
     );
     assert!(err.contains("exclusive lock is held by"), "{err}");
-    let mut dst = serving(
-        sqcqd(&dst_sock, &lun, &["--num-queues", "1", "--incoming"]),
-        &dst_sock,
-    )
-    .expect("the destination starts beside the source");
+    let mut dst = Running(
+        serving(
+            sqcqd(&dst_sock, &lun, &["--num-queues", "1", "--incoming"]),
+            &dst_sock,
+        )
+        .expect("the destination starts beside the source"),
+    );
 
     // The guest writes through the source.
     let mut g = Guest::new();
@@ -210,7 +226,7 @@ fn a_live_migration_hands_the_rbd_lock_over() {
     );
     assert!(err.contains("exclusive lock is held by"), "{err}");
     drop(fe);
-    sigterm_exits_zero(&mut src);
-    sigterm_exits_zero(&mut dst);
+    sigterm_exits_zero(&mut src.0);
+    sigterm_exits_zero(&mut dst.0);
     let _ = remove.output();
 }

@@ -230,3 +230,36 @@ impl Drop for RbdImage {
         self.remove();
     }
 }
+
+/// A daemon the test started: killed if the test ends (or panics)
+/// without stopping it, so that no daemon outlives its test.
+pub struct Running(pub std::process::Child);
+
+impl Running {
+    /// Stops it as a service manager does (SIGTERM) and checks that it
+    /// exited cleanly.
+    pub fn stop(mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "sqcqd stopped cleanly: {status}");
+    }
+
+    /// Kills it (SIGKILL) and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
