@@ -227,53 +227,53 @@ fn an_image_resized_in_the_cluster_resizes_the_device() {
 /// from the dead one (librbd breaks it, blocklisting the dead client,
 /// once the OSD has dropped its watch: about 30 s), resubmits what the
 /// dead one had in flight (in-flight tracking), and every block reads
-/// back as written, every request completed once.
+/// back as written, every request completed once: on virtio-blk, and on
+/// virtio-scsi with FUA writes (each a librbd write then flush).
 #[test]
 fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
     let Some(ceph) = Ceph::get() else { return };
     let Some(bin) = sqcqd() else { return };
-    let dir = Scratch::new("rbd", "kill");
-    let image = ceph.image("kill", "64M");
-    let socket = dir.0.join("vhost.sock");
-    let d = daemon(&bin, &dir.0, "blk", &image, &[]);
-    let bench = Command::new(BENCH)
-        .arg("--socket")
-        .arg(&socket)
-        .args([
-            "--device-type",
-            "blk",
-            "--rw",
-            "randwrite",
-            "--verify",
-            "crc32c",
-        ])
-        .args(["--bs", "4k", "--iodepth", "32", "--size", "24M"])
-        .args(["--reconnect", "120", "--io-timeout", "120"])
-        .args(["--eta", "never", "--output-format", "json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    d.kill();
-    let killed = Instant::now();
-    let d = daemon(&bin, &dir.0, "blk", &image, &[]);
-    eprintln!(
-        "the restarted sqcqd listens {:?} after the kill",
-        killed.elapsed()
-    );
-    let out = bench.wait_with_output().unwrap();
-    d.stop();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let job = &v["jobs"][0];
-    assert_eq!(job["error"], 0);
-    assert_eq!(job["sqcq"]["reconnects"], 1, "{job}");
-    assert_eq!(job["read"]["total_ios"], 6144, "every block read back");
+    for (device, extra) in [("blk", &[][..]), ("scsi", &["--fua"][..])] {
+        let dir = Scratch::new("rbd", &format!("kill-{device}"));
+        let image = ceph.image(&format!("kill-{device}"), "64M");
+        let socket = dir.0.join("vhost.sock");
+        let d = daemon(&bin, &dir.0, device, &image, &[]);
+        let bench = Command::new(BENCH)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--device-type", device, "--rw", "randwrite"])
+            .args(["--verify", "crc32c", "--bs", "4k", "--iodepth", "32"])
+            .args(["--size", "24M", "--reconnect", "120", "--io-timeout", "120"])
+            .args(["--eta", "never", "--output-format", "json"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        d.kill();
+        let killed = Instant::now();
+        let d = daemon(&bin, &dir.0, device, &image, &[]);
+        eprintln!(
+            "{device}: the restarted sqcqd listens {:?} after the kill",
+            killed.elapsed()
+        );
+        let out = bench.wait_with_output().unwrap();
+        d.stop();
+        assert!(
+            out.status.success(),
+            "{device}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let job = &v["jobs"][0];
+        assert_eq!(job["error"], 0, "{device}");
+        assert_eq!(job["sqcq"]["reconnects"], 1, "{device}: {job}");
+        assert_eq!(
+            job["read"]["total_ios"], 6144,
+            "{device}: every block read back"
+        );
+    }
 }
 
 #[test]
