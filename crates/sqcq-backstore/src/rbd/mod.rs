@@ -19,6 +19,11 @@
 //! Bindings: our own (`ffi`), since the published crates are unmaintained
 //! or do not cover librbd; see that module.
 //!
+//! Cache: librbd's cache is turned off (`rbd_cache=false`, whatever the
+//! configuration says), so that nothing acknowledged lives only in this
+//! process; FUA writes are still followed by a flush, in case an image-
+//! or pool-level setting turns the cache on again at open.
+//!
 //! Time-outs: a dead OSD or monitor must not hold a worker or the control
 //! thread forever. Where the configuration leaves Ceph's defaults
 //! (`rados_osd_op_timeout` and `rados_mon_op_timeout` 0, meaning never,
@@ -245,6 +250,12 @@ impl Image {
             })?;
             img.conf_set("keyring", path)?;
         }
+        // No librbd cache in this process: a write is complete once the
+        // OSDs have it. A daemon that is killed and restarted under a
+        // running guest (in-flight resubmission) must not lose writes it
+        // acknowledged, and the cache would lose every one not yet
+        // flushed; QEMU's cache=none does the same.
+        img.conf_set("rbd_cache", "false")?;
         for (option, ceph_default) in [
             (c"rados_osd_op_timeout", 0.0),
             (c"rados_mon_op_timeout", 0.0),

@@ -10,9 +10,11 @@
 //! completion; SPDK's `bdev_rbd` sends a message per completion to the
 //! submitting thread.)
 //!
-//! FUA: librbd's cache may acknowledge a write before the OSDs have it, so
-//! a FUA write is followed by a flush of the image, issued from `reap`
-//! when the write completes, and reported once the flush completes.
+//! FUA: should librbd's cache be on (the backstore turns it off, but a
+//! pool- or image-level setting applies at open), it may acknowledge a
+//! write before the OSDs have it, so a FUA write is followed by a flush
+//! of the image, issued from `reap` when the write completes, and
+//! reported once the flush completes.
 //!
 //! Lifetime: each request's completion holds a strong count of the shared
 //! part ([`Shared`]), released by the callback as its last act; and the
