@@ -8,11 +8,13 @@ set -euo pipefail
 # sqcq-bench's blk tests, qemu-utils for qemu-io (the image lock tests:
 # QEMU and sqcqd must see each other's locks), python3-prometheus-client, Prometheus'
 # reference parser that the metrics tests check sqcqd's endpoint with,
-# and systemd for systemd-socket-activate (the service tests pass sockets
+# systemd for systemd-socket-activate (the service tests pass sockets
 # as a service manager does; util-linux's setpriv and unshare are always
-# there).
+# there), and librbd-dev, which the RBD backstore links (cargo feature
+# rbd, on by default; scripts/ceph-cluster.sh installs the cluster's
+# daemons when the tests start one).
 # shellcheck source=scripts/lib/packages.sh
 source "$(dirname "$0")/lib/packages.sh"
-ensure_packages setup spin gcc qemu-system-common qemu-utils python3-prometheus-client systemd
+ensure_packages setup spin gcc qemu-system-common qemu-utils python3-prometheus-client systemd librbd-dev
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }

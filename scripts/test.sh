@@ -14,6 +14,15 @@ scripts/setup.sh
 # The interoperability peer the driver tests run against (rust-vmm's
 # vhost-device-scsi), built once into target/tools.
 scripts/install-peers.sh
+# The Ceph cluster the RBD tests run against (one monitor, manager and
+# OSD on 127.0.0.1), its client settings exported for them; torn down on
+# exit.
+echo "== ceph: a single-host cluster for the RBD backstore's tests"
+ceph_env="$(scripts/ceph-cluster.sh start)"
+trap 'scripts/ceph-cluster.sh stop' EXIT
+while IFS='=' read -r key value; do
+    export "$key=$value"
+done <<<"$ceph_env"
 
 echo "== cargo fmt --check"
 cargo fmt --all --check

@@ -48,6 +48,16 @@ pub enum BackstoreError {
     /// than 512 or 4096, a size that is not a whole number of blocks).
     #[error("invalid geometry: {0}")]
     Geometry(&'static str),
+    /// A call to Ceph (librados, librbd) failed: connecting to the
+    /// cluster, opening the pool or image, reading its size.
+    #[error("{what}")]
+    Ceph {
+        /// What was attempted, naming the image or the user.
+        what: String,
+        /// What Ceph said (its `-errno`).
+        #[source]
+        source: io::Error,
+    },
     /// The backing file or device could not be resized.
     #[error("cannot resize the backstore to {bytes} bytes")]
     Resize {

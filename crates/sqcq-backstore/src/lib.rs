@@ -15,6 +15,8 @@
 //! - [`FileBackstore`]: a regular file or block device through io_uring,
 //!   `O_DIRECT` when a request's buffers allow it, `RWF_DSYNC` for FUA,
 //!   `fdatasync` for flushes, hole punching or `BLKDISCARD` for discards.
+//! - [`RbdBackstore`] (cargo feature `rbd`, on by default; needs Debian's
+//!   `librbd-dev`): a Ceph RBD image through librbd's asynchronous calls.
 //!
 //! No library offers this seam for userspace SCSI targets (SPDK's bdev
 //! layer is the closest relative); it is written here.
@@ -27,6 +29,8 @@ mod file;
 mod lock;
 mod null;
 mod ram;
+#[cfg(feature = "rbd")]
+mod rbd;
 mod slots;
 
 use std::os::fd::RawFd;
@@ -36,6 +40,8 @@ pub use file::{FileBackstore, FileOptions};
 pub use lock::{Conflict, Holder};
 pub use null::NullBackstore;
 pub use ram::RamBackstore;
+#[cfg(feature = "rbd")]
+pub use rbd::{DEFAULT_TIMEOUT_SECS, RbdBackstore, RbdOptions};
 pub use slots::MAX_SEGMENTS;
 
 /// Size and capabilities of a backstore.
@@ -108,6 +114,15 @@ pub trait Backstore: Send + Sync {
         let _ = bytes;
         Err(BackstoreError::Unsupported("resize"))
     }
+    /// Calls `changed` with the storage's new size in bytes (whole
+    /// blocks) each time it changes outside the daemon, such as an RBD
+    /// image resized in the cluster, from a thread of the backstore's own
+    /// that `changed` must not block. Replaces an earlier watcher.
+    /// Returns `Ok(false)` for storage nothing else resizes.
+    fn watch_size(&self, changed: SizeWatcher) -> Result<bool, BackstoreError> {
+        let _ = changed;
+        Ok(false)
+    }
     /// Takes (`true`) or gives up (`false`) what keeps other users off the
     /// storage while this one serves it (a file's image locks). Given up
     /// when a live migration stops the device at its source, taken again
@@ -118,6 +133,9 @@ pub trait Backstore: Send + Sync {
         Ok(())
     }
 }
+
+/// What [`Backstore::watch_size`] calls with the new size in bytes.
+pub type SizeWatcher = Box<dyn Fn(u64) + Send + Sync>;
 
 /// The completion callback of [`BackstoreQueue::reap`]: the request's tag
 /// and the bytes transferred, or why it failed.

@@ -123,6 +123,12 @@ impl Daemon {
         let sockets = SocketSource::new(config.service.socket_ownership, passed);
         let registry = Arc::new(Registry::new(Arc::clone(&pool)).with_sockets(sockets));
         registry.set_settings(config);
+        registry
+            .follow_storage_sizes()
+            .map_err(|source| DaemonError::Io {
+                what: "the storage size thread".into(),
+                source,
+            })?;
         let ctx = Arc::new(Context::new(Arc::clone(&registry)));
         let mut daemon = Daemon {
             pool,

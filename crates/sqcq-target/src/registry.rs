@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak, mpsc};
 
 use serde::Serialize;
 use thiserror::Error;
@@ -80,6 +80,12 @@ pub enum RegistryError {
     /// A queue could not move (it runs where it ran).
     #[error(transparent)]
     Move(MoveError),
+    /// An RBD LUN in a daemon under `--seccomp`: librados opens network
+    /// sockets to the cluster at any time, which the filter refuses.
+    #[error(
+        "RBD LUNs cannot be served under --seccomp (librados connects to the cluster's daemons at any time, which the filter refuses)"
+    )]
+    SandboxedRbd,
 }
 
 /// A device type, and the SCSI or blk device itself.
@@ -226,6 +232,7 @@ fn kind_name(kind: BackstoreKind) -> &'static str {
         BackstoreKind::Null => "null",
         BackstoreKind::Ram => "ram",
         BackstoreKind::File => "file",
+        BackstoreKind::Rbd => "rbd",
     }
 }
 
@@ -240,6 +247,10 @@ pub struct Registry {
     devices: Mutex<BTreeMap<u32, Entry>>,
     /// Held for the whole of every change, so changes never interleave.
     changes: Mutex<()>,
+    /// Where backstores report a size changed in the storage (an RBD
+    /// image resized in the cluster): `(device, lun, bytes)`, applied by
+    /// the thread [`Registry::follow_storage_sizes`] starts.
+    resizes: Mutex<Option<mpsc::Sender<(u32, u16, u64)>>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -272,6 +283,80 @@ impl Registry {
             sockets: SocketSource::default(),
             devices: Mutex::new(BTreeMap::new()),
             changes: Mutex::new(()),
+            resizes: Mutex::new(None),
+        }
+    }
+
+    /// Starts the thread that makes LUN capacities follow their storage
+    /// when it is resized outside the daemon (`rbd resize`): the guest
+    /// sees it as a `lun_resize` (blk: a configuration change; SCSI:
+    /// CAPACITY DATA HAS CHANGED). LUNs created from now on are watched.
+    pub fn follow_storage_sizes(self: &Arc<Self>) -> std::io::Result<()> {
+        let (tx, rx) = mpsc::channel::<(u32, u16, u64)>();
+        let registry: Weak<Registry> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("sqcq-resize".into())
+            .spawn(move || {
+                for (id, lun, bytes) in rx {
+                    let Some(registry) = registry.upgrade() else {
+                        break;
+                    };
+                    let _change = registry.change();
+                    let result = registry
+                        .control(id)
+                        .and_then(|c| Ok(c.resize_lun(lun, bytes)?));
+                    match result {
+                        Ok(blocks) => {
+                            info!(device = id, lun, blocks, "capacity follows the storage");
+                        }
+                        Err(e) => warn!(device = id, lun, bytes, "storage resized: {e}"),
+                    }
+                }
+            })?;
+        *plain(self.resizes.lock()) = Some(tx);
+        Ok(())
+    }
+
+    /// Refuses RBD LUNs when the daemon runs (or will run) under a
+    /// seccomp filter.
+    fn check_sandbox(&self, luns: &[LunSpec]) -> Result<(), RegistryError> {
+        let sandboxed = plain(self.settings.lock())
+            .as_ref()
+            .is_some_and(|s| s.seccomp != crate::sandbox::SeccompMode::Off);
+        if sandboxed && luns.iter().any(|l| l.kind == BackstoreKind::Rbd) {
+            return Err(RegistryError::SandboxedRbd);
+        }
+        Ok(())
+    }
+
+    /// Asks the backstores of device `id` (only LUN `only`, if given) to
+    /// report sizes changed in the storage.
+    fn watch_sizes(&self, id: u32, kind: &DeviceKind, only: Option<u16>) {
+        let Some(tx) = plain(self.resizes.lock()).clone() else {
+            return;
+        };
+        let luns: Vec<(u16, Arc<dyn sqcq_backstore::Backstore>)> = match kind {
+            DeviceKind::Blk(blk) => vec![(0, Arc::clone(blk.backstore()))],
+            DeviceKind::Scsi(scsi) => scsi
+                .target
+                .current()
+                .luns()
+                .iter()
+                .map(|e| (e.lun, Arc::clone(&e.backstore)))
+                .collect(),
+        };
+        for (lun, backstore) in luns
+            .into_iter()
+            .filter(|(l, _)| only.is_none_or(|o| o == *l))
+        {
+            let tx = tx.clone();
+            let watcher = Box::new(move |bytes| {
+                // The thread is gone only when the daemon is.
+                let _ = tx.send((id, lun, bytes));
+            });
+            if let Err(e) = backstore.watch_size(watcher) {
+                warn!(device = id, lun, "cannot follow the storage's size: {e}");
+            }
         }
     }
 
@@ -316,6 +401,7 @@ impl Registry {
         origin: Origin,
     ) -> Result<u32, RegistryError> {
         config.validate(|w| self.pool.exists(w))?;
+        self.check_sandbox(&config.luns)?;
         let id = {
             let devices = self.lock();
             if devices.len() >= MAX_DEVICES {
@@ -354,6 +440,7 @@ impl Registry {
                 what: format!("device {}", config.socket_path.display()),
                 source,
             })?;
+        self.watch_sizes(id, &kind, None);
         self.lock().insert(
             id,
             Entry {
@@ -422,7 +509,10 @@ impl Registry {
     }
 
     fn lun_add_locked(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
-        let lun = self.control(id)?.add_lun(spec)?;
+        self.check_sandbox(std::slice::from_ref(spec))?;
+        let control = self.control(id)?;
+        let lun = control.add_lun(spec)?;
+        self.watch_sizes(id, &control.kind, Some(lun));
         self.update_config(id, |c| {
             let mut spec = spec.clone();
             spec.lun = Some(lun);

@@ -89,6 +89,7 @@ impl From<RegistryError> for RpcError {
             | RegistryError::Pool(PoolError::Busy { .. } | PoolError::Last(_) | PoolError::Full)
             | RegistryError::Lun(HotplugError::Exists(_)) => CONFLICT,
             RegistryError::Config(_)
+            | RegistryError::SandboxedRbd
             | RegistryError::Pool(PoolError::BadCpu(_))
             | RegistryError::Lun(HotplugError::BadLun | HotplugError::BadSize { .. }) => {
                 INVALID_PARAMS

@@ -12,6 +12,8 @@ use serde::Deserialize;
 use sqcq_backstore::{
     Backstore, BackstoreError, FileBackstore, FileOptions, NullBackstore, RamBackstore,
 };
+#[cfg(feature = "rbd")]
+use sqcq_backstore::{RbdBackstore, RbdOptions};
 use thiserror::Error;
 
 /// Where a LUN stores its blocks.
@@ -25,6 +27,9 @@ pub enum BackstoreKind {
     Ram,
     /// A regular file or block device through io_uring.
     File,
+    /// A Ceph RBD image through librbd (`pool`, `image`; the capacity is
+    /// the image's size).
+    Rbd,
 }
 
 /// One logical unit.
@@ -74,11 +79,33 @@ pub struct LunSpec {
     /// or QEMU writes it at the same time (on by default).
     #[serde(default = "default_lock", deserialize_with = "de_bool")]
     pub lock: bool,
-    /// File LUNs: take the image locks when a frontend first starts a
-    /// queue rather than at open (`sqcqd --incoming`, the destination of
+    /// File and RBD LUNs: take the image locks (RBD: the exclusive lock)
+    /// when a frontend first starts a queue rather than at open (`sqcqd --incoming`, the destination of
     /// a live migration); not a key of its own.
     #[serde(skip)]
     pub defer_lock: bool,
+    /// RBD LUNs: the pool that holds the image.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// RBD LUNs: the image.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// RBD LUNs: the pool namespace (default: none).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// RBD LUNs: serve this snapshot of the image, read-only.
+    #[serde(default)]
+    pub snap: Option<String>,
+    /// RBD LUNs: the Ceph configuration file (default: `$CEPH_CONF`, then
+    /// `/etc/ceph/ceph.conf`).
+    #[serde(default)]
+    pub conf: Option<PathBuf>,
+    /// RBD LUNs: the cephx user, without `client.` (default: `admin`).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// RBD LUNs: the keyring (default: the configuration's `keyring`).
+    #[serde(default)]
+    pub keyring: Option<PathBuf>,
 }
 
 /// Why a spec's backstore could not be opened.
@@ -102,6 +129,9 @@ impl LunSpec {
         }
         if !self.lock && self.kind != BackstoreKind::File {
             return Err(OpenError::Spec("lock is an option of file LUNs"));
+        }
+        if let Some(why) = self.misplaced_rbd_key() {
+            return Err(OpenError::Spec(why));
         }
         Ok(match self.kind {
             BackstoreKind::Null | BackstoreKind::Ram => {
@@ -134,7 +164,60 @@ impl LunSpec {
                 };
                 Arc::new(FileBackstore::open(&options).map_err(OpenError::Backstore)?)
             }
+            BackstoreKind::Rbd => self.open_rbd()?,
         })
+    }
+
+    /// Why the spec's RBD keys do not fit its kind, if they do not.
+    fn misplaced_rbd_key(&self) -> Option<&'static str> {
+        let any = self.pool.is_some()
+            || self.image.is_some()
+            || self.namespace.is_some()
+            || self.snap.is_some()
+            || self.conf.is_some()
+            || self.id.is_some()
+            || self.keyring.is_some();
+        match self.kind {
+            BackstoreKind::Rbd if self.pool.is_none() || self.image.is_none() => {
+                Some("RBD LUNs need pool= and image=")
+            }
+            BackstoreKind::Rbd if self.path.is_some() || self.create => {
+                Some("path and create are options of file LUNs")
+            }
+            BackstoreKind::Rbd => None,
+            _ if any => {
+                Some("pool, image, namespace, snap, conf, id and keyring are options of RBD LUNs")
+            }
+            _ => None,
+        }
+    }
+
+    #[cfg(feature = "rbd")]
+    fn open_rbd(&self) -> Result<Arc<dyn Backstore>, OpenError> {
+        let options = RbdOptions {
+            namespace: self.namespace.clone(),
+            snap: self.snap.clone(),
+            conf: self.conf.clone(),
+            id: self.id.clone(),
+            keyring: self.keyring.clone(),
+            block_size: self.block_size,
+            read_only: self.read_only,
+            defer_lock: self.defer_lock,
+            ..RbdOptions::new(
+                self.pool.clone().unwrap_or_default(),
+                self.image.clone().unwrap_or_default(),
+            )
+        };
+        Ok(Arc::new(
+            RbdBackstore::open(&options).map_err(OpenError::Backstore)?,
+        ))
+    }
+
+    #[cfg(not(feature = "rbd"))]
+    fn open_rbd(&self) -> Result<Arc<dyn Backstore>, OpenError> {
+        Err(OpenError::Spec(
+            "this sqcqd was built without RBD support (cargo feature rbd)",
+        ))
     }
 }
 
@@ -159,8 +242,9 @@ pub struct LunSpecError {
 impl FromStr for LunSpec {
     type Err = LunSpecError;
 
-    /// Parses `kind=null|ram|file,size=..,path=..,create,block-size=512|4096,
-    /// ro,serial=..,wwn=0x..,lun=N,zero,lock=off`.
+    /// Parses `kind=null|ram|file|rbd,size=..,path=..,create,
+    /// block-size=512|4096,ro,serial=..,wwn=0x..,lun=N,zero,lock=off,
+    /// pool=..,image=..,namespace=..,snap=..,conf=..,id=..,keyring=..`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why: String| LunSpecError {
             spec: s.to_owned(),
@@ -180,6 +264,13 @@ impl FromStr for LunSpec {
             zero: false,
             lock: true,
             defer_lock: false,
+            pool: None,
+            image: None,
+            namespace: None,
+            snap: None,
+            conf: None,
+            id: None,
+            keyring: None,
         };
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = part.split_once('=').unwrap_or((part, ""));
@@ -189,6 +280,7 @@ impl FromStr for LunSpec {
                         "null" => BackstoreKind::Null,
                         "ram" => BackstoreKind::Ram,
                         "file" => BackstoreKind::File,
+                        "rbd" => BackstoreKind::Rbd,
                         _ => return Err(err(format!("unknown kind {value:?}"))),
                     })
                 }
@@ -203,6 +295,13 @@ impl FromStr for LunSpec {
                 "create" => spec.create = flag(key, value).map_err(err)?,
                 "zero" => spec.zero = flag(key, value).map_err(err)?,
                 "lock" => spec.lock = flag(key, value).map_err(err)?,
+                "pool" => spec.pool = Some(value.to_owned()),
+                "image" => spec.image = Some(value.to_owned()),
+                "namespace" => spec.namespace = Some(value.to_owned()),
+                "snap" => spec.snap = Some(value.to_owned()),
+                "conf" => spec.conf = Some(PathBuf::from(value)),
+                "id" => spec.id = Some(value.to_owned()),
+                "keyring" => spec.keyring = Some(PathBuf::from(value)),
                 "serial" => spec.serial = Some(value.to_owned()),
                 "wwn" => spec.wwn = Some(parse_wwn(value).map_err(err)?),
                 "lun" => {
@@ -224,6 +323,15 @@ impl FromStr for LunSpec {
         }
         if spec.block_size != 512 && spec.block_size != 4096 {
             return Err(err("block-size must be 512 or 4096".to_owned()));
+        }
+        if let Some(why) = spec.misplaced_rbd_key() {
+            return Err(err(why.to_owned()));
+        }
+        if spec.kind == BackstoreKind::Rbd && spec.size.is_some() {
+            return Err(err(
+                "an RBD LUN's capacity is its image's size (rbd resize changes it), not size="
+                    .to_owned(),
+            ));
         }
         Ok(spec)
     }
@@ -355,6 +463,57 @@ mod tests {
         }
         assert!(lun("kind=file,path=/x,create=true").unwrap().create);
         assert!(lun("kind=null,size=1M,zero=yes").unwrap().zero);
+    }
+
+    #[test]
+    fn rbd_luns_take_their_keys_in_every_form() {
+        let cli =
+            lun("kind=rbd,pool=p,image=i,namespace=n,snap=s,conf=/c,id=u,keyring=/k").unwrap();
+        assert_eq!(cli.kind, BackstoreKind::Rbd);
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let got = |s: &LunSpec| {
+            vec![
+                s.pool.clone(),
+                s.image.clone(),
+                s.namespace.clone(),
+                s.snap.clone(),
+                path(&s.conf),
+                s.id.clone(),
+                path(&s.keyring),
+            ]
+        };
+        let want: Vec<Option<String>> = ["p", "i", "n", "s", "/c", "u", "/k"]
+            .map(|v| Some(v.to_owned()))
+            .into();
+        assert_eq!(got(&cli), want);
+        let toml_spec: LunSpec = toml::from_str(
+            "kind = \"rbd\"\npool = \"p\"\nimage = \"i\"\nnamespace = \"n\"\nsnap = \"s\"\n\
+             conf = \"/c\"\nid = \"u\"\nkeyring = \"/k\"\n",
+        )
+        .unwrap();
+        assert_eq!(toml_spec, cli);
+        let json_spec: LunSpec = serde_json::from_str(
+            r#"{"kind":"rbd","pool":"p","image":"i","namespace":"n","snap":"s","conf":"/c","id":"u","keyring":"/k"}"#,
+        )
+        .unwrap();
+        assert_eq!(json_spec, cli);
+        for (bad, why) in [
+            ("kind=rbd,pool=p", "need pool= and image="),
+            ("kind=rbd,image=i", "need pool= and image="),
+            ("kind=rbd,pool=p,image=i,size=1G", "its image's size"),
+            ("kind=rbd,pool=p,image=i,path=/x", "options of file LUNs"),
+            ("kind=file,path=/x,pool=p", "options of RBD LUNs"),
+            ("kind=ram,size=1M,snap=s", "options of RBD LUNs"),
+        ] {
+            let e = lun(bad).unwrap_err();
+            assert!(e.why.contains(why), "{bad}: {e}");
+        }
+        let stray: LunSpec =
+            serde_json::from_str(r#"{"kind":"ram","size":"1M","pool":"p"}"#).unwrap();
+        assert!(matches!(
+            stray.open_backstore(),
+            Err(OpenError::Spec(why)) if why.contains("options of RBD LUNs")
+        ));
     }
 
     #[test]

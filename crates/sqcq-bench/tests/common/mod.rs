@@ -119,3 +119,147 @@ pub const MODES: [(&str, &[&str]); 4] = [
     ("sqcq", &[]),
     ("sqcq-inline", &[]),
 ];
+
+/// A client's view of the Ceph test cluster (`scripts/ceph-cluster.sh
+/// env`): from the environment (`scripts/test.sh` exports it) or from the
+/// script when a cluster runs; `None` (a skip, or a failure under
+/// `SQCQ_REQUIRE_PEERS`) when there is none.
+#[derive(Clone, Debug)]
+pub struct Ceph {
+    pub conf: String,
+    pub pool: String,
+    pub id: String,
+    pub keyring: String,
+}
+
+impl Ceph {
+    pub fn get() -> Option<Ceph> {
+        let mut vars: Vec<(String, String)> = std::env::vars().collect();
+        if std::env::var_os("CEPH_CONF").is_none() {
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh");
+            if let Ok(out) = Command::new(script).arg("env").output()
+                && out.status.success()
+            {
+                vars = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter_map(|l| l.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+            }
+        }
+        let var = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        match (
+            var("CEPH_CONF"),
+            var("SQCQ_CEPH_POOL"),
+            var("SQCQ_CEPH_ID"),
+            var("SQCQ_CEPH_KEYRING"),
+        ) {
+            (Some(conf), Some(pool), Some(id), Some(keyring)) => Some(Ceph {
+                conf,
+                pool,
+                id,
+                keyring,
+            }),
+            _ => {
+                missing("no Ceph cluster (scripts/ceph-cluster.sh start)");
+                None
+            }
+        }
+    }
+
+    /// Runs the `rbd` tool as the test user; its output, unchecked.
+    pub fn rbd(&self, args: &[&str]) -> Output {
+        Command::new("rbd")
+            .args([
+                "--conf",
+                &self.conf,
+                "--id",
+                &self.id,
+                "--keyring",
+                &self.keyring,
+            ])
+            .args(args)
+            .output()
+            .expect("the rbd tool (ceph-common)")
+    }
+
+    /// A fresh image `<name>-<pid>` of `size` (rbd's units: 64M), removed
+    /// (with its snapshots) when dropped.
+    pub fn image(&self, name: &str, size: &str) -> RbdImage {
+        let name = format!("{name}-{}", std::process::id());
+        let image = RbdImage {
+            ceph: self.clone(),
+            spec: format!("{}/{name}", self.pool),
+            name,
+        };
+        image.remove();
+        let out = self.rbd(&["create", "--size", size, &image.spec]);
+        assert!(out.status.success(), "rbd create: {out:?}");
+        image
+    }
+}
+
+/// An image of the test cluster.
+pub struct RbdImage {
+    pub ceph: Ceph,
+    pub name: String,
+    /// `pool/name`.
+    pub spec: String,
+}
+
+impl RbdImage {
+    /// The `--lun` of sqcqd for this image.
+    pub fn lun(&self) -> String {
+        format!(
+            "kind=rbd,pool={},image={},conf={},id={},keyring={}",
+            self.ceph.pool, self.name, self.ceph.conf, self.ceph.id, self.ceph.keyring
+        )
+    }
+
+    fn remove(&self) {
+        let _ = self
+            .ceph
+            .rbd(&["snap", "purge", "--no-progress", &self.spec]);
+        let _ = self.ceph.rbd(&["rm", "--no-progress", &self.spec]);
+    }
+}
+
+impl Drop for RbdImage {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// A daemon the test started: killed if the test ends (or panics)
+/// without stopping it, so that no daemon outlives its test.
+pub struct Running(pub std::process::Child);
+
+impl Running {
+    /// Stops it as a service manager does (SIGTERM) and checks that it
+    /// exited cleanly.
+    pub fn stop(mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "sqcqd stopped cleanly: {status}");
+    }
+
+    /// Kills it (SIGKILL) and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}

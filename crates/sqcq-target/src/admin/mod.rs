@@ -71,8 +71,8 @@ pub enum AdminCommand {
     LunAdd {
         /// Device number (configuration order).
         device: u32,
-        /// The LUN (its `lun` is set).
-        spec: LunSpec,
+        /// The LUN (its `lun` is set); boxed, as the largest variant.
+        spec: Box<LunSpec>,
     },
     /// Remove a LUN.
     LunRemove {
@@ -140,7 +140,10 @@ impl FromStr for AdminCommand {
             (Some("lun"), Some("add")) => {
                 let mut spec = LunSpec::from_str(&rest.join(","))?;
                 spec.lun = Some(lun_or()?);
-                Ok(AdminCommand::LunAdd { device, spec })
+                Ok(AdminCommand::LunAdd {
+                    device,
+                    spec: Box::new(spec),
+                })
             }
             (Some("lun"), Some("remove")) if rest.is_empty() => Ok(AdminCommand::LunRemove {
                 device,

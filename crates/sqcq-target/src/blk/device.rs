@@ -85,6 +85,11 @@ impl BlkDevice {
         })
     }
 
+    /// The disk's backstore.
+    pub fn backstore(&self) -> &Arc<dyn Backstore> {
+        &self.backstore
+    }
+
     /// The disk's size and capabilities now.
     pub fn geometry(&self) -> sqcq_backstore::Geometry {
         self.backstore.geometry()

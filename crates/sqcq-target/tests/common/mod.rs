@@ -120,6 +120,13 @@ pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
         zero: false,
         lock: true,
         defer_lock: false,
+        pool: None,
+        image: None,
+        namespace: None,
+        snap: None,
+        conf: None,
+        id: None,
+        keyring: None,
     }
 }
 
