@@ -9,16 +9,12 @@
 
 mod common;
 
-use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::raw_ring::*;
 use common::*;
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost::{VhostBackend, VhostUserDirtyLogRegion};
 
 /// The `--lun` of an image of the test cluster, from the environment
 /// (`scripts/test.sh` exports it) or `scripts/ceph-cluster.sh env`.
@@ -138,77 +134,13 @@ fn a_live_migration_hands_the_rbd_lock_over() {
         .expect("the destination starts beside the source"),
     );
 
-    // The guest writes through the source.
-    let mut g = Guest::new();
-    let mut vqs = vqs();
-    let fe = connect_full(
-        &src_sock,
-        &g,
-        &mut vqs,
-        false,
-        (1 << 1) | (1 << 2),
-        VhostUserProtocolFeatures::LOG_SHMFD,
-        &mut |_| {},
-    );
-    clear_unit_attention(&mut vqs[2], &mut g, 0);
+    // The guest writes through the source, then the switch-over.
     let block: Vec<u8> = (0..=255u8).cycle().step_by(3).take(512).collect();
-    let (r, _) = command(
-        &mut vqs[2],
-        &mut g,
-        lun_field(0, 0),
-        &write10(0, 1),
-        &block,
-        0,
-    );
-    assert_eq!(r.status, 0);
-
-    // Migration: the log, VHOST_F_LOG_ALL, then the switch-over stops
-    // every queue.
-    // SAFETY: a valid NUL-terminated name.
-    let fd = unsafe { libc::memfd_create(c"rbd-log".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: a new descriptor owned by nobody else.
-    let log = unsafe { File::from_raw_fd(fd) };
-    log.set_len(4096).unwrap();
-    fe.set_log_base(
-        0,
-        Some(VhostUserDirtyLogRegion {
-            mmap_size: 4096,
-            mmap_offset: 0,
-            mmap_handle: log.as_raw_fd(),
-        }),
-    )
-    .unwrap();
-    let features = (1u64 << 32)
-        | (1 << 28)
-        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
-        | (1 << 1)
-        | (1 << 2);
-    fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
-        .unwrap();
-    for index in 0..vqs.len() {
-        fe.get_vring_base(index).unwrap();
-    }
+    let fe = write_then_switch_over(&src_sock, &block);
 
     // The destination's frontend starts the device: it takes the lock.
-    let mut g2 = Guest::new();
-    g2.write(DATA_START, &[0u8; 4096]);
-    let mut vqs2 = common::raw_ring::vqs();
-    let _fe2 = connect(&dst_sock, &g2, &mut vqs2, false);
-    clear_unit_attention(&mut vqs2[2], &mut g2, 0);
-    let (r, data) = command(
-        &mut vqs2[2],
-        &mut g2,
-        lun_field(0, 0),
-        &read10(0, 1),
-        &[],
-        512,
-    );
-    assert_eq!(
-        (r.status, data),
-        (0, block.clone()),
-        "read at the destination"
-    );
+    let (_fe2, mut g2, mut vqs2, data) = start_and_read_lba0(&dst_sock);
+    assert_eq!(data, block, "read at the destination");
     let (r, _) = command(
         &mut vqs2[2],
         &mut g2,

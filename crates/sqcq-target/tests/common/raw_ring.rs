@@ -613,3 +613,79 @@ impl Vq {
         self.err.read().is_ok()
     }
 }
+
+/// The source of a live migration over a SCSI device at `socket`: a
+/// frontend with LOG_SHMFD writes `block` to LBA 0 of LUN 0, then plays
+/// the switch-over (a dirty log, VHOST_F_LOG_ALL, GET_VRING_BASE on every
+/// vring). The frontend is returned open, as the source QEMU stays until
+/// the destination runs.
+pub fn write_then_switch_over(socket: &Path, block: &[u8]) -> Frontend {
+    let mut g = Guest::new();
+    let mut vqs = vqs();
+    let fe = connect_full(
+        socket,
+        &g,
+        &mut vqs,
+        false,
+        (1 << 1) | (1 << 2),
+        VhostUserProtocolFeatures::LOG_SHMFD,
+        &mut |_| {},
+    );
+    clear_unit_attention(&mut vqs[2], &mut g, 0);
+    let (r, _) = command(
+        &mut vqs[2],
+        &mut g,
+        lun_field(0, 0),
+        &write10(0, 1),
+        block,
+        0,
+    );
+    assert_eq!(r.status, 0, "the write at the source");
+    // SAFETY: a valid NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"migration-log".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a new descriptor owned by nobody else.
+    let log = unsafe { File::from_raw_fd(fd) };
+    log.set_len(4096).unwrap();
+    fe.set_log_base(
+        0,
+        Some(vhost::VhostUserDirtyLogRegion {
+            mmap_size: 4096,
+            mmap_offset: 0,
+            mmap_handle: log.as_raw_fd(),
+        }),
+    )
+    .unwrap();
+    let features = (1u64 << 32)
+        | (1 << 28)
+        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        | (1 << 1)
+        | (1 << 2);
+    fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
+        .unwrap();
+    for index in 0..vqs.len() {
+        fe.get_vring_base(index).unwrap();
+    }
+    fe
+}
+
+/// The destination of a live migration: a frontend starts the SCSI
+/// device at `socket` and reads LBA 0 of LUN 0; the frontend, its guest
+/// and vrings (to go on) and the data read.
+pub fn start_and_read_lba0(socket: &Path) -> (Frontend, Guest, Vec<Vq>, Vec<u8>) {
+    let mut g = Guest::new();
+    g.write(DATA_START, &[0u8; 4096]);
+    let mut vqs = vqs();
+    let fe = connect(socket, &g, &mut vqs, false);
+    clear_unit_attention(&mut vqs[2], &mut g, 0);
+    let (r, data) = command(
+        &mut vqs[2],
+        &mut g,
+        lun_field(0, 0),
+        &read10(0, 1),
+        &[],
+        512,
+    );
+    assert_eq!(r.status, 0, "the read at the destination");
+    (fe, g, vqs, data)
+}
