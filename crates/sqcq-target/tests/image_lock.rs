@@ -6,8 +6,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
 
 use common::raw_ring::{start_and_read_lba0, write_then_switch_over};
 use common::*;
@@ -33,34 +32,13 @@ fn sqcqd_with(socket: &Path, image: &Path, extra: &str, args: &[&str]) -> Child 
         .unwrap()
 }
 
-/// Waits for a daemon to listen (it got its locks) or to exit (it did
-/// not); `Ok` while it serves, `Err` with its output once it ended.
-fn serving(mut child: Child, socket: &Path) -> Result<Child, Output> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return Err(child.wait_with_output().unwrap());
-        }
-        if socket.exists() {
-            return Ok(child);
-        }
-        assert!(Instant::now() < deadline, "sqcqd neither served nor exited");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn refused(out: &Output) -> String {
-    assert!(!out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 #[test]
 fn a_second_writer_is_refused_with_the_holder_named() {
     let dir = TempDir::new("lock-rw");
     let image = dir.path("disk.raw");
     let first = serving(sqcqd(&dir.path("a.sock"), &image, ""), &dir.path("a.sock"))
         .expect("the first daemon serves");
-    let first_pid = first.id();
+    let first_pid = first.0.id();
 
     for extra in ["", ",ro"] {
         let err = refused(
@@ -83,16 +61,16 @@ fn a_second_writer_is_refused_with_the_holder_named() {
         &dir.path("c.sock"),
     )
     .expect("lock=off");
-    sigterm_exits_zero(&mut shared);
+    sigterm_exits_zero(&mut shared.0);
 
     // A daemon killed outright leaves no lock behind.
     let mut first = first;
-    first.kill().unwrap();
-    first.wait().unwrap();
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
     std::fs::remove_file(dir.path("a.sock")).unwrap();
     let mut next = serving(sqcqd(&dir.path("d.sock"), &image, ""), &dir.path("d.sock"))
         .expect("the locks went with the killed daemon");
-    sigterm_exits_zero(&mut next);
+    sigterm_exits_zero(&mut next.0);
 }
 
 #[test]
@@ -115,8 +93,8 @@ fn read_only_luns_share_an_image() {
             .expect_err("a writer beside readers"),
     );
     assert!(err.contains("\"write\" lock"), "{err}");
-    sigterm_exits_zero(&mut a);
-    sigterm_exits_zero(&mut b);
+    sigterm_exits_zero(&mut a.0);
+    sigterm_exits_zero(&mut b.0);
 }
 
 /// QEMU's own tools see sqcqd's locks, and sqcqd sees theirs.
@@ -145,7 +123,7 @@ fn qemu_and_sqcqd_keep_off_each_others_images() {
         "qemu-io wrote beside sqcqd: {out:?}"
     );
     assert!(err.contains("Failed to get \"write\" lock"), "{err}");
-    sigterm_exits_zero(&mut daemon);
+    sigterm_exits_zero(&mut daemon.0);
 
     // qemu-io holding the image open for writing keeps sqcqd off it.
     let mut qemu_io = Command::new("qemu-io")
@@ -212,10 +190,10 @@ fn a_live_migration_hands_the_image_over() {
             .expect_err("a third writer after the hand-over"),
     );
     assert!(
-        err.contains(&format!("sqcqd (pid {})", dst.id())),
+        err.contains(&format!("sqcqd (pid {})", dst.0.id())),
         "the destination holds it: {err}"
     );
     drop(fe);
-    sigterm_exits_zero(&mut src);
-    sigterm_exits_zero(&mut dst);
+    sigterm_exits_zero(&mut src.0);
+    sigterm_exits_zero(&mut dst.0);
 }

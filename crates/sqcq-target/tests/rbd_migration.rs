@@ -10,8 +10,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
 
 use common::raw_ring::*;
 use common::*;
@@ -76,39 +75,6 @@ fn sqcqd(socket: &Path, lun: &str, args: &[&str]) -> Child {
         .unwrap()
 }
 
-/// Waits for a daemon to listen (it got its lock) or to exit (it did
-/// not); `Ok` while it serves, `Err` with its output once it ended.
-fn serving(mut child: Child, socket: &Path) -> Result<Child, Output> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return Err(child.wait_with_output().unwrap());
-        }
-        if socket.exists() {
-            return Ok(child);
-        }
-        assert!(Instant::now() < deadline, "sqcqd neither served nor exited");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A daemon killed if the test panics before stopping it.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn refused(out: &Output) -> String {
-    assert!(!out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 #[test]
 fn a_live_migration_hands_the_rbd_lock_over() {
     let image = format!("migrate-{}", std::process::id());
@@ -117,22 +83,18 @@ fn a_live_migration_hands_the_rbd_lock_over() {
     };
     let dir = TempDir::new("rbd-migrate");
     let (src_sock, dst_sock) = (dir.path("src.sock"), dir.path("dst.sock"));
-    let mut src = Running(
-        serving(sqcqd(&src_sock, &lun, &["--num-queues", "1"]), &src_sock)
-            .expect("the source serves"),
-    );
+    let mut src = serving(sqcqd(&src_sock, &lun, &["--num-queues", "1"]), &src_sock)
+        .expect("the source serves");
     let err = refused(
         &serving(sqcqd(&dir.path("x.sock"), &lun, &[]), &dir.path("x.sock"))
             .expect_err("a destination without --incoming"),
     );
     assert!(err.contains("exclusive lock is held by"), "{err}");
-    let mut dst = Running(
-        serving(
-            sqcqd(&dst_sock, &lun, &["--num-queues", "1", "--incoming"]),
-            &dst_sock,
-        )
-        .expect("the destination starts beside the source"),
-    );
+    let mut dst = serving(
+        sqcqd(&dst_sock, &lun, &["--num-queues", "1", "--incoming"]),
+        &dst_sock,
+    )
+    .expect("the destination starts beside the source");
 
     // The guest writes through the source, then the switch-over.
     let block: Vec<u8> = (0..=255u8).cycle().step_by(3).take(512).collect();

@@ -207,6 +207,46 @@ impl Drop for LogOnPanic {
     }
 }
 
+/// A spawned `sqcqd` that is killed if the test ends (or panics) without
+/// stopping it.
+#[derive(Debug)]
+pub struct Running(pub std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Waits (up to 60 s) for a spawned daemon to listen on `socket` or to
+/// exit: `Ok` while it serves, `Err` with its output once it ended (it
+/// refused to start).
+pub fn serving(
+    mut child: std::process::Child,
+    socket: &std::path::Path,
+) -> Result<Running, std::process::Output> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return Err(child.wait_with_output().unwrap());
+        }
+        if socket.exists() {
+            return Ok(Running(child));
+        }
+        assert!(Instant::now() < deadline, "sqcqd neither served nor exited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The error output of a daemon that refused to start (which it checks).
+pub fn refused(out: &std::process::Output) -> String {
+    assert!(!out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// A child's pid as `kill` takes it.
 pub fn pid(id: u32) -> libc::pid_t {
     libc::pid_t::try_from(id).expect("a pid fits pid_t")
