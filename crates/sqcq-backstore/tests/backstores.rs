@@ -3,62 +3,15 @@
 //! directory's file system, so that `O_DIRECT` is exercised where the file
 //! system supports it).
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
-use std::os::fd::RawFd;
+mod common;
+
 use std::path::PathBuf;
 
+use common::{Buf, wait_readable};
 use sqcq_backstore::{
     Backstore, BackstoreError, BackstoreQueue, FileBackstore, FileOptions, IoOp, NullBackstore,
     RamBackstore,
 };
-
-/// A 4096-aligned buffer, as guest pages are.
-struct Buf {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-impl Buf {
-    fn new(len: usize) -> Buf {
-        let layout = Layout::from_size_align(len, 4096).unwrap();
-        // SAFETY: non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        assert!(!ptr.is_null());
-        Buf { ptr, layout }
-    }
-    fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is valid for `layout.size()` bytes, owned by `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
-    }
-    fn iov(&mut self, start: usize, len: usize) -> libc::iovec {
-        assert!(start + len <= self.layout.size());
-        libc::iovec {
-            iov_base: self.ptr.wrapping_add(start).cast(),
-            iov_len: len,
-        }
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr, self.layout) };
-    }
-}
-
-fn wait_readable(fd: RawFd) {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
-    assert_eq!(n, 1, "no completion within 10 s");
-    let mut count = 0u64;
-    // SAFETY: reads 8 bytes into a live u64.
-    unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) };
-}
 
 /// Submits one request and waits for its completion.
 fn run(q: &mut dyn BackstoreQueue, op: IoOp, iov: &[libc::iovec]) -> Result<u32, BackstoreError> {
@@ -71,7 +24,7 @@ fn run(q: &mut dyn BackstoreQueue, op: IoOp, iov: &[libc::iovec]) -> Result<u32,
         if q.in_flight() > 0
             && let Some(fd) = q.completion_fd()
         {
-            wait_readable(fd);
+            wait_readable(fd, 10);
         }
         q.reap(&mut |tag, r| {
             assert_eq!(tag, 7);

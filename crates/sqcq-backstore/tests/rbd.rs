@@ -5,12 +5,13 @@
 //! the `rbd` tool and removes it at the end.
 #![cfg(feature = "rbd")]
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
-use std::os::fd::RawFd;
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{Buf, wait_readable};
 use sqcq_backstore::{Backstore, BackstoreError, BackstoreQueue, IoOp, RbdBackstore, RbdOptions};
 
 /// What a client of the test cluster needs.
@@ -141,54 +142,6 @@ impl Drop for TestImage {
     }
 }
 
-/// A 4096-aligned buffer, as guest pages are.
-struct Buf {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-impl Buf {
-    fn new(len: usize) -> Buf {
-        let layout = Layout::from_size_align(len, 4096).unwrap();
-        // SAFETY: non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        assert!(!ptr.is_null());
-        Buf { ptr, layout }
-    }
-    fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is valid for `layout.size()` bytes, owned by `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
-    }
-    fn iov(&mut self, start: usize, len: usize) -> libc::iovec {
-        assert!(start + len <= self.layout.size());
-        libc::iovec {
-            iov_base: self.ptr.wrapping_add(start).cast(),
-            iov_len: len,
-        }
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr, self.layout) };
-    }
-}
-
-fn wait_readable(fd: RawFd) {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, 60_000) };
-    assert_eq!(n, 1, "no completion within 60 s");
-    let mut count = 0u64;
-    // SAFETY: reads 8 bytes into a live u64.
-    unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) };
-}
-
 /// Reaps until `n` completions came, waiting on the completion eventfd
 /// only (no other wakeup), and returns them.
 fn reap_n(q: &mut dyn BackstoreQueue, n: usize) -> Vec<(u64, Result<u32, BackstoreError>)> {
@@ -197,7 +150,7 @@ fn reap_n(q: &mut dyn BackstoreQueue, n: usize) -> Vec<(u64, Result<u32, Backsto
         .expect("an RBD queue completes asynchronously");
     let mut got = Vec::new();
     while got.len() < n {
-        wait_readable(fd);
+        wait_readable(fd, 60);
         q.reap(&mut |tag, r| got.push((tag, r)));
     }
     got
