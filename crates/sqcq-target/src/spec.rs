@@ -239,20 +239,12 @@ pub struct LunSpecError {
     pub why: String,
 }
 
-impl FromStr for LunSpec {
-    type Err = LunSpecError;
-
-    /// Parses `kind=null|ram|file|rbd,size=..,path=..,create,
-    /// block-size=512|4096,ro,serial=..,wwn=0x..,lun=N,zero,lock=off,
-    /// pool=..,image=..,namespace=..,snap=..,conf=..,id=..,keyring=..`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |why: String| LunSpecError {
-            spec: s.to_owned(),
-            why,
-        };
-        let mut kind = None;
-        let mut spec = LunSpec {
-            kind: BackstoreKind::Null,
+impl LunSpec {
+    /// A LUN of `kind` with every other key at its default (what a
+    /// `--lun` string or a TOML table leaves out).
+    pub fn new(kind: BackstoreKind) -> Self {
+        LunSpec {
+            kind,
             lun: None,
             size: None,
             path: None,
@@ -271,7 +263,23 @@ impl FromStr for LunSpec {
             conf: None,
             id: None,
             keyring: None,
+        }
+    }
+}
+
+impl FromStr for LunSpec {
+    type Err = LunSpecError;
+
+    /// Parses `kind=null|ram|file|rbd,size=..,path=..,create,
+    /// block-size=512|4096,ro,serial=..,wwn=0x..,lun=N,zero,lock=off,
+    /// pool=..,image=..,namespace=..,snap=..,conf=..,id=..,keyring=..`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why: String| LunSpecError {
+            spec: s.to_owned(),
+            why,
         };
+        let mut kind = None;
+        let mut spec = LunSpec::new(BackstoreKind::Null);
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = part.split_once('=').unwrap_or((part, ""));
             match key {

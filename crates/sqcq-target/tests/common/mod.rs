@@ -108,25 +108,8 @@ pub fn counter(d: &Daemon, name: &str) -> u64 {
 
 pub fn lun(kind: BackstoreKind, size: u64) -> LunSpec {
     LunSpec {
-        kind,
-        lun: None,
         size: Some(size),
-        path: None,
-        create: false,
-        block_size: 512,
-        read_only: false,
-        serial: None,
-        wwn: None,
-        zero: false,
-        lock: true,
-        defer_lock: false,
-        pool: None,
-        image: None,
-        namespace: None,
-        snap: None,
-        conf: None,
-        id: None,
-        keyring: None,
+        ..LunSpec::new(kind)
     }
 }
 
