@@ -104,7 +104,7 @@ done
 [ -n "$daemon" ] || { [ -n "$daemon_cmd" ] && daemon=custom || daemon=sqcqd; }
 
 t_boot="${SQCQ_GUEST_TIMEOUT_BOOT:-90}"
-t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-240}"
+t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-600}"
 t_stall="${SQCQ_GUEST_TIMEOUT_STALL:-90}"
 t_shutdown="${SQCQ_GUEST_TIMEOUT_SHUTDOWN:-30}"
 t0=$(date +%s)
