@@ -224,11 +224,13 @@ fn an_image_resized_in_the_cluster_resizes_the_device() {
 
 /// sqcqd killed (-9) under a verified random-write load at QD32 and
 /// restarted: the restarted daemon takes the image's exclusive lock over
-/// from the dead one (librbd breaks it, blocklisting the dead client,
-/// once the OSD has dropped its watch: about 30 s), resubmits what the
-/// dead one had in flight (in-flight tracking), and every block reads
-/// back as written, every request completed once: on virtio-blk, and on
-/// virtio-scsi with FUA writes (each a librbd write then flush).
+/// from the dead one at once (it finds its dead predecessor in the
+/// image's metadata, and breaks the lock, blocklisting the dead client,
+/// instead of waiting about 30 s for the OSD to drop its watch),
+/// resubmits what the dead one had in flight (in-flight tracking), and
+/// every block reads back as written, every request completed once: on
+/// virtio-blk, and on virtio-scsi with FUA writes (each a librbd write
+/// then flush).
 #[test]
 fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
     let Some(ceph) = Ceph::get() else { return };
@@ -266,12 +268,20 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
         // Mid-load (the load lasts seconds), and before the dirty age
         // of the cache in `conf` would have written anything back.
         std::thread::sleep(Duration::from_millis(400));
+        let dead_pid = d.0.id();
         d.kill();
         let killed = Instant::now();
         let d = daemon(&bin, &dir.0, device, &image, &[]);
         eprintln!(
             "{device}: the restarted sqcqd listens {:?} after the kill",
             killed.elapsed()
+        );
+        let log = std::fs::read_to_string(dir.0.join("sqcqd.log")).unwrap();
+        assert!(
+            log.contains(&format!(
+                "took the exclusive lock over from the dead sqcqd pid {dead_pid} "
+            )),
+            "{device}: the restarted sqcqd broke its dead predecessor's lock: {log}"
         );
         let out = bench.wait_with_output().unwrap();
         d.stop();

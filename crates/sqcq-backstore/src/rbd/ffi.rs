@@ -82,6 +82,22 @@ unsafe extern "C" {
     pub(crate) fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
     pub(crate) fn rbd_lock_acquire(image: rbd_image_t, lock_mode: c_int) -> c_int;
     pub(crate) fn rbd_lock_release(image: rbd_image_t) -> c_int;
+    pub(crate) fn rbd_lock_break(
+        image: rbd_image_t,
+        lock_mode: c_int,
+        lock_owner: *const c_char,
+    ) -> c_int;
+    pub(crate) fn rbd_metadata_get(
+        image: rbd_image_t,
+        key: *const c_char,
+        value: *mut c_char,
+        val_len: *mut usize,
+    ) -> c_int;
+    pub(crate) fn rbd_metadata_set(
+        image: rbd_image_t,
+        key: *const c_char,
+        value: *const c_char,
+    ) -> c_int;
     pub(crate) fn rbd_lock_get_owners(
         image: rbd_image_t,
         lock_mode: *mut c_int,

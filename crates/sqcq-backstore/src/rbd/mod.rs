@@ -13,7 +13,9 @@
 //! `rbd_lock_acquire` in librbd's manual mode, so a second writer (another
 //! `sqcqd`, QEMU) is refused instead of the lock moving back and forth
 //! between them; a lock left by a dead client is broken by librbd, which
-//! blocklists that client first, once the cluster has noticed its death.
+//! blocklists that client first, once the cluster has noticed its death,
+//! or at once by us when that client was a `sqcqd` of this host known to
+//! be dead (see [`owner`]).
 //! A live migration hands it over through [`Backstore::set_active`].
 //!
 //! Bindings: our own (`ffi`), since the published crates are unmaintained
@@ -31,6 +33,7 @@
 //! [`DEFAULT_TIMEOUT_SECS`]; a value the operator set is kept.
 
 mod ffi;
+mod owner;
 mod queue;
 
 use std::ffi::{CString, c_char, c_int};
@@ -318,9 +321,11 @@ impl Image {
     /// Takes the image's exclusive lock for good (librbd's manual mode:
     /// it is not given up when another client asks for it).
     fn lock(&self, spec: &str) -> Result<(), BackstoreError> {
+        self.break_dead_predecessors_lock(spec);
         // SAFETY: the image is open.
         let rc = unsafe { ffi::rbd_lock_acquire(self.image, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
         if rc >= 0 {
+            self.record_owner(spec);
             return Ok(());
         }
         let what = if rc == -libc::EINVAL {
@@ -341,6 +346,97 @@ impl Image {
             )
         };
         Err(ceph_error(what, rc))
+    }
+
+    /// Breaks the exclusive lock when its holder is a `sqcqd` of this
+    /// host, boot and PID namespace that is known to be dead (its record,
+    /// see [`owner`]), blocklisting it first; anything else is left to
+    /// `rbd_lock_acquire`.
+    fn break_dead_predecessors_lock(&self, spec: &str) {
+        let owners = self.lock_owners();
+        let [holder] = owners.as_slice() else {
+            return;
+        };
+        let Some(record) = self
+            .metadata_get(owner::KEY)
+            .and_then(|r| owner::Owner::parse(&r))
+        else {
+            return;
+        };
+        if record.client != *holder || !record.is_dead_here() {
+            return;
+        }
+        let Ok(client) = CString::new(holder.as_str()) else {
+            return;
+        };
+        // SAFETY: the image is open; the owner string is NUL-terminated.
+        let rc = unsafe {
+            ffi::rbd_lock_break(self.image, ffi::RBD_LOCK_MODE_EXCLUSIVE, client.as_ptr())
+        };
+        if rc < 0 {
+            tracing::warn!(
+                "RBD image {spec}: cannot break the exclusive lock of the dead sqcqd pid {} \
+                 (client {holder}): {}; waiting for the cluster to notice its death",
+                record.pid(),
+                io::Error::from_raw_os_error(rc.saturating_neg())
+            );
+        } else {
+            tracing::info!(
+                "RBD image {spec}: took the exclusive lock over from the dead sqcqd pid {} \
+                 (client {holder}, now blocklisted)",
+                record.pid()
+            );
+        }
+    }
+
+    /// Writes who now holds the exclusive lock into the image's metadata,
+    /// for [`Image::break_dead_predecessors_lock`] after a crash. A
+    /// failure costs only that speed-up, so it is logged, not returned.
+    fn record_owner(&self, spec: &str) {
+        let owners = self.lock_owners();
+        let [me] = owners.as_slice() else {
+            return;
+        };
+        let Some(record) = owner::Owner::this_process(me) else {
+            return;
+        };
+        let (Ok(key), Ok(value)) = (CString::new(owner::KEY), CString::new(record.to_record()))
+        else {
+            return;
+        };
+        // SAFETY: the image is open; both strings are NUL-terminated.
+        let rc = unsafe { ffi::rbd_metadata_set(self.image, key.as_ptr(), value.as_ptr()) };
+        if rc < 0 {
+            tracing::warn!(
+                "RBD image {spec}: cannot record the lock's owner in the image metadata ({}): \
+                 a restart after a crash will wait for the cluster to notice it",
+                io::Error::from_raw_os_error(rc.saturating_neg())
+            );
+        }
+    }
+
+    /// The image metadata value of `key`, if it has one.
+    fn metadata_get(&self, key: &str) -> Option<String> {
+        let key = CString::new(key).ok()?;
+        let mut buf = vec![0u8; 256];
+        loop {
+            let mut len = buf.len();
+            // SAFETY: the image is open; librbd writes at most `len`
+            // bytes, NUL included, into `buf`, and sets `len` to the size
+            // it needs when that is too small (-ERANGE).
+            let rc = unsafe {
+                ffi::rbd_metadata_get(self.image, key.as_ptr(), buf.as_mut_ptr().cast(), &mut len)
+            };
+            if rc == -libc::ERANGE && len > buf.len() && len <= 1 << 16 {
+                buf.resize(len, 0);
+                continue;
+            }
+            if rc < 0 {
+                return None;
+            }
+            let value = std::ffi::CStr::from_bytes_until_nul(&buf).ok()?;
+            return Some(value.to_string_lossy().into_owned());
+        }
     }
 
     /// Gives the exclusive lock back.
