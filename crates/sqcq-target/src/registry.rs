@@ -843,6 +843,10 @@ impl Registry {
             let lun = o.lun.unwrap_or(0);
             match new_luns.iter().find(|n| n.lun == o.lun) {
                 Some(n) if n == o => {}
+                // The file does not fix a size (a file, device or RBD
+                // image has its own) and the LUN was resized since: it
+                // keeps its size, as a restart would find it.
+                Some(n) if same_but_size(n, o) && n.size.is_none() => {}
                 Some(n) if same_but_size(n, o) && n.size.is_some() => {
                     let bytes = n.size.unwrap_or(0);
                     note(

@@ -445,3 +445,54 @@ fn rpc_reload_and_a_fresh_start_give_the_same_daemon() {
     d2.shutdown();
     d3.shutdown();
 }
+
+/// A file LUN whose configuration gives no size, grown by `lun_resize`,
+/// keeps its size through a reload of the unchanged file: nothing is
+/// changed (before, SIGHUP hot-unplugged and re-added such a SCSI LUN
+/// under the guest, and refused a blk device's reload as "the disk
+/// changed").
+#[test]
+fn a_reload_keeps_a_lun_resized_since_when_the_file_gives_no_size() {
+    let dir = TempDir::new("rpc-reload-resized");
+    let file = |name: &str| {
+        let path = dir.path(name);
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(8 << 20)
+            .unwrap();
+        LunSpec {
+            path: Some(path),
+            ..LunSpec::new(BackstoreKind::File)
+        }
+    };
+    let x = config(
+        &dir,
+        1,
+        vec![
+            device(dir.path("a.sock"), DeviceType::Scsi, vec![file("a.img")]),
+            device(dir.path("b.sock"), DeviceType::Blk, vec![file("b.img")]),
+        ],
+    );
+    let d = Daemon::start(&x).unwrap();
+    let admin = dir.path("admin.sock");
+    for device in [0, 1] {
+        rpc(
+            &admin,
+            "lun_resize",
+            json!({"device": device, "lun": 0, "size": "16M"}),
+        )
+        .unwrap();
+    }
+    let before = rpc(&admin, "device_list", json!({})).unwrap();
+    let report = d.reload(&x);
+    assert_eq!(
+        (report.changed.len(), report.errors.len()),
+        (0, 0),
+        "{report:?}"
+    );
+    let after = rpc(&admin, "device_list", json!({})).unwrap();
+    assert_eq!(before, after);
+    for dev in after.as_array().unwrap() {
+        assert_eq!(dev["luns"][0]["blocks"], (16 << 20) / 512, "{dev}");
+    }
+}
