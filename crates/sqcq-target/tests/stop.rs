@@ -17,6 +17,8 @@ mod common;
 use std::fs::OpenOptions;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use common::raw_ring::{
@@ -93,12 +95,18 @@ fn write(vq: &mut Vq, g: &mut Guest, sector: u64, data: &[u8]) -> (u16, u64) {
 struct InodeLock {
     uffd: Option<OwnedFd>,
     writer: Option<std::thread::JoinHandle<()>>,
+    /// The writer thread's id, for [`InodeLock::writer_state`].
+    tid: Arc<AtomicI32>,
 }
 
 impl InodeLock {
     fn hold(path: &std::path::Path) -> InodeLock {
+        // Non-blocking: poll(2) on a blocking userfaultfd answers POLLERR
+        // at once (fs/userfaultfd.c), which made the wait for the fault
+        // below return before the writer held the lock, now and then.
         // SAFETY: userfaultfd(2) with flags only.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+        let fd =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
         assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
         // SAFETY: a new descriptor owned by nobody else.
         let uffd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
@@ -131,7 +139,11 @@ impl InodeLock {
         );
         let file = OpenOptions::new().write(true).open(path).unwrap();
         let at = page as usize;
+        let tid = Arc::new(AtomicI32::new(0));
+        let writer_tid = Arc::clone(&tid);
         let writer = std::thread::spawn(move || {
+            // SAFETY: gettid(2) has no arguments.
+            writer_tid.store(unsafe { libc::gettid() }, Ordering::Release);
             // SAFETY: the page stays mapped (never unmapped); the write
             // faults on it under the inode lock until the userfaultfd
             // closes, then fails.
@@ -148,10 +160,34 @@ impl InodeLock {
         // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, WAIT.as_millis() as i32) };
         assert_eq!(n, 1, "the writer did not fault");
+        assert_eq!(pfd.revents, libc::POLLIN, "a fault to read");
+
         InodeLock {
             uffd: Some(uffd),
             writer: Some(writer),
+            tid,
         }
+    }
+
+    /// Where the writer thread is in the kernel (its state, wait channel
+    /// and kernel stack), for the report of an attempt whose writes were
+    /// not blocked: it tells whether the writer was inside the write,
+    /// holding the inode lock, at that moment.
+    fn writer_state(&self) -> String {
+        let tid = self.tid.load(Ordering::Acquire);
+        let task = format!("/proc/self/task/{tid}");
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("{task}/{f}")).unwrap_or_else(|e| format!("({f}: {e})"))
+        };
+        let state = read("stat")
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_owned))
+            .unwrap_or_default();
+        format!(
+            "writer thread {tid}: state {state}, wchan {}, stack:\n{}",
+            read("wchan"),
+            read("stack")
+        )
     }
 
     fn release(&mut self) {
@@ -184,7 +220,7 @@ fn in_flight(d: &Daemon) -> u32 {
 }
 
 /// Waits until the `n` writes are in flight, bounded; false if one
-/// completed meanwhile (see [`attempts`]).
+/// completed meanwhile (see [`blocked`]).
 fn wait_in_flight(d: &Daemon, n: u16, vq: &Vq, g: &Guest) -> bool {
     let by = std::time::Instant::now() + Duration::from_secs(30);
     while in_flight(d) != u32::from(n) {
@@ -201,20 +237,24 @@ fn wait_in_flight(d: &Daemon, n: u16, vq: &Vq, g: &Guest) -> bool {
     true
 }
 
-/// Runs `scenario` until it ran with the writes blocked throughout. It
-/// returns false when a write succeeded while the writer still faulted:
-/// seen now and then here, in bursts (the writer's thread still blocked
-/// in the fault, so it did not hold the inode lock that time; the cause
-/// is not known). Twenty such attempts in a row fail the test.
-fn attempts(scenario: impl Fn() -> bool) {
-    for _ in 0..20 {
-        if scenario() {
-            return;
-        }
-        eprintln!("a write succeeded past the inode lock; again");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("the writes were not blocked in twenty attempts");
+/// Runs `scenario`, which returns false when a write completed while the
+/// inode lock was held: a broken premise, not a pass (it printed where
+/// the writer was). Once this was retried up to twenty times: the wait
+/// for the writer's fault returned at once (poll on a blocking
+/// userfaultfd is POLLERR), so under load the daemon's writes now and
+/// then got in before the writer held the lock.
+fn blocked(scenario: impl Fn() -> bool) {
+    assert!(
+        scenario(),
+        "a write completed while the inode lock was held"
+    );
+}
+
+/// The end of an attempt whose writes were not blocked: says where the
+/// writer was (see [`blocked`]).
+fn lost_lock(lock: &InodeLock) -> bool {
+    eprintln!("{}", lock.writer_state());
+    false
 }
 
 /// More writes than io-wq runs at once on this machine (4 per CPU).
@@ -226,7 +266,7 @@ fn writes() -> u16 {
 #[test]
 fn a_stop_past_its_deadline_cancels_and_waits_for_the_backstore_then_serves_again() {
     let _serial = serial();
-    attempts(blk_attempt);
+    blocked(blk_attempt);
 }
 
 /// One attempt of [`a_stop_past_its_deadline_cancels_and_waits_for_the_backstore_then_serves_again`]; false if the inode lock was lost.
@@ -246,7 +286,7 @@ fn blk_attempt() -> bool {
     }
     vqs[0].kick(&g);
     if !wait_in_flight(&daemon, n, &vqs[0], &g) {
-        return false;
+        return lost_lock(&lock);
     }
 
     // The frontend goes away: the queue stops and past its deadline
@@ -256,7 +296,7 @@ fn blk_attempt() -> bool {
     drop(fe);
     let (head, _) = vqs[0].wait_used(&g);
     if g.read(status[&head], 1)[0] == Status::Ok as u8 {
-        return false;
+        return lost_lock(&lock);
     }
     assert_eq!(
         g.read(status[&head], 1)[0],
@@ -268,7 +308,7 @@ fn blk_attempt() -> bool {
     for _ in 1..cancelled {
         let (head, _) = vqs[0].wait_used(&g);
         if g.read(status[&head], 1)[0] == Status::Ok as u8 {
-            return false;
+            return lost_lock(&lock);
         }
         assert_eq!(g.read(status[&head], 1)[0], Status::IoErr as u8);
     }
@@ -317,7 +357,7 @@ fn align_data_out(g: &mut Guest) {
 #[test]
 fn a_scsi_queue_stop_past_its_deadline_cancels_and_waits_for_the_backstore() {
     let _serial = serial();
-    attempts(scsi_attempt);
+    blocked(scsi_attempt);
 }
 
 /// One attempt of [`a_scsi_queue_stop_past_its_deadline_cancels_and_waits_for_the_backstore`]; false if the inode lock was lost.
@@ -346,7 +386,7 @@ fn scsi_attempt() -> bool {
     }
     vqs[RQ].kick(&g);
     if !wait_in_flight(&daemon, n, &vqs[RQ], &g) {
-        return false;
+        return lost_lock(&lock);
     }
 
     // As for blk: the queued writes are cancelled and fail at once (CHECK
@@ -354,7 +394,7 @@ fn scsi_attempt() -> bool {
     drop(fe);
     let (head, _) = vqs[RQ].wait_used(&g);
     if read_resp(&g, resp[&head]).status == 0 {
-        return false;
+        return lost_lock(&lock);
     }
     assert_eq!(read_resp(&g, resp[&head]).status, 2, "cancelled");
     let cancelled = vqs[RQ].used_idx(&g) - vqs[RQ].last_used + 1;
@@ -362,7 +402,7 @@ fn scsi_attempt() -> bool {
     for _ in 1..cancelled {
         let (head, _) = vqs[RQ].wait_used(&g);
         if read_resp(&g, resp[&head]).status == 0 {
-            return false;
+            return lost_lock(&lock);
         }
         assert_eq!(read_resp(&g, resp[&head]).status, 2);
     }
@@ -398,11 +438,11 @@ fn scsi_attempt() -> bool {
 #[test]
 fn a_stop_the_backstore_never_lets_finish_ends_the_process_unanswered() {
     let _serial = serial();
-    attempts(abort_attempt);
+    blocked(abort_attempt);
 }
 
 /// One attempt of [`a_stop_the_backstore_never_lets_finish_ends_the_process_unanswered`];
-/// false if the write succeeded (see [`attempts`]).
+/// false if the write succeeded (see [`blocked`]).
 fn abort_attempt() -> bool {
     use std::os::unix::process::ExitStatusExt;
     use std::process::{Command, Stdio};
@@ -453,6 +493,7 @@ fn abort_attempt() -> bool {
             break;
         }
         if vqs[RQ].used_idx(&g) != vqs[RQ].last_used {
+            lost_lock(&lock);
             return lost(child);
         }
         assert!(
