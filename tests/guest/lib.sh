@@ -21,12 +21,18 @@ keep_logs() {
 }
 
 # kill_group PID: TERM the process group PID leads (or PID), wait up to
-# 2 s, then KILL the group.
+# 5 s until every process of the group is gone, then KILL the group. (The
+# group, not PID alone: a daemon started with `setsid sh -c CMD` runs
+# under that shell, which dies at once; a daemon KILLed while it stops
+# leaves an RBD image locked and watched for 30 s.)
 kill_group() {
     local p="$1"
     [ -n "$p" ] || return 0
     kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null || true
-    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
+    for _ in $(seq 25); do
+        kill -0 -- "-$p" 2>/dev/null || kill -0 "$p" 2>/dev/null || break
+        sleep 0.2
+    done
     kill -KILL -- "-$p" 2>/dev/null || true
     wait "$p" 2>/dev/null || true
 }
@@ -117,7 +123,10 @@ rbd_remove_all() {
         until out="$(rbd_cli rm --no-progress "$img" 2>&1)"; do
             case "$out" in
             *"No such file"*|*"does not exist"*) break ;;
-            *watchers*) [ $((SECONDS - t)) -lt 45 ] || { echo "rbd rm $img: $out" >&2; break; }; sleep 2 ;;
+            *watchers*)
+                [ $((SECONDS - t)) -gt 0 ] || echo "rbd rm $img: it still has watchers, trying again for 45 s" >&2
+                [ $((SECONDS - t)) -lt 45 ] || { echo "rbd rm $img: $out" >&2; break; }
+                sleep 2 ;;
             *) echo "rbd rm $img: $out" >&2; break ;;
             esac
         done
