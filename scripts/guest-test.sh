@@ -6,6 +6,7 @@
 #   scripts/guest-test.sh --daemon vhost-device-scsi # rust-vmm's peer
 #   scripts/guest-test.sh --daemon-cmd 'CMD {socket}' --num-queues N --disks N
 #   scripts/guest-test.sh --restart | --migrate      # issue 12 (tests/guest/live.sh)
+#   scripts/guest-test.sh [--blk|--migrate|--restart] --rbd   # disks on Ceph RBD
 #
 # Installs the Debian packages it needs when missing (as root, idempotent).
 set -euo pipefail

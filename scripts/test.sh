@@ -6,7 +6,8 @@
 # 3-minute soak (scripts/soak.sh), every fuzz target for a while, and Linux
 # guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
 # (patches/linux, patches/qemu); sqcqd killed and restarted, and the guest
-# migrated, under a verified fio load.
+# migrated, under a verified fio load; the guest on Ceph RBD disks, and
+# migrated between two sqcqd on one RBD image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,6 +81,10 @@ stage "guest: live migration under fio to a second QEMU and sqcqd on a shared fi
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll ring"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq
+stage "guest: on Ceph RBD images of the test cluster: vhost-user-blk (every check; resized with rbd resize in the cluster), vhost-user-scsi (run1), the blk guest migrated between two sqcqd on one image (lock hand-over)"
+SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --rbd
+SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --rbd --only-run1
+SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --rbd
 stage "guest: an unmodified guest against device-side ring polling"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll ring" \
     --spin-max-us 5000 --measure --label ring-poll --only-run1

@@ -21,12 +21,18 @@ keep_logs() {
 }
 
 # kill_group PID: TERM the process group PID leads (or PID), wait up to
-# 2 s, then KILL the group.
+# 5 s until every process of the group is gone, then KILL the group. (The
+# group, not PID alone: a daemon started with `setsid sh -c CMD` runs
+# under that shell, which dies at once; a daemon KILLed while it stops
+# leaves an RBD image locked and watched for 30 s.)
 kill_group() {
     local p="$1"
     [ -n "$p" ] || return 0
     kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null || true
-    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
+    for _ in $(seq 25); do
+        kill -0 -- "-$p" 2>/dev/null || kill -0 "$p" 2>/dev/null || break
+        sleep 0.2
+    done
     kill -KILL -- "-$p" 2>/dev/null || true
     wait "$p" 2>/dev/null || true
 }
@@ -50,4 +56,80 @@ print_results() {
     npass=$(awk '$2 == "PASS"' "$1" | wc -l)
     nfail=$(awk '$2 == "FAIL"' "$1" | wc -l)
     nskip=$(awk '$2 == "SKIP"' "$1" | wc -l)
+}
+
+# ------------------------------------------------ Ceph RBD disks (--rbd)
+# The disks of an --rbd run are images of the Ceph test cluster
+# (scripts/ceph-cluster.sh, docs/rbd.md), made for the run and removed at
+# its end, whatever the end.
+
+# rbd_cli ARGS...: the rbd tool as the cluster's test user, never waiting
+# long for an answer.
+rbd_cli() {
+    timeout 60 rbd --conf "$CEPH_CONF" --id "$SQCQ_CEPH_ID" --keyring "$SQCQ_CEPH_KEYRING" "$@"
+}
+
+# rbd_setup: the cluster's client settings in CEPH_CONF, SQCQ_CEPH_POOL,
+# SQCQ_CEPH_ID and SQCQ_CEPH_KEYRING: from the environment (scripts/test.sh
+# exports them), else from `scripts/ceph-cluster.sh start`, which starts
+# the cluster (installing Ceph's packages if needed) or reuses a running
+# one. Returns 1, the reason in rbd_why, when there is no cluster that
+# answers. Sets rbd_prefix, the names of this run's images, and removes
+# the images earlier runs left when they were killed (their harness's pid
+# is in the name and gone).
+rbd_setup() {
+    local env k v img pid
+    rbd_why="" rbd_images=()
+    if [ -z "${CEPH_CONF:-}" ] || [ -z "${SQCQ_CEPH_POOL:-}" ] || [ -z "${SQCQ_CEPH_ID:-}" ] ||
+       [ -z "${SQCQ_CEPH_KEYRING:-}" ]; then
+        if ! env="$(scripts/ceph-cluster.sh start 2>&1)"; then
+            rbd_why="no Ceph cluster: scripts/ceph-cluster.sh start failed: $(echo "$env" | tail -n 1)"
+            return 1
+        fi
+        while IFS='=' read -r k v; do export "$k=$v"; done < <(echo "$env" | grep -E '^(CEPH_CONF|SQCQ_CEPH_[A-Z]+)=')
+    fi
+    if ! img="$(rbd_cli ls "$SQCQ_CEPH_POOL" 2>&1)"; then
+        rbd_why="the Ceph cluster of $CEPH_CONF does not answer (rbd ls $SQCQ_CEPH_POOL): $(echo "$img" | tail -n 1)"
+        return 1
+    fi
+    for img in $img; do
+        pid=$(echo "$img" | sed -n 's/^sqcq-guest-\([0-9]*\)-.*/\1/p')
+        [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || continue
+        rbd_cli rm --no-progress "$SQCQ_CEPH_POOL/$img" > /dev/null 2>&1 || true
+    done
+    rbd_prefix="sqcq-guest-$$-$(od -An -tx2 -N2 /dev/urandom | tr -d ' ')"
+}
+
+# rbd_create NAME SIZE: a fresh image $rbd_prefix-NAME of SIZE (rbd's
+# units: 64M), removed by rbd_remove_all.
+rbd_create() {
+    rbd_images+=("$SQCQ_CEPH_POOL/$rbd_prefix-$1")
+    rbd_cli create --size "$2" "$SQCQ_CEPH_POOL/$rbd_prefix-$1"
+}
+
+# rbd_lun NAME: the --lun options of image $rbd_prefix-NAME
+rbd_lun() {
+    echo "kind=rbd,pool=$SQCQ_CEPH_POOL,image=$rbd_prefix-$1,conf=$CEPH_CONF,id=$SQCQ_CEPH_ID,keyring=$SQCQ_CEPH_KEYRING"
+}
+
+# rbd_remove_all: removes this run's images, once their daemons are gone.
+# A daemon killed with -9 leaves its watch on the image until the OSD
+# drops it (30 s), and `rbd rm` refuses an image that has watchers: such
+# an image is tried again for up to 45 s.
+rbd_remove_all() {
+    local img out t
+    for img in "${rbd_images[@]}"; do
+        t=$SECONDS
+        until out="$(rbd_cli rm --no-progress "$img" 2>&1)"; do
+            case "$out" in
+            *"No such file"*|*"does not exist"*) break ;;
+            *watchers*)
+                [ $((SECONDS - t)) -gt 0 ] || echo "rbd rm $img: it still has watchers, trying again for 45 s" >&2
+                [ $((SECONDS - t)) -lt 45 ] || { echo "rbd rm $img: $out" >&2; break; }
+                sleep 2 ;;
+            *) echo "rbd rm $img: $out" >&2; break ;;
+            esac
+        done
+    done
+    rbd_images=()
 }

@@ -39,13 +39,16 @@ usage: scripts/guest-test.sh --restart|--migrate [options]
                         (default with --sqcq: 5000)
   --qemu PATH           the QEMU binary (default qemu-system-x86_64; the
                         patched one with --sqcq or --migrate)
+  --rbd                 the disk is a fresh 64 MiB image of the Ceph test
+                        cluster (as for the suite's --rbd), served by every
+                        daemon; a migration hands its exclusive lock over
   --keep                keep the scratch directory (logs, image)
 Env: SQCQD (path of sqcqd), SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_SHUTDOWN
      (seconds: 90/180/30), SQCQ_GUEST_APPEND (as for the suite)
 EOF
 }
 
-kind="" restarts=3 mib=32 dev=blk sqcq=0 daemon_extra="" spin_max_us="" qemu="" keep=0
+kind="" restarts=3 mib=32 dev=blk sqcq=0 daemon_extra="" spin_max_us="" qemu="" keep=0 rbd=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --restart) kind=restart ;;
@@ -57,6 +60,7 @@ while [ $# -gt 0 ]; do
     --daemon-extra) daemon_extra="$2"; shift ;;
     --spin-max-us) spin_max_us="$2"; shift ;;
     --qemu) qemu="$2"; shift ;;
+    --rbd) rbd=1 ;;
     --keep) keep=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "live: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -72,6 +76,27 @@ t_boot="${SQCQ_GUEST_TIMEOUT_BOOT:-90}"
 t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-180}"
 t_shutdown="${SQCQ_GUEST_TIMEOUT_SHUTDOWN:-30}"
 t0=$(date +%s)
+# the guest's per-command timeout (fio's: twice that)
+t_guest=60
+# How long a new sqcqd may take to listen. A restarted one on RBD waits
+# until the cluster drops the killed one's exclusive lock (the OSD's
+# watch timeout, 30 s; docs/rbd.md, "Fencing") before it listens: each
+# restart leaves the guest without its disk for that long, which the
+# deadlines make room for.
+t_listen=10
+if [ "$rbd" = 1 ]; then
+    if ! rbd_setup; then
+        if [ -n "${SQCQ_REQUIRE_PEERS:-}" ]; then
+            say "FAIL: $rbd_why; SQCQ_REQUIRE_PEERS is set, so nothing may be skipped"; exit 1
+        fi
+        say "SKIP: $rbd_why, nothing to test"; exit 0
+    fi
+    if [ "$kind" = restart ]; then
+        t_listen=60
+        t_checks=$(( t_checks + restarts * 45 ))
+        t_guest=$(( t_guest + restarts * 25 ))
+    fi
+fi
 
 bin="${SQCQD:-}"
 # shellcheck disable=SC2012 # two fixed paths
@@ -111,13 +136,14 @@ exec 9> target/guest/qemu.lock
 if ! flock -w 900 9; then say "another guest test held target/guest/qemu.lock for 900 s"; exit 1; fi
 work="$(mktemp -d /tmp/sqcq-live.XXXXXX)"
 declare -A daemon_pid=()   # name -> pid (the leader of its process group)
-vm_pids=() cg=""
+vm_pids=() cg="" can_throttle=0
 cleanup() {
     local rc=$?
     local p
     for p in "${vm_pids[@]}"; do kill_group "$p"; done
     for p in "${daemon_pid[@]}"; do kill_group "$p"; done
     [ -z "$cg" ] || rmdir "$cg" 2>/dev/null || true
+    [ "$rbd" = 0 ] || rbd_remove_all
     keep_logs "$rc" "$work"
     if [ "$keep" = 1 ]; then say "kept $work"; else rm -rf "$work"; fi
 }
@@ -148,9 +174,14 @@ check() { echo "$1 $2 ${*:3}" >> "$results"; }
 # is lifted right after the kill. For a migration, reads and writes to 50
 # a second while it runs, so that the source holds requests when QEMU
 # stops it. Without a cgroup (no blkio controller, an image on tmpfs) this
-# is left to chance.
+# is left to chance. An RBD disk's I/O goes to the OSD over the network,
+# out of a cgroup's reach: there the limit is librbd's own (QoS,
+# rbd_qos_read/write_iops_limit, set on the image with `rbd config image
+# set`, which every client that has it open applies at once), holding
+# the requests in the daemon alike.
 throttle_setup() {
     local mm
+    if [ "$rbd" = 1 ]; then can_throttle=1; return 0; fi
     mm=$(findmnt -no MAJ:MIN -T "$work" 2>/dev/null | tr -d ' ')
     [ -n "$mm" ] && [ -e "/sys/dev/block/$mm" ] || return 0
     # a partition: the limit goes on its disk
@@ -163,12 +194,23 @@ throttle_setup() {
         return 0
     fi
     mkdir "$cg" 2>/dev/null || { cg=""; return 0; }
-    cg_disk=$mm
+    cg_disk=$mm can_throttle=1
 }
 # throttle N|off [writes]: the daemons' writes, and reads unless "writes",
 # limited to N a second; or no limit
 throttle() {
     local r
+    if [ "$rbd" = 1 ]; then
+        local key
+        for key in rbd_qos_write_iops_limit rbd_qos_read_iops_limit; do
+            if [ "$1" = off ]; then
+                rbd_cli config image remove "$rbd_img" "$key" > /dev/null 2>&1 || true
+            elif [ "$key" = rbd_qos_write_iops_limit ] || [ "${2:-}" != writes ]; then
+                rbd_cli config image set "$rbd_img" "$key" "$1" > /dev/null
+            fi
+        done
+        return
+    fi
     if [ "$cg_kind" = v1 ]; then
         local n=0; [ "$1" = off ] || n=$1
         r=$n; [ "${2:-}" != writes ] || r=0
@@ -182,8 +224,17 @@ throttle() {
 }
 
 # ------------------------------------------------------------- daemons
-# One 64 MiB file is the disk of every daemon, every instance.
-truncate -s 64M "$work/disk.img"
+# One 64 MiB file (or RBD image) is the disk of every daemon, every
+# instance.
+if [ "$rbd" = 1 ]; then
+    rbd_create disk 64M || { say "rbd create $rbd_prefix-disk failed"; exit 1; }
+    rbd_img="$SQCQ_CEPH_POOL/$rbd_prefix-disk"
+    lun="$(rbd_lun disk)"
+else
+    truncate -s 64M "$work/disk.img"
+    lun="kind=file,path=$work/disk.img"
+fi
+disk_what=file; [ "$rbd" = 0 ] || disk_what="RBD image"
 # start_daemon NAME [LOG]: sqcqd on NAME.sock (log LOG, default NAME.log;
 # statistics NAME.stats.json), in a process group of its own
 start_daemon() {
@@ -191,9 +242,9 @@ start_daemon() {
     args=(--socket-path "$work/$name.sock" --num-queues 2
         --stats-file "$work/$name.stats.json" --stats-interval 1 --admin-socket "$work/$name.admin")
     if [ "$dev" = blk ]; then
-        args+=(--device-type blk --lun "kind=file,path=$work/disk.img,serial=sqcq-vda")
+        args+=(--device-type blk --lun "$lun,serial=sqcq-vda")
     else
-        args+=(--lun "kind=file,path=$work/disk.img")
+        args+=(--lun "$lun")
     fi
     # The migration's destination takes the image's locks when QEMU
     # starts its device, after the source's device stopped and released
@@ -211,12 +262,12 @@ start_daemon() {
         NO_COLOR=1 setsid "$bin" "${args[@]}" >> "$log" 2>&1 < /dev/null &
     fi
     daemon_pid[$name]=$!
-    for _ in $(seq 100); do
+    for _ in $(seq $((t_listen * 10))); do
         [ -S "$work/$name.sock" ] && return 0
         kill -0 "${daemon_pid[$name]}" 2>/dev/null || break
         sleep 0.1
     done
-    say "sqcqd ($name) did not create its socket within 10 s:"
+    say "sqcqd ($name) did not create its socket within $t_listen s:"
     tail -n 20 "$log" | sed 's/^/    /'
     return 1
 }
@@ -230,7 +281,7 @@ case "${SQCQ_GUEST_APPEND:-}" in
 esac
 nonce=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
 append="$append sqcq_mode=live sqcq_live=$kind sqcq_live_mib=$mib sqcq_disks=1 sqcq_bs=512"
-append="$append sqcq_expect=$expect_sqcq sqcq_dev=$dev sqcq_mq=2 sqcq_nonce=$nonce sqcq_timeout=60 $guest_spin"
+append="$append sqcq_expect=$expect_sqcq sqcq_dev=$dev sqcq_mq=2 sqcq_nonce=$nonce sqcq_timeout=$t_guest $guest_spin"
 n_live=1; [ "$kind" = restart ] && n_live="$restarts"
 append="$append sqcq_live_n=$n_live"
 hard=$(( t_boot + t_checks + t_shutdown + 60 ))
@@ -267,7 +318,7 @@ qmp() { python3 "$here/qmp.py" "$work/$1.qmp" "${@:2}"; }
 console() { cat "$work"/vm*.console.log 2>/dev/null | tr -d '\r'; }
 
 # ---------------------------------------------------------- disturbances
-restarted=0 reconnected=0
+restarted=0 reconnected=0 absent=""
 declare -A held_at_kill=()
 # in_flight NAME: the requests daemon NAME holds (taken from its queues,
 # not completed), by its management API; "?" if it does not answer
@@ -294,14 +345,15 @@ held_by() {
 # start it again on the same socket and file (log d.K.log), wait until
 # QEMU has reconnected (its memory table is set: the device runs again)
 host_restart() {
-    local p="${daemon_pid[d]}" t held="not timed"
-    if [ -n "$cg" ]; then
+    local p="${daemon_pid[d]}" t held="not timed" t_kill
+    if [ "$can_throttle" = 1 ]; then
         throttle 1 writes
         sleep 0.5
         held=$(held_by d)
     fi
     kill -KILL -- "-$p" 2>/dev/null || true
-    [ -z "$cg" ] || throttle off
+    t_kill=$(date +%s)
+    [ "$can_throttle" = 0 ] || throttle off
     wait "$p" 2>/dev/null || true
     held_at_kill[$1]=$held
     echo "== live: $(date +%T.%N | cut -c1-12) kill -9 (restart $1, requests held: $held)" >> "$work/d.$(( $1 - 1 )).log"
@@ -310,6 +362,7 @@ host_restart() {
     start_daemon d "d.$1" || return 0
     restarted=$((restarted + 1))
     t=$(date +%s)
+    absent="${absent:+$absent, }$((t - t_kill)) s"
     while [ $(( $(date +%s) - t )) -lt 15 ]; do
         if grep -q "memory table set" "$work/d.$1.log"; then
             reconnected=$((reconnected + 1))
@@ -320,13 +373,28 @@ host_restart() {
     done
     say "restart $1: QEMU did not reconnect within 15 s"
 }
-migrated=""
+# rbd_watchers: the clients watching the image (every sqcqd that has it
+# open), as "client.N" lines
+rbd_watchers() {
+    rbd_cli status --format json "$rbd_img" 2>/dev/null |
+        python3 -c 'import json, sys
+for w in json.load(sys.stdin).get("watchers", []): print("client.%s" % w["client"])' 2>/dev/null || true
+}
+# rbd_locker: who holds the image's exclusive lock ("client.N"), or
+# nothing
+rbd_locker() {
+    rbd_cli lock ls --format json "$rbd_img" 2>/dev/null |
+        python3 -c 'import json, sys
+print(" ".join(l["locker"] for l in json.load(sys.stdin)))' 2>/dev/null || true
+}
+migrated="" locker_before=""
 # migrate: vm1 -> vm2 over a unix socket, then vm1 quits
 host_migrate() {
     local out
-    [ -z "$cg" ] || throttle 50
+    [ "$rbd" = 0 ] || locker_before="$(rbd_locker)"
+    [ "$can_throttle" = 0 ] || throttle 50
     out=$(qmp vm1 --migrate "unix:$work/migrate.sock" 180 2>&1) || true
-    [ -z "$cg" ] || throttle off
+    [ "$can_throttle" = 0 ] || throttle off
     echo "$out" > "$work/migrate.json"
     if ! echo "$out" | grep -q '"status": "completed"'; then
         check migrate/completed FAIL "$(echo "$out" | head -c 400)"
@@ -441,7 +509,11 @@ except (OSError, ValueError, KeyError):
 throttle_setup
 say "$kind, vhost-user-$dev, QEMU $($qemu --version | head -n 1 | sed 's/.*version //'), sqcqd $bin $daemon_extra"
 say "guest: $kernel + $initrd"
-say "the daemons' I/O throttled when it matters: ${cg:-no (no blkio cgroup for $work)}${cg:+ ($cg_kind, disk $cg_disk)}"
+if [ "$rbd" = 1 ]; then
+    say "disk: RBD image $rbd_img ($CEPH_CONF); the daemons' I/O throttled when it matters by librbd's QoS"
+else
+    say "the daemons' I/O throttled when it matters: ${cg:-no (no blkio cgroup for $work)}${cg:+ ($cg_kind, disk $cg_disk)}"
+fi
 if [ "$kind" = restart ]; then
     reconnect=",reconnect=1"
     if start_daemon d d.0; then
@@ -449,7 +521,7 @@ if [ "$kind" = restart ]; then
         current=vm1 current_pid=$vm_pid current_daemon=d
         supervise
         if [ "$restarted" = "$restarts" ] && [ "$reconnected" = "$restarts" ]; then
-            check restart/reconnect PASS "$restarts times kill -9, a new sqcqd on the same socket and file, QEMU reconnected (memory table set)"
+            check restart/reconnect PASS "$restarts times kill -9, a new sqcqd on the same socket and $disk_what, QEMU reconnected (memory table set); from each kill to the new sqcqd listening: $absent"
         else
             check restart/reconnect FAIL "$restarted of $restarts restarts, $reconnected reconnections of QEMU"
         fi
@@ -469,11 +541,11 @@ if [ "$kind" = restart ]; then
                 *) timed=$((timed + 1)); [ "$n" -gt 0 ] || all=0 ;;
             esac
         done
-        if [ -n "$cg" ] && [ "$all" = 1 ] && [ "$timed" -gt 0 ]; then
+        if [ "$can_throttle" = 1 ] && [ "$all" = 1 ] && [ "$timed" -gt 0 ]; then
             check restart/resubmit PASS "requests resubmitted by each restarted sqcqd (its in-flight record): $r"
-        elif [ -n "$cg" ] && [ "$all" = 1 ]; then
+        elif [ "$can_throttle" = 1 ] && [ "$all" = 1 ]; then
             check restart/resubmit FAIL "no kill found the daemon holding a request (I/O throttled, 15 s waited each): $r"
-        elif [ -n "$cg" ]; then
+        elif [ "$can_throttle" = 1 ]; then
             check restart/resubmit FAIL "requests resubmitted per restarted sqcqd: $r; a daemon killed holding requests had none resubmitted"
         elif [ "$any" = 1 ]; then
             check restart/resubmit PASS "requests resubmitted per restarted sqcqd: $r (kills not timed: no blkio cgroup)"
@@ -490,7 +562,11 @@ if [ "$kind" = restart ]; then
         check daemon/start FAIL "sqcqd did not start: $(tail -n 1 "$work/d.0.log")"
     fi
 else
-    if start_daemon src && start_daemon dst; then
+    # On RBD: which Ceph client each daemon is, from the image's watchers
+    # as each one opened it (the source first)
+    src_client="" dst_client=""
+    if start_daemon src && { [ "$rbd" = 0 ] || src_client="$(rbd_watchers)"; } &&
+       start_daemon dst && { [ "$rbd" = 0 ] || dst_client="$(rbd_watchers | grep -vxF "${src_client:-none}" || true)"; }; then
         start_vm vm2 dst -incoming "unix:$work/migrate.sock" -S
         vm2_pid=$vm_pid
         start_vm vm1 src
@@ -506,12 +582,27 @@ else
             fi
             # what the source said about the log QEMU gave it (SET_LOG_BASE,
             # VHOST_F_LOG_ALL); loosely: any line about a dirty log
-            dl=$(grep -i "dirty log\|logging=true" "$work/src.log" |
+            dl=$({ grep -i "dirty log\|logging=true" "$work/src.log" || true; } |
                 sed 's/^[^ ]* *[A-Z]* *[a-z_:]*: //; s/ device=[^ ]*//' | head -n 2 | tr '\n' ';')
             if [ -n "$dl" ]; then
                 check migrate/dirty_log PASS "source sqcqd: ${dl%;}"
             else
                 check migrate/dirty_log FAIL "the source sqcqd logged nothing about a dirty log"
+            fi
+            # Fencing: the exclusive lock went from the source to the
+            # destination, which still holds it now that the guest is done
+            if [ "$rbd" = 1 ]; then
+                after="$(rbd_locker)"
+                who="source $src_client, destination $dst_client"
+                if [ -z "$src_client" ] || [ -z "$dst_client" ] || [ "$src_client" = "$dst_client" ]; then
+                    check migrate/rbd_lock FAIL "cannot tell the daemons' Ceph clients apart from the image's watchers ($who)"
+                elif [ "$locker_before" != "$src_client" ]; then
+                    check migrate/rbd_lock FAIL "before the migration the lock was held by '${locker_before:-nobody}', not the source ($who)"
+                elif [ "$after" != "$dst_client" ]; then
+                    check migrate/rbd_lock FAIL "after the migration the lock is held by '${after:-nobody}', not (only) the destination ($who)"
+                else
+                    check migrate/rbd_lock PASS "exclusive lock of $rbd_img: held by the source ($src_client) before the migration, by the destination ($dst_client) after it, the source (still running) no longer holds it (rbd lock ls)"
+                fi
             fi
             read -r m c < <(queue_modes dst)
             read -r ms cs < <(queue_modes src)

@@ -57,6 +57,12 @@ usage: scripts/guest-test.sh [options]
                         (64 MiB RAM disks: vda read-write with 512-byte
                         blocks, vdb read-only with 4096), QEMU attaches
                         them with vhost-user-blk-pci (stock guest only)
+  --rbd                 sqcqd's disks are fresh 64 MiB images of the Ceph
+                        test cluster (scripts/ceph-cluster.sh: the
+                        environment's, else started), removed at the end;
+                        the resize check resizes the image in the cluster
+                        (rbd resize), not through the daemon. SKIP without a
+                        cluster (FAIL under SQCQ_REQUIRE_PEERS)
   --keep                keep the scratch directory (logs, images)
 Env: SQCQ_GUEST_DAEMON (= --daemon), SQCQD (path of sqcqd),
      SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_STALL/_SHUTDOWN (seconds: 90/240/90/30;
@@ -70,7 +76,7 @@ daemon="${SQCQ_GUEST_DAEMON:-}"
 images=()
 daemon_cmd="${SQCQ_GUEST_DAEMON_CMD:-}"
 nq="" disks="" bss="" one_conn="" file_backed="" no_reset="" bios="" bios2="" only_run1=0 keep=0
-sqcq=0 daemon_extra="" measure=0 label="" spin_max_us="" blk=0
+sqcq=0 daemon_extra="" measure=0 label="" spin_max_us="" blk=0 rbd=0
 no_reset_why="the daemon does not survive a device reset within a connection (--no-reset)"
 dev_opts="${SQCQ_GUEST_DEVICE_OPTS-unset}"
 while [ $# -gt 0 ]; do
@@ -95,6 +101,7 @@ while [ $# -gt 0 ]; do
     --label) label="$2"; shift ;;
     --spin-max-us) spin_max_us="$2"; shift ;;
     --blk) blk=1 ;;
+    --rbd) rbd=1 ;;
     --keep) keep=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "guest-test: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -110,6 +117,17 @@ t_shutdown="${SQCQ_GUEST_TIMEOUT_SHUTDOWN:-30}"
 t0=$(date +%s)
 say() { echo "guest-test: $*"; }
 
+# ------------------------------------------------------------ RBD disks
+if [ "$rbd" = 1 ]; then
+    [ "$daemon" = sqcqd ] || { say "--rbd: the disks are sqcqd's (--daemon sqcqd)"; exit 2; }
+    if ! rbd_setup; then
+        if [ -n "${SQCQ_REQUIRE_PEERS:-}" ]; then
+            say "FAIL: $rbd_why; SQCQ_REQUIRE_PEERS is set, so nothing may be skipped"; exit 1
+        fi
+        say "SKIP: $rbd_why, nothing to test"; exit 0
+    fi
+fi
+
 # ------------------------------------------------------------ daemon profiles
 case "$daemon" in
 sqcqd)
@@ -122,12 +140,18 @@ sqcqd)
             "cargo build --release -p sqcq-target), nothing to test"
         exit 0
     fi
-    if [ "$blk" = 1 ]; then
+    if [ "$rbd" = 1 ] && [ "$blk" = 0 ]; then
+        : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun $(rbd_lun lun0) --lun $(rbd_lun lun1),block-size=4096 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+    elif [ "$blk" = 1 ]; then
         : "${daemon_cmd:="$bin --config {dir}/blk.toml --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
     else
         : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=ram,size=64M --lun kind=ram,size=64M,block-size=4096 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
     fi
     spin_daemon=1
+    # the host resizes the first disk when the guest asks (SQCQ-HOST
+    # resize-grow/-shrink): through the admin socket, or in the cluster
+    if [[ "$daemon_cmd" == *"{dir}/admin.sock"* ]] || [ "$rbd" = 1 ]; then can_resize=1; fi
+    [ "$rbd" = 0 ] || file_backed=1
     : "${nq:=2}" "${disks:=2}" "${bss:=512,4096}" "${one_conn:=0}" "${file_backed:=0}" "${no_reset:=0}"
     ;;
 vhost-device-scsi)
@@ -201,13 +225,14 @@ if [ "$blk" = 1 ]; then
     sock="$work/blk1.sock"
     # shellcheck source=tests/guest/blk-toml.sh
     source "$here/blk-toml.sh"
-    blk_toml "$work" "$nq" > "$work/blk.toml"
+    blk_toml "$work" "$nq" "$([ "$rbd" = 1 ] && echo rbd)" > "$work/blk.toml"
 fi
 qemu_pid="" daemon_pid=""
 cleanup() {
     local rc=$?
     kill_group "$qemu_pid"; qemu_pid=""
     kill_group "$daemon_pid"; daemon_pid=""
+    [ "$rbd" = 0 ] || rbd_remove_all
     keep_logs "$rc" "$work"
     if [ "$keep" = 1 ]; then say "kept $work"; else rm -rf "$work"; fi
 }
@@ -218,6 +243,17 @@ trap 'say "interrupted"; exit 130' INT TERM HUP
 build_guest "$modules_dir"
 [ -n "$kernel" ] && [ -n "$initrd" ] || { say "building the guest failed"; exit 1; }
 t_build=$(( $(date +%s) - t0 ))
+
+# the disks: 64 MiB images, the first one resized by the resize check
+resize_img=""
+if [ "$rbd" = 1 ]; then
+    if [ "$blk" = 1 ]; then rbd_names="vda vdb"; else rbd_names="lun0 lun1"; fi
+    for n in $rbd_names; do
+        rbd_create "$n" 64M || { say "rbd create $rbd_prefix-$n failed"; exit 1; }
+    done
+    resize_img="$SQCQ_CEPH_POOL/$rbd_prefix-${rbd_names%% *}"
+    say "disks: RBD images $rbd_prefix-{${rbd_names// /,}} in pool $SQCQ_CEPH_POOL ($CEPH_CONF)"
+fi
 
 # ------------------------------------------------------------- results
 results="$work/results"   # "name STATUS reason" lines
@@ -296,6 +332,8 @@ qemu_run() {
     esac
     append="$append sqcq_mode=$mode sqcq_disks=$disks sqcq_expect=$expect_sqcq ${guest_spin:-}"
     [ "$blk" = 1 ] && append="$append sqcq_dev=blk"
+    if [ -n "$resize_img" ]; then append="$append sqcq_resize=rbd"
+    elif [ "${can_resize:-0}" = 1 ]; then append="$append sqcq_resize=admin"; fi
     [ "$measure" = 1 ] && [ "$mode" = full ] && append="$append sqcq_measure=1"
     append="$append sqcq_mq=$(( nq < 2 ? nq : 2 )) sqcq_nonce=$nonce sqcq_timeout=60"
     [ -n "$bss" ] && append="$append sqcq_bs=$bss"
@@ -375,7 +413,8 @@ qemu_run() {
             verdict="FAIL stage $stage exceeded $limit s"; break
         fi
         if [ "$stage" = checks ] && [ $((now - progress)) -gt "$t_stall" ] && [ $((now - changed)) -gt "$t_stall" ]; then
-            verdict="FAIL no check finished for $t_stall s (after $checks checks; the last: $(grep "^CHECK " "$log" | tail -n 1 | cut -d' ' -f2))"; break
+            # (no CHECK line yet is not an error of the pipeline: pipefail)
+            verdict="FAIL no check finished for $t_stall s (after $checks checks; the last: $({ grep "^CHECK " "$log" || true; } | tail -n 1 | cut -d' ' -f2))"; break
         fi
     done
     if [ -n "$verdict" ]; then
@@ -394,6 +433,7 @@ qemu_run() {
 }
 
 # host_action WHAT: what the guest asked for, on the daemon's admin socket
+# (the resizes of an RBD disk: in the cluster, the daemon is not told)
 host_action() {
     local cmd
     case "$1" in
@@ -402,9 +442,22 @@ host_action() {
         # every running request queue stops at its next request, as for
         # a nonsense doorbell
         queue-break) cmd="fault break device=0" ;;
-        # the first blk disk, 64 MiB, grown and shrunk back
-        blk-grow) cmd="lun resize device=0 lun=0 size=96M" ;;
-        blk-shrink) cmd="lun resize device=0 lun=0 size=64M" ;;
+        # the first disk (LUN 0 of the SCSI device, or the first blk
+        # device), 64 MiB, grown and shrunk back
+        resize-grow|resize-shrink)
+            if [ -n "$resize_img" ]; then
+                local args=(resize --no-progress --size 96M "$resize_img")
+                [ "$1" = resize-grow ] || args=(resize --no-progress --size 64M --allow-shrink "$resize_img")
+                echo "== $(date +%T) rbd ${args[*]}" >> "$work/host-actions.log"
+                if rbd_cli "${args[@]}" >> "$work/host-actions.log" 2>&1; then
+                    host_check "rbd/$1" PASS "rbd ${args[*]} in the cluster, no daemon command"
+                else
+                    host_check "rbd/$1" FAIL "rbd ${args[*]}: $(tail -n 1 "$work/host-actions.log")"
+                fi
+                return
+            fi
+            cmd="lun resize device=0 lun=0 size=96M"
+            [ "$1" = resize-grow ] || cmd="lun resize device=0 lun=0 size=64M" ;;
         *) say "the guest asked for '$1'"; return ;;
     esac
     "$bin" admin --admin-socket "$work/admin.sock" $cmd >> "$work/host-actions.log" 2>&1 ||
@@ -543,7 +596,7 @@ if start_daemon; then
         # the daemon withholds it), ring-poll with --poll ring, the
         # doorbells with the patched guest.
         st="$work/stats.json"
-        modes=$(grep -o '"mode": *"[a-z-]*"' "$st" 2>/dev/null | sed 's/.*"\([a-z-]*\)"$/\1/' | sort -u | tr '\n' ' ')
+        modes=$({ grep -o '"mode": *"[a-z-]*"' "$st" 2>/dev/null || true; } | sed 's/.*"\([a-z-]*\)"$/\1/' | sort -u | tr '\n' ' ')
         what="kicks and calls (bit 42 not negotiated)"
         [ "$queue_mode" = sqcq ] && what="SQ/CQ doorbells (bit 42 negotiated)"
         [ "$queue_mode" = ring-poll ] && what="ring polling (bit 42 not negotiated)"
