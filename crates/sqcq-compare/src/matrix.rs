@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::run::{self, Case, Cell, Figures, RunError};
+use crate::run::{self, Case, Cell, Figures, RunError, Watched};
 
 /// What to run.
 #[derive(Clone, Debug, Serialize)]
@@ -43,6 +43,13 @@ pub struct Plan {
     pub ramp: Duration,
     /// Runs per cell and mode.
     pub repeat: u32,
+    /// An RBD image every target serves instead of a null disk (the
+    /// bench's `--target-rbd`), one target after the other.
+    pub rbd: Option<String>,
+    /// CPUs of the targets started (the bench's `--target-cpus`).
+    pub target_cpus: Option<String>,
+    /// Other processes whose CPU time per I/O each run measures.
+    pub watch: Vec<Watched>,
 }
 
 /// A plan that cannot run.
@@ -59,6 +66,9 @@ pub enum PlanError {
         /// The device count.
         devices: u32,
     },
+    /// An RBD image with a target or a device count that cannot serve it.
+    #[error("--rbd: only sqcqd and qemu-storage-daemon serve an RBD image, one device each")]
+    RbdTarget,
     /// Several devices with a target that serves one.
     #[error("--device-count {devices}: only sqcqd serves several devices, not {target}")]
     OneDeviceTarget {
@@ -98,6 +108,15 @@ impl Plan {
                 jobs,
                 devices: self.device_count,
             });
+        }
+        if self.rbd.is_some()
+            && (self.device_count > 1
+                || self
+                    .targets
+                    .iter()
+                    .any(|t| t != "sqcqd" && t != "qemu-storage-daemon"))
+        {
+            return Err(PlanError::RbdTarget);
         }
         if let Some(target) = self.targets.iter().find(|t| *t != "sqcqd")
             && self.device_count > 1
@@ -265,6 +284,9 @@ pub(crate) mod tests {
             runtime: Duration::from_secs(1),
             ramp: Duration::ZERO,
             repeat: 1,
+            rbd: None,
+            target_cpus: None,
+            watch: Vec::new(),
         }
     }
 
@@ -392,6 +414,19 @@ pub(crate) mod tests {
             ..plan()
         };
         assert_eq!(no_workers.check(), Err(PlanError::Empty("--workers")));
+        let rbd = |targets: &[&str], device_count| Plan {
+            targets: targets.iter().map(|t| (*t).to_string()).collect(),
+            device_count,
+            jobs: vec![device_count],
+            rbd: Some("pool=p,image=i".into()),
+            ..plan()
+        };
+        assert_eq!(rbd(&["sqcqd", "qemu-storage-daemon"], 1).check(), Ok(()));
+        assert_eq!(
+            rbd(&["sqcqd", "vhost-device-scsi"], 1).check(),
+            Err(PlanError::RbdTarget)
+        );
+        assert_eq!(rbd(&["sqcqd"], 2).check(), Err(PlanError::RbdTarget));
         assert_eq!(plan().check(), Ok(()));
     }
 
