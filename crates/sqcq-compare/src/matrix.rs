@@ -5,7 +5,8 @@
 //! Cells that differ only in the worker count form a group; within a group
 //! the worker counts and the modes are interleaved, repeat by repeat, so
 //! that slow drifts of the machine hit every point of the workers axis
-//! alike.
+//! alike; groups that differ only in the target run as one batch, so the
+//! targets take turns as well.
 
 use std::path::Path;
 use std::time::Duration;
@@ -166,6 +167,26 @@ impl Plan {
         groups
     }
 
+    /// The groups as they run: those that differ only in the target
+    /// merged (in report order of their first), so that the targets, like
+    /// the worker counts and the modes, take turns repeat by repeat and
+    /// see the same machine and the same cluster.
+    pub fn batches(&self) -> Vec<Vec<Cell>> {
+        let key = |c: &Cell| Cell {
+            target: String::new(),
+            workers: None,
+            ..c.clone()
+        };
+        let mut batches: Vec<Vec<Cell>> = Vec::new();
+        for group in self.groups() {
+            match batches.iter_mut().find(|b| key(&b[0]) == key(&group[0])) {
+                Some(batch) => batch.extend(group),
+                None => batches.push(group),
+            }
+        }
+        batches
+    }
+
     /// The cells in report order: the groups' cells one after the other.
     pub fn cells(&self) -> Vec<Cell> {
         self.groups().into_iter().flatten().collect()
@@ -214,10 +235,11 @@ pub fn schedule(group: &[Cell], modes: &[String], repeat: u32) -> Vec<Case> {
     cases
 }
 
-/// Runs every case, group by group in [`schedule`] order, and reports
+/// Runs every case, batch by batch ([`Plan::batches`]) in [`schedule`]
+/// order, and reports
 /// each (cell, mode) in report order.
 pub fn run_all(bench: &Path, plan: &Plan) -> Result<Vec<Outcome>, RunError> {
-    let groups = plan.groups();
+    let groups = plan.batches();
     let total =
         groups.iter().map(Vec::len).sum::<usize>() * plan.modes.len() * plan.repeat as usize;
     let mut done = 0;
@@ -428,6 +450,34 @@ pub(crate) mod tests {
         );
         assert_eq!(rbd(&["sqcqd"], 2).check(), Err(PlanError::RbdTarget));
         assert_eq!(plan().check(), Ok(()));
+    }
+
+    #[test]
+    fn targets_take_turns_repeat_by_repeat() {
+        let plan = Plan {
+            devices: vec!["blk".into()],
+            targets: vec!["sqcqd".into(), "qemu-storage-daemon".into()],
+            qd: vec![1, 32],
+            ..plan()
+        };
+        let batches = plan.batches();
+        assert_eq!(batches.len(), 2, "one per depth");
+        let order: Vec<(String, u32)> = schedule(&batches[0], &plan.modes, 2)
+            .into_iter()
+            .map(|c| (c.cell.target, c.cell.qd))
+            .collect();
+        let run = |t: &str| (t.to_string(), 1);
+        assert_eq!(
+            order,
+            [
+                run("sqcqd"),
+                run("qemu-storage-daemon"),
+                run("sqcqd"),
+                run("qemu-storage-daemon")
+            ]
+        );
+        // Every cell runs, once per batch.
+        assert_eq!(batches.concat().len(), plan.cells().len());
     }
 
     #[test]
