@@ -5,7 +5,7 @@
 # every daemon on 127.0.0.1 only, pool size 1; a pool `sqcq` with the rbd
 # application, and a client `client.sqcq` with the rbd profile's caps.
 #
-# Usage: scripts/ceph-cluster.sh start|stop|status|env|kill-osd
+# Usage: scripts/ceph-cluster.sh start|stop|status|env|kill-osd|pause-mon|resume-mon
 #
 #   start   installs the packages if missing (as root), creates the cluster
 #           on first use, starts whichever daemon is not running (a running
@@ -18,6 +18,9 @@
 #           SQCQ_CEPH_KEYRING.
 #   kill-osd  kills the OSD with SIGKILL, for failure tests (`start`
 #           brings it back with its data).
+#   pause-mon  stops the monitor with SIGSTOP: it keeps its sockets but
+#           answers nothing, as a hung or cut-off monitor (failure tests).
+#   resume-mon  lets it go on (SIGCONT); `start` does too.
 #
 # Environment: SQCQ_CEPH_DIR (work directory, default /var/tmp/sqcq-ceph),
 # SQCQ_CEPH_PORT (the monitor's msgr2 port, default 13300; the OSD and the
@@ -145,11 +148,17 @@ create() {
     touch "$dir/created"
 }
 
-# Starts whichever daemon of an existing cluster is not running.
+# Starts whichever daemon of an existing cluster is not running, and lets
+# a paused monitor go on.
 restart_daemons() {
+    resume_mon
     pid_alive mon.a || ceph-mon --conf "$conf" -i a 2>>"$dir/log/start.log"
     pid_alive mgr.x || ceph-mgr --conf "$conf" -i x 2>>"$dir/log/start.log"
     pid_alive osd.0 || ceph-osd --conf "$conf" -i 0 2>>"$dir/log/start.log"
+}
+
+resume_mon() {
+    if pid_alive mon.a; then kill -CONT "$(cat "$dir/run/mon.a.pid")"; fi
 }
 
 wait_healthy() {
@@ -179,6 +188,7 @@ print_env() {
 
 stop() {
     local name pid
+    resume_mon
     for name in osd.0 mgr.x mon.a; do
         if pid_alive "$name"; then
             pid="$(cat "$dir/run/$name.pid")"
@@ -214,12 +224,17 @@ kill-osd)
     kill -9 "$pid"
     while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
     ;;
+pause-mon)
+    pid_alive mon.a || { say "the monitor is not running"; exit 1; }
+    kill -STOP "$(cat "$dir/run/mon.a.pid")"
+    ;;
+resume-mon) resume_mon ;;
 env)
     [ -e "$dir/created" ] || { say "no cluster in $dir (scripts/ceph-cluster.sh start)"; exit 1; }
     print_env
     ;;
 *)
-    echo "usage: $0 start|stop|status|env|kill-osd" >&2
+    echo "usage: $0 start|stop|status|env|kill-osd|pause-mon|resume-mon" >&2
     exit 2
     ;;
 esac

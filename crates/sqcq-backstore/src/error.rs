@@ -73,6 +73,12 @@ pub enum BackstoreError {
     /// The kernel failed the I/O.
     #[error("I/O error")]
     Io(#[source] io::Error),
+    /// The Ceph cluster failed the request (librbd's result): a time-out
+    /// (`ETIMEDOUT`, after `rados_osd_op_timeout`), this client
+    /// blocklisted (`ESHUTDOWN`), an OSD's `EIO`, and so on. Apart from
+    /// [`BackstoreError::Io`] so that the daemon counts it apart.
+    #[error("the Ceph cluster failed the request")]
+    CephIo(#[source] io::Error),
     /// Fewer bytes were transferred than asked for.
     #[error("short transfer: {done} of {expected} bytes")]
     ShortTransfer {

@@ -133,6 +133,18 @@ pub struct Args {
     /// queues are spread over them round robin).
     #[arg(long = "target-workers", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub target_workers: u16,
+    /// Serve an existing Ceph RBD image instead of a null (or RAM) disk,
+    /// on a target started here (sqcqd, qemu-storage-daemon):
+    /// `pool=P,image=I[,conf=PATH][,id=USER]` (conf: `$CEPH_CONF` when
+    /// not given; the user's keyring comes from the configuration). sqcqd
+    /// serves it with `--lun kind=rbd,...`, qemu-storage-daemon with its
+    /// `rbd` block driver, both with librbd's cache off.
+    #[arg(long = "target-rbd", value_parser = RbdImage::parse)]
+    pub target_rbd: Option<RbdImage>,
+    /// CPUs for a target started here (`taskset -c` syntax: `0`, `0-1`),
+    /// so that it and this process can be pinned apart.
+    #[arg(long = "target-cpus")]
+    pub target_cpus: Option<String>,
     /// SCSI target id and LUN to drive.
     #[arg(long, default_value_t = 0)]
     pub lun: u16,
@@ -262,6 +274,48 @@ impl From<PollThreadsArg> for PollThreads {
 pub enum Verify {
     /// A header per block with its LBA and a CRC-32C of the block.
     Crc32c,
+}
+
+/// `--target-rbd`: an RBD image a started target serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdImage {
+    /// The pool.
+    pub pool: String,
+    /// The image.
+    pub image: String,
+    /// The Ceph configuration file.
+    pub conf: Option<String>,
+    /// The cephx user, without `client.`.
+    pub id: Option<String>,
+}
+
+impl RbdImage {
+    /// Parses `pool=P,image=I[,conf=PATH][,id=USER]`.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let (mut pool, mut image, mut conf, mut id) = (None, None, None, None);
+        for pair in spec.split(',') {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not key=value"))?;
+            if value.is_empty() {
+                return Err(format!("{key}= is empty"));
+            }
+            let slot = match key {
+                "pool" => &mut pool,
+                "image" => &mut image,
+                "conf" => &mut conf,
+                "id" => &mut id,
+                _ => return Err(format!("unknown key {key:?} (pool, image, conf, id)")),
+            };
+            *slot = Some(value.to_string());
+        }
+        Ok(Self {
+            pool: pool.ok_or("pool= is required")?,
+            image: image.ok_or("image= is required")?,
+            conf: conf.or_else(|| std::env::var("CEPH_CONF").ok()),
+            id,
+        })
+    }
 }
 
 /// `--target`.
@@ -462,5 +516,33 @@ mod tests {
         let a = Args::try_parse_from(["sqcq-bench", "--devices", "3"]).unwrap();
         assert_eq!((a.devices, a.socket.len()), (3, 0));
         assert!(Args::try_parse_from(["sqcq-bench", "--devices", "0"]).is_err());
+    }
+
+    #[test]
+    fn rbd_images_are_parsed() {
+        let a = Args::try_parse_from([
+            "sqcq-bench",
+            "--target-rbd",
+            "pool=p,image=i,conf=/c,id=u",
+            "--target-cpus",
+            "0",
+        ])
+        .unwrap();
+        let rbd = a.target_rbd.unwrap();
+        assert_eq!((rbd.pool.as_str(), rbd.image.as_str()), ("p", "i"));
+        assert_eq!(
+            (rbd.conf.as_deref(), rbd.id.as_deref()),
+            (Some("/c"), Some("u"))
+        );
+        assert_eq!(a.target_cpus.as_deref(), Some("0"));
+        for bad in [
+            "pool=p",
+            "image=i",
+            "pool=p,image=i,size=1",
+            "pool=,image=i",
+            "pool",
+        ] {
+            assert!(RbdImage::parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -91,6 +91,16 @@ fn check_args(args: &Args) -> Result<(), BenchError> {
         return Err(usage("--time_based needs --runtime"));
     }
     let device = DeviceType::from(args.device_type);
+    if args.target_rbd.is_some() {
+        if !args.socket.is_empty() || args.target == TargetKind::VhostDeviceScsi {
+            return Err(usage(
+                "--target-rbd: only a sqcqd or qemu-storage-daemon started here serves an RBD image",
+            ));
+        }
+        if args.devices > 1 {
+            return Err(usage("--target-rbd: one device only"));
+        }
+    }
     if args.devices > 1 && !args.socket.is_empty() {
         return Err(usage(
             "--devices is for a target started here: give --socket once per device instead",
@@ -130,6 +140,8 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
         workers: args.target_workers,
         ring_poll: args.mode == NotifyMode::RingPoll,
         stats_interval: Some(args.stats_interval),
+        rbd: args.target_rbd.as_ref(),
+        cpus: args.target_cpus.as_deref(),
     };
     if let Some(bin) = find_binary(args.target.binary(), explicit) {
         return Ok(Target::start(

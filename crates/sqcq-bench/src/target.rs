@@ -13,12 +13,14 @@ use sqcq_driver::DeviceType;
 use crate::cpu::{CpuTime, ThreadCpu, proc_cpu_time, thread_cpu_times};
 use crate::sqcqd_config::MultiDevice;
 
-use crate::args::TargetKind;
+use crate::args::{RbdImage, TargetKind};
 
 /// How long a started target gets to create its socket.
 const STARTUP: Duration = Duration::from_secs(10);
 /// How long a target gets to exit on its own after we disconnect.
 const SHUTDOWN: Duration = Duration::from_secs(2);
+/// How long a target serving an RBD image gets to close it after SIGTERM.
+const RBD_CLOSE: Duration = Duration::from_secs(10);
 
 /// Errors starting a target.
 #[derive(Debug, thiserror::Error)]
@@ -73,11 +75,15 @@ pub struct Target {
     notes: Vec<String>,
     /// Set once [`Target::wait_exit`] has given the target its time.
     waited: bool,
+    /// It serves an RBD image: stopped with SIGTERM, so that it closes
+    /// the image and gives its exclusive lock back (a killed client keeps
+    /// it until the OSD drops its watch, and the next run would wait).
+    rbd: bool,
 }
 
 /// What the bench asks of a target it starts, beyond the LUN.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct TargetOptions {
+pub struct TargetOptions<'a> {
     /// The device type to serve.
     pub device: DeviceType,
     /// Devices to serve, each on its own socket with its own LUN or disk
@@ -92,6 +98,11 @@ pub struct TargetOptions {
     pub ring_poll: bool,
     /// Ask for per-queue statistics (`--stats-file`, `--stats-interval`).
     pub stats_interval: Option<Duration>,
+    /// Serve this RBD image instead of a null or RAM disk (sqcqd,
+    /// qemu-storage-daemon).
+    pub rbd: Option<&'a RbdImage>,
+    /// Run the target on these CPUs (`taskset -c` syntax).
+    pub cpus: Option<&'a str>,
 }
 
 /// Whether `bin --help` mentions `flag`: the options of sqcqd grow with
@@ -145,7 +156,7 @@ impl Target {
         bin: PathBuf,
         size: u64,
         keep_data: bool,
-        options: TargetOptions,
+        options: TargetOptions<'_>,
     ) -> Result<Self, TargetError> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -173,7 +184,15 @@ impl Target {
         let socket = &sockets[0];
         let log_path = dir.join("target.log");
         let log = File::create(&log_path).map_err(prepare(&log_path))?;
-        let mut cmd = Command::new(&bin);
+        let mut cmd = match options.cpus {
+            // taskset execs the target: the pid stays the target's.
+            Some(cpus) => {
+                let mut cmd = Command::new("taskset");
+                cmd.args(["-c", cpus]).arg(&bin);
+                cmd
+            }
+            None => Command::new(&bin),
+        };
         let mut stats_file = None;
         let mut notes = Vec::new();
         match kind {
@@ -184,7 +203,10 @@ impl Target {
                     if options.device == DeviceType::Blk {
                         cmd.args(["--device-type", "blk"]);
                     }
-                    cmd.arg("--lun").arg(format!("kind={kind},size={size}"));
+                    cmd.arg("--lun").arg(match options.rbd {
+                        Some(rbd) => sqcqd_rbd_lun(rbd),
+                        None => format!("kind={kind},size={size}"),
+                    });
                     if options.queues > 1 {
                         cmd.arg("--num-queues").arg(options.queues.to_string());
                     }
@@ -239,7 +261,9 @@ impl Target {
                 cmd.arg("--socket-path").arg(socket).arg(&image);
             }
             TargetKind::QemuStorageDaemon => {
-                let node = if keep_data {
+                let node = if let Some(rbd) = options.rbd {
+                    qsd_rbd_node(rbd)
+                } else if keep_data {
                     let image = dir.join("disk0.img");
                     let file = File::create(&image).map_err(prepare(&image))?;
                     file.set_len(size).map_err(prepare(&image))?;
@@ -274,6 +298,7 @@ impl Target {
             stats_file,
             notes,
             waited: false,
+            rbd: options.rbd.is_some(),
         };
         target.wait_for_socket()?;
         Ok(target)
@@ -369,11 +394,69 @@ impl Target {
     }
 }
 
+impl Target {
+    /// Sends SIGTERM and waits (up to [`RBD_CLOSE`]) for the target to
+    /// exit, closing its image.
+    fn terminate(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        let Ok(pid) = libc::pid_t::try_from(self.child.id()) else {
+            return;
+        };
+        // SAFETY: kill(2) on our own child, not yet reaped (try_wait
+        // above saw it running), so the pid is still its.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < RBD_CLOSE {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// sqcqd's `--lun` for `rbd`.
+fn sqcqd_rbd_lun(rbd: &RbdImage) -> String {
+    let mut lun = format!("kind=rbd,pool={},image={}", rbd.pool, rbd.image);
+    if let Some(conf) = &rbd.conf {
+        lun += &format!(",conf={conf}");
+    }
+    if let Some(id) = &rbd.id {
+        lun += &format!(",id={id}");
+    }
+    lun
+}
+
+/// qemu-storage-daemon's `--blockdev` for `rbd`: QEMU's `rbd` driver
+/// (Debian's qemu-block-extra), with `cache.direct=on`, which turns
+/// librbd's cache off (`rbd_cache=false`) as sqcqd always does.
+fn qsd_rbd_node(rbd: &RbdImage) -> String {
+    // QEMU's option syntax doubles a comma inside a value.
+    let q = |v: &str| v.replace(',', ",,");
+    let mut node = format!(
+        "driver=rbd,node-name=disk0,cache.direct=on,pool={},image={}",
+        q(&rbd.pool),
+        q(&rbd.image)
+    );
+    if let Some(conf) = &rbd.conf {
+        node += &format!(",conf={}", q(conf));
+    }
+    if let Some(id) = &rbd.id {
+        node += &format!(",user={}", q(id));
+    }
+    node
+}
+
 impl Drop for Target {
     /// Lets the target exit on its own after the disconnect (briefly), then
     /// kills it, and removes the temporary directory.
     fn drop(&mut self) {
         self.wait_exit();
+        if self.rbd {
+            self.terminate();
+        }
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();

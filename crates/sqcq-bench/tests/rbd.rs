@@ -137,6 +137,56 @@ fn a_missing_image_stops_sqcqd_with_one_clear_line() {
     );
 }
 
+#[test]
+fn monitors_that_do_not_answer_stop_sqcqd_with_one_clear_line_in_bounded_time() {
+    let Some(ceph) = Ceph::get() else { return };
+    let Some(bin) = sqcqd() else { return };
+    let dir = Scratch::new("rbd", "deadmon");
+    // A "monitor" that accepts connections (the kernel completes them
+    // into the backlog) and never says a word: an address that does not
+    // answer, unlike a closed port, which refuses at once.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let conf = dir.0.join("ceph.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "[global]\nmon host = v2:127.0.0.1:{port}\nms bind msgr1 = false\n\
+             auth client required = cephx\n[client]\nclient mount timeout = 3\n"
+        ),
+    )
+    .unwrap();
+    let lun = format!(
+        "kind=rbd,pool={},image=any,conf={},id={},keyring={}",
+        ceph.pool,
+        conf.display(),
+        ceph.id,
+        ceph.keyring
+    );
+    let start = Instant::now();
+    let out = Command::new(&bin)
+        .arg("--socket-path")
+        .arg(dir.0.join("vhost.sock"))
+        .args(["--device-type", "blk", "--lun", &lun])
+        .output()
+        .unwrap();
+    // A hang guard, not a timing: the connect gives up after the
+    // configuration's 3 s.
+    assert!(start.elapsed() < Duration::from_secs(60));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains(&format!(
+            "cannot connect to the Ceph cluster as client.{}",
+            ceph.id
+        )),
+        "{stderr}"
+    );
+    drop(silent);
+}
+
 /// LUN 0's blocks as `sqcqd rpc device_list` reports them.
 fn blocks(bin: &Path, admin: &Path) -> u64 {
     let out = Command::new(bin)

@@ -93,6 +93,22 @@ struct Args {
     /// The load generator (default: sqcq-bench next to this program).
     #[arg(long)]
     bench: Option<PathBuf>,
+    /// Serve this Ceph RBD image instead of a null disk, on every target
+    /// (sqcqd with `--lun kind=rbd`, qemu-storage-daemon with QEMU's rbd
+    /// driver, both with librbd's cache off), one run after the other:
+    /// `pool=P,image=I[,conf=PATH][,id=USER]`. The image must exist;
+    /// write it whole first, so that reads find data (scripts/bench-rbd.sh
+    /// does both).
+    #[arg(long)]
+    rbd: Option<String>,
+    /// CPUs for the targets started (`taskset -c` syntax); run this
+    /// program under `taskset` too to keep the driver off them.
+    #[arg(long)]
+    target_cpus: Option<String>,
+    /// Also measure this process's CPU time per I/O in each run, `NAME=PID`
+    /// (repeatable): a Ceph OSD the targets share, say.
+    #[arg(long, value_parser = run::Watched::parse)]
+    watch: Vec<run::Watched>,
     /// Directory for results.json and iops.svg, and workers.svg with a
     /// workers axis.
     #[arg(long, default_value = "target/compare")]
@@ -139,6 +155,9 @@ impl Args {
             runtime: Duration::from_secs_f64(self.runtime),
             ramp: Duration::from_secs_f64(self.ramp),
             repeat: self.repeat.unwrap_or(repeat).max(1),
+            rbd: self.rbd.clone(),
+            target_cpus: self.target_cpus.clone(),
+            watch: self.watch.clone(),
         };
         if self.long {
             plan.runtime = Duration::from_secs(10);

@@ -5,7 +5,8 @@
 //! Cells that differ only in the worker count form a group; within a group
 //! the worker counts and the modes are interleaved, repeat by repeat, so
 //! that slow drifts of the machine hit every point of the workers axis
-//! alike.
+//! alike; groups that differ only in the target run as one batch, so the
+//! targets take turns as well.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::run::{self, Case, Cell, Figures, RunError};
+use crate::run::{self, Case, Cell, Figures, RunError, Watched};
 
 /// What to run.
 #[derive(Clone, Debug, Serialize)]
@@ -43,6 +44,13 @@ pub struct Plan {
     pub ramp: Duration,
     /// Runs per cell and mode.
     pub repeat: u32,
+    /// An RBD image every target serves instead of a null disk (the
+    /// bench's `--target-rbd`), one target after the other.
+    pub rbd: Option<String>,
+    /// CPUs of the targets started (the bench's `--target-cpus`).
+    pub target_cpus: Option<String>,
+    /// Other processes whose CPU time per I/O each run measures.
+    pub watch: Vec<Watched>,
 }
 
 /// A plan that cannot run.
@@ -59,6 +67,9 @@ pub enum PlanError {
         /// The device count.
         devices: u32,
     },
+    /// An RBD image with a target or a device count that cannot serve it.
+    #[error("--rbd: only sqcqd and qemu-storage-daemon serve an RBD image, one device each")]
+    RbdTarget,
     /// Several devices with a target that serves one.
     #[error("--device-count {devices}: only sqcqd serves several devices, not {target}")]
     OneDeviceTarget {
@@ -98,6 +109,15 @@ impl Plan {
                 jobs,
                 devices: self.device_count,
             });
+        }
+        if self.rbd.is_some()
+            && (self.device_count > 1
+                || self
+                    .targets
+                    .iter()
+                    .any(|t| t != "sqcqd" && t != "qemu-storage-daemon"))
+        {
+            return Err(PlanError::RbdTarget);
         }
         if let Some(target) = self.targets.iter().find(|t| *t != "sqcqd")
             && self.device_count > 1
@@ -145,6 +165,26 @@ impl Plan {
             }
         }
         groups
+    }
+
+    /// The groups as they run: those that differ only in the target
+    /// merged (in report order of their first), so that the targets, like
+    /// the worker counts and the modes, take turns repeat by repeat and
+    /// see the same machine and the same cluster.
+    pub fn batches(&self) -> Vec<Vec<Cell>> {
+        let key = |c: &Cell| Cell {
+            target: String::new(),
+            workers: None,
+            ..c.clone()
+        };
+        let mut batches: Vec<Vec<Cell>> = Vec::new();
+        for group in self.groups() {
+            match batches.iter_mut().find(|b| key(&b[0]) == key(&group[0])) {
+                Some(batch) => batch.extend(group),
+                None => batches.push(group),
+            }
+        }
+        batches
     }
 
     /// The cells in report order: the groups' cells one after the other.
@@ -195,10 +235,11 @@ pub fn schedule(group: &[Cell], modes: &[String], repeat: u32) -> Vec<Case> {
     cases
 }
 
-/// Runs every case, group by group in [`schedule`] order, and reports
+/// Runs every case, batch by batch ([`Plan::batches`]) in [`schedule`]
+/// order, and reports
 /// each (cell, mode) in report order.
 pub fn run_all(bench: &Path, plan: &Plan) -> Result<Vec<Outcome>, RunError> {
-    let groups = plan.groups();
+    let groups = plan.batches();
     let total =
         groups.iter().map(Vec::len).sum::<usize>() * plan.modes.len() * plan.repeat as usize;
     let mut done = 0;
@@ -265,6 +306,9 @@ pub(crate) mod tests {
             runtime: Duration::from_secs(1),
             ramp: Duration::ZERO,
             repeat: 1,
+            rbd: None,
+            target_cpus: None,
+            watch: Vec::new(),
         }
     }
 
@@ -392,7 +436,48 @@ pub(crate) mod tests {
             ..plan()
         };
         assert_eq!(no_workers.check(), Err(PlanError::Empty("--workers")));
+        let rbd = |targets: &[&str], device_count| Plan {
+            targets: targets.iter().map(|t| (*t).to_string()).collect(),
+            device_count,
+            jobs: vec![device_count],
+            rbd: Some("pool=p,image=i".into()),
+            ..plan()
+        };
+        assert_eq!(rbd(&["sqcqd", "qemu-storage-daemon"], 1).check(), Ok(()));
+        assert_eq!(
+            rbd(&["sqcqd", "vhost-device-scsi"], 1).check(),
+            Err(PlanError::RbdTarget)
+        );
+        assert_eq!(rbd(&["sqcqd"], 2).check(), Err(PlanError::RbdTarget));
         assert_eq!(plan().check(), Ok(()));
+    }
+
+    #[test]
+    fn targets_take_turns_repeat_by_repeat() {
+        let plan = Plan {
+            devices: vec!["blk".into()],
+            targets: vec!["sqcqd".into(), "qemu-storage-daemon".into()],
+            qd: vec![1, 32],
+            ..plan()
+        };
+        let batches = plan.batches();
+        assert_eq!(batches.len(), 2, "one per depth");
+        let order: Vec<(String, u32)> = schedule(&batches[0], &plan.modes, 2)
+            .into_iter()
+            .map(|c| (c.cell.target, c.cell.qd))
+            .collect();
+        let run = |t: &str| (t.to_string(), 1);
+        assert_eq!(
+            order,
+            [
+                run("sqcqd"),
+                run("qemu-storage-daemon"),
+                run("sqcqd"),
+                run("qemu-storage-daemon")
+            ]
+        );
+        // Every cell runs, once per batch.
+        assert_eq!(batches.concat().len(), plan.cells().len());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::{plot, scaling};
 pub struct Machine {
     /// CPU model.
     pub cpu: String,
-    /// Online CPUs.
+    /// The machine's CPUs (this process may be pinned to fewer).
     pub cpus: usize,
     /// Kernel release.
     pub kernel: String,
@@ -51,7 +51,13 @@ impl Machine {
             .unwrap_or_default()
             .trim()
             .to_string();
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        // /proc/cpuinfo lists every CPU, also those a `taskset` keeps
+        // this process off.
+        let cpus = cpuinfo
+            .lines()
+            .filter(|l| l.starts_with("processor"))
+            .count()
+            .max(1);
         Machine {
             cpu,
             cpus,
@@ -119,10 +125,59 @@ fn table(
     out
 }
 
+/// sqcqd's cell that runs what `peer` runs (its first worker count).
+fn sqcqd_twin(plan: &Plan, peer: &Cell) -> Cell {
+    Cell {
+        target: "sqcqd".into(),
+        workers: plan.workers.first().copied(),
+        ..peer.clone()
+    }
+}
+
+/// sqcqd against each peer it ran beside: per peer cell and mode, sqcqd's
+/// IOPS over the peer's, and sqcqd's target CPU per I/O over the peer's.
+fn against_peers(plan: &Plan, results: &[Outcome]) -> String {
+    let peers: Vec<Cell> = plan
+        .cells()
+        .into_iter()
+        .filter(|c| c.target != "sqcqd")
+        .collect();
+    if peers.is_empty() || !plan.targets.iter().any(|t| t == "sqcqd") {
+        return String::new();
+    }
+    let mut out = "
+sqcqd against the peer, same mode: IOPS ratio / target CPU per I/O ratio
+"
+    .to_string();
+    let _ = write!(out, "{:<36}", "Test");
+    for m in &plan.modes {
+        let _ = write!(out, " {m:>18}");
+    }
+    out.push('\n');
+    for peer in peers {
+        let ours = sqcqd_twin(plan, &peer);
+        let _ = write!(out, "{:<36}", peer.label());
+        for m in &plan.modes {
+            let median = |c: &Cell| find(results, c, m).and_then(|o| o.median.as_ref());
+            let text = match (median(&ours), median(&peer)) {
+                (Some(a), Some(b)) if b.iops > 0.0 && b.target_cpu_us > 0.0 => format!(
+                    "{:.2}x / {:.2}x",
+                    a.iops / b.iops,
+                    a.target_cpu_us / b.target_cpu_us
+                ),
+                _ => "-".into(),
+            };
+            let _ = write!(out, " {text:>18}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// All tables as text.
 pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
     let mut out = format!(
-        "sqcq-compare: {} CPU(s) {}, kernel {}, load average {}{}\n{} s measured + {} s warm-up per run, median of {} run(s), block size {}, null LUN or disk\n",
+        "sqcq-compare: {} CPU(s) {}, kernel {}, load average {}{}\n{} s measured + {} s warm-up per run, median of {} run(s), block size {}, {}\n",
         machine.cpus,
         machine.cpu,
         machine.kernel,
@@ -137,7 +192,14 @@ pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
         plan.ramp.as_secs_f64(),
         plan.repeat,
         plan.bs,
+        plan.rbd.as_ref().map_or_else(
+            || "null LUN or disk".to_string(),
+            |rbd| format!("RBD image {rbd}")
+        ),
     );
+    if let Some(cpus) = &plan.target_cpus {
+        let _ = writeln!(out, "targets on CPU(s) {cpus}");
+    }
     out += &table(
         plan,
         results,
@@ -154,12 +216,28 @@ pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
     out += &table(plan, results, "p50 latency (us)", &|f, _| {
         format!("{:.1}", f.p50_us)
     });
+    out += &table(plan, results, "p99 latency (us)", &|f, _| {
+        format!("{:.1}", f.p99_us)
+    });
     out += &table(plan, results, "kicks + calls per I/O", &|f, _| {
         format!("{:.3}", f.kicks_per_io + f.calls_per_io)
     });
     out += &table(plan, results, "CPU us per I/O: driver / target", &|f, _| {
         format!("{:.1} / {:.1}", f.driver_cpu_us, f.target_cpu_us)
     });
+    for (i, w) in plan.watch.iter().enumerate() {
+        out += &table(
+            plan,
+            results,
+            &format!("CPU us per I/O of {} (pid {})", w.name, w.pid),
+            &|f, _| {
+                f.watched_cpu_us
+                    .get(i)
+                    .map_or_else(|| "-".into(), |us| format!("{us:.1}"))
+            },
+        );
+    }
+    out += &against_peers(plan, results);
     if results
         .iter()
         .any(|o| o.median.as_ref().is_some_and(|f| f.mode_run != o.case.mode))
@@ -275,6 +353,42 @@ mod tests {
             text.contains("load average 0 at the start, 3.5 at the end\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn sqcqd_is_set_against_each_peer() {
+        let plan = Plan {
+            devices: vec!["blk".into()],
+            targets: vec!["sqcqd".into(), "qemu-storage-daemon".into()],
+            ..crate::matrix::tests::plan()
+        };
+        let at = |target: &str, iops: f64, cpu: f64| {
+            let mut o = outcome("notify", iops);
+            o.case.cell.device = "blk".into();
+            o.case.cell.target = target.into();
+            if target != "sqcqd" {
+                o.case.cell.workers = None;
+            }
+            if let Some(f) = o.median.as_mut() {
+                f.target_cpu_us = cpu;
+            }
+            o
+        };
+        let results = [
+            at("sqcqd", 30_000.0, 10.0),
+            at("qemu-storage-daemon", 20_000.0, 20.0),
+        ];
+        let text = against_peers(&plan, &results);
+        assert!(
+            text.contains("qemu-storage-daemon blk randread QD1 NJ1")
+                && text.contains("1.50x / 0.50x"),
+            "{text}"
+        );
+        let alone = Plan {
+            targets: vec!["sqcqd".into()],
+            ..plan
+        };
+        assert_eq!(against_peers(&alone, &results), "");
     }
 
     #[test]

@@ -147,6 +147,49 @@ pub struct Figures {
     /// CPU seconds of each of those worker threads over the measured
     /// window.
     pub worker_cpu_s: Vec<f64>,
+    /// CPU microseconds per I/O of each watched process (`--watch`, in
+    /// its order): its CPU time over the whole bench run (start, warm-up,
+    /// measured time, stop) divided by the I/Os of warm-up and measured
+    /// time at the measured rate.
+    pub watched_cpu_us: Vec<f64>,
+}
+
+/// A process whose CPU time each run also measures, such as a Ceph OSD
+/// the targets share (`--watch NAME=PID`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Watched {
+    /// What the report calls it.
+    pub name: String,
+    /// Its process id.
+    pub pid: u32,
+}
+
+impl Watched {
+    /// Parses `NAME=PID`.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let (name, pid) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("{spec:?} is not NAME=PID"))?;
+        let pid = pid.parse().map_err(|_| format!("{pid:?} is not a pid"))?;
+        Ok(Self {
+            name: name.to_string(),
+            pid,
+        })
+    }
+
+    /// Nanoseconds its threads have run so far, from the first field of
+    /// each thread's `/proc/PID/task/TID/schedstat` (`None` once it is
+    /// gone).
+    pub fn cpu_ns(&self) -> Option<u64> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid)).ok()?;
+        Some(
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .sum(),
+        )
+    }
 }
 
 /// Runs `sqcq-bench` once and extracts the figures.
@@ -159,6 +202,13 @@ pub fn run_once(bench: &Path, case: &Case, plan: &Plan) -> Result<(Figures, Valu
     if cell.device_count > 1 {
         cmd.args(["--devices", &cell.device_count.to_string()]);
     }
+    if let Some(rbd) = &plan.rbd {
+        cmd.args(["--target-rbd", rbd]);
+    }
+    if let Some(cpus) = &plan.target_cpus {
+        cmd.args(["--target-cpus", cpus]);
+    }
+    let before: Vec<Option<u64>> = plan.watch.iter().map(Watched::cpu_ns).collect();
     let output = cmd
         .args(["--device-type", &cell.device, "--target", &cell.target])
         .args(["--rw", &cell.rw, "--bs", &plan.bs])
@@ -193,7 +243,17 @@ pub fn run_once(bench: &Path, case: &Case, plan: &Plan) -> Result<(Figures, Valu
     }
     let json: Value =
         serde_json::from_slice(&output.stdout).map_err(|e| RunError::Output(e.to_string()))?;
-    let figures = figures(&json).ok_or_else(|| RunError::Output("missing fields".into()))?;
+    let mut figures = figures(&json).ok_or_else(|| RunError::Output("missing fields".into()))?;
+    let ios = figures.iops * (plan.runtime + plan.ramp).as_secs_f64();
+    figures.watched_cpu_us = plan
+        .watch
+        .iter()
+        .zip(before)
+        .map(|(w, before)| match (before, w.cpu_ns()) {
+            (Some(a), Some(b)) if ios > 0.0 => b.saturating_sub(a) as f64 / 1000.0 / ios,
+            _ => f64::NAN,
+        })
+        .collect();
     Ok((figures, json))
 }
 
@@ -298,6 +358,15 @@ mod tests {
         assert_eq!(cell.label(), "blk randread QD32 NJ4");
         cell.target = "qemu-storage-daemon".into();
         assert_eq!(cell.label(), "qemu-storage-daemon blk randread QD32 NJ4");
+    }
+
+    #[test]
+    fn watched_processes_are_named_pids() {
+        let me = Watched::parse(&format!("me={}", std::process::id())).unwrap();
+        assert_eq!(me.name, "me");
+        assert!(me.cpu_ns().is_some_and(|ns| ns > 0));
+        assert!(Watched::parse("osd").is_err());
+        assert!(Watched::parse("osd=x").is_err());
     }
 
     #[test]

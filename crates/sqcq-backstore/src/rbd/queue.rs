@@ -212,7 +212,7 @@ impl RbdQueue {
         call: impl FnOnce(ffi::rbd_image_t, ffi::rbd_completion_t) -> c_int,
     ) -> Result<(), BackstoreError> {
         let errno =
-            |rc: c_int| BackstoreError::Io(io::Error::from_raw_os_error(rc.saturating_neg()));
+            |rc: c_int| BackstoreError::CephIo(io::Error::from_raw_os_error(rc.saturating_neg()));
         let arg = self
             .shared
             .args
@@ -383,7 +383,7 @@ impl BackstoreQueue for RbdQueue {
             };
             let outcome = match (flush_failed, phase, u32::try_from(result)) {
                 (Some(e), _, _) => Err(e),
-                (None, _, Err(_)) => Err(BackstoreError::Io(io::Error::from_raw_os_error(
+                (None, _, Err(_)) => Err(BackstoreError::CephIo(io::Error::from_raw_os_error(
                     i32::try_from(result.saturating_neg()).unwrap_or(libc::EIO),
                 ))),
                 (None, Phase::Read, Ok(n)) if n != expected => {

@@ -23,7 +23,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use sqcq_backstore::{BackstoreQueue, IoOp};
+use sqcq_backstore::{BackstoreError, BackstoreQueue, IoOp};
 use sqcq_wire::blk::{
     HEADER_SIZE, RequestHeader, RequestType, SECTOR_SIZE, SEGMENT_SIZE, STATUS_SIZE, Segment,
     Status, WRITE_ZEROES_FLAG_UNMAP,
@@ -277,8 +277,10 @@ impl BlkQueue {
     fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, head: u16, req: BlkRequest) {
         match req {
             BlkRequest::Io { op, data_in } => {
-                if !self.submit(mem, head, op, data_in) {
-                    DeviceMetrics::bump(&ring.device().metrics.io_errors);
+                if let Err(e) = self.submit(mem, head, op, data_in) {
+                    ring.device()
+                        .metrics
+                        .count_backstore_failure(matches!(e, Some(BackstoreError::CephIo(_))));
                     self.respond(ring, mem, head, Status::IoErr, 0);
                 }
             }
@@ -299,8 +301,15 @@ impl BlkQueue {
         }
     }
 
-    /// Sends a checked request to the backstore; false if it refused.
-    fn submit(&mut self, mem: &Arc<GuestMem>, head: u16, op: IoOp, data_in: u32) -> bool {
+    /// Sends a checked request to the backstore; the backstore's error if
+    /// it refused, `None` if the guest buffers could not be mapped.
+    fn submit(
+        &mut self,
+        mem: &Arc<GuestMem>,
+        head: u16,
+        op: IoOp,
+        data_in: u32,
+    ) -> Result<(), Option<BackstoreError>> {
         let slot = &mut self.slots[usize::from(head)];
         slot.iov.clear();
         let c = &self.chain;
@@ -318,15 +327,13 @@ impl BlkQueue {
             _ => Ok(()),
         };
         if mapped.is_err() {
-            return false;
+            return Err(None);
         }
         // SAFETY: the iovecs point into guest memory kept mapped by the
         // pin `slot.mem` (taken below, before anything can complete) until the
         // request is reaped; `slot.iov` is not touched while it is in
         // flight (the slot is busy, a duplicate head is refused).
-        if unsafe { self.io.submit(u64::from(head), op, &slot.iov) }.is_err() {
-            return false;
-        }
+        unsafe { self.io.submit(u64::from(head), op, &slot.iov) }.map_err(Some)?;
         slot.busy = true;
         slot.mem = Some(self.pins.pin(mem));
         slot.writable.clone_from(&c.writable);
@@ -337,7 +344,7 @@ impl BlkQueue {
         };
         self.in_flight += 1;
         self.uncommitted = true;
-        true
+        Ok(())
     }
 
     /// Completes what the backstore finished.
@@ -364,7 +371,8 @@ impl BlkQueue {
                 }
                 Err(e) => {
                     let d = ring.device();
-                    DeviceMetrics::bump(&d.metrics.io_errors);
+                    d.metrics
+                        .count_backstore_failure(matches!(e, BackstoreError::CephIo(_)));
                     debug!(device = %d.name, "backstore: {e}");
                     (Status::IoErr, 0)
                 }

@@ -376,8 +376,13 @@ pub struct DeviceMetrics {
     pub bad_control: AtomicU64,
     /// Queues stopped because their ring was corrupt.
     pub broken_rings: AtomicU64,
-    /// Backstore I/O errors reported to the guest as sense data.
+    /// Backstore I/O errors reported to the guest (SCSI sense data, blk
+    /// IOERR), but for those of `ceph_errors`.
     pub io_errors: AtomicU64,
+    /// Requests the Ceph cluster failed (an RBD LUN or disk: librbd's
+    /// time-outs, blocklisting, OSD errors), reported to the guest as
+    /// `io_errors` are but counted apart from them.
+    pub ceph_errors: AtomicU64,
     /// Calls merged into a notification still pending because the
     /// frontend left the call counter saturated.
     pub calls_coalesced: AtomicU64,
@@ -425,6 +430,7 @@ impl DeviceMetrics {
             bad_control: zero(),
             broken_rings: zero(),
             io_errors: zero(),
+            ceph_errors: zero(),
             calls_coalesced: zero(),
             stalled_writes: zero(),
             dead_kicks: zero(),
@@ -443,6 +449,16 @@ impl DeviceMetrics {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a request the backstore failed: in `ceph_errors` when the
+    /// Ceph cluster failed it, else in `io_errors`.
+    pub fn count_backstore_failure(&self, ceph: bool) {
+        Self::bump(if ceph {
+            &self.ceph_errors
+        } else {
+            &self.io_errors
+        });
+    }
+
     /// The figures of virtqueue `vq` (`None` past the last one).
     pub fn queue(&self, vq: u16) -> Option<&QueueMetrics> {
         self.queues.get(usize::from(vq))
@@ -457,7 +473,7 @@ impl DeviceMetrics {
     }
 
     /// The error counters as (name, value) pairs.
-    pub fn errors(&self) -> [(&'static str, u64); 21] {
+    pub fn errors(&self) -> [(&'static str, u64); 22] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("malformed_chains", get(&self.malformed_chains)),
@@ -473,6 +489,7 @@ impl DeviceMetrics {
             ("bad_control", get(&self.bad_control)),
             ("broken_rings", get(&self.broken_rings)),
             ("io_errors", get(&self.io_errors)),
+            ("ceph_errors", get(&self.ceph_errors)),
             ("calls_coalesced", get(&self.calls_coalesced)),
             ("stalled_writes", get(&self.stalled_writes)),
             ("dead_kicks", get(&self.dead_kicks)),

@@ -69,6 +69,8 @@ pub struct Slot {
     pub lba: u64,
     /// The first failure among the operations.
     pub error: Option<ScsiError>,
+    /// That failure came from the Ceph cluster (counted apart).
+    pub ceph_failure: bool,
     /// Host iovecs of the data transfer.
     pub iov: Vec<libc::iovec>,
     /// Replicated WRITE SAME pattern, when the pattern is not zeros.
@@ -122,6 +124,7 @@ impl Slot {
             kind: OpKind::Other,
             lba: 0,
             error: None,
+            ceph_failure: false,
             iov: Vec::new(),
             pattern: Vec::new(),
             backstore: None,
@@ -171,6 +174,7 @@ impl Inflight {
         slot.old = false;
         slot.pending_ops = 0;
         slot.error = None;
+        slot.ceph_failure = false;
         slot.writable.clear();
         slot.iov.clear();
         slot.ranges.clear();

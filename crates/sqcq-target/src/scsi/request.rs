@@ -72,12 +72,18 @@ pub(crate) fn write_response(
 pub(crate) fn medium_error(kind: OpKind, lba: u64, e: &BackstoreError) -> ScsiError {
     match (e, kind) {
         (BackstoreError::ReadOnly, _) => ScsiError::WriteProtected,
-        (BackstoreError::Io(_) | BackstoreError::ShortTransfer { .. }, OpKind::Read) => {
-            ScsiError::UnrecoveredReadError { lba: Some(lba) }
-        }
-        (BackstoreError::Io(_) | BackstoreError::ShortTransfer { .. }, OpKind::Write) => {
-            ScsiError::WriteError { lba: Some(lba) }
-        }
+        (
+            BackstoreError::Io(_)
+            | BackstoreError::CephIo(_)
+            | BackstoreError::ShortTransfer { .. },
+            OpKind::Read,
+        ) => ScsiError::UnrecoveredReadError { lba: Some(lba) },
+        (
+            BackstoreError::Io(_)
+            | BackstoreError::CephIo(_)
+            | BackstoreError::ShortTransfer { .. },
+            OpKind::Write,
+        ) => ScsiError::WriteError { lba: Some(lba) },
         _ => ScsiError::InternalTargetFailure,
     }
 }
@@ -430,8 +436,7 @@ impl ScsiQueue {
                 return;
             };
             if let Err(e) = result {
-                slot.error
-                    .get_or_insert(medium_error(slot.kind, slot.lba, &e));
+                fail(slot, &e);
             }
             slot.pending_ops = slot.pending_ops.saturating_sub(1);
             if slot.pending_ops > 0 {
@@ -521,7 +526,9 @@ fn complete_request(
             },
         ),
         Some(e) => {
-            DeviceMetrics::bump(&ring.device().metrics.io_errors);
+            ring.device()
+                .metrics
+                .count_backstore_failure(slot.ceph_failure);
             let (status, sense, n) = scsi_failure(e);
             (
                 CmdResp::completed(status, saturating_u32(slot.buffer_len)),
@@ -558,10 +565,16 @@ fn submit(io: &mut LunQueue, slot: &mut Slot, tag: u64, op: IoOp, with_iov: bool
             slot.pending_ops += 1;
             io.uncommitted = true;
         }
-        Err(e) => {
-            slot.error
-                .get_or_insert(medium_error(slot.kind, slot.lba, &e));
-        }
+        Err(e) => fail(slot, &e),
+    }
+}
+
+/// Records a backstore failure of `slot`'s request, unless an earlier
+/// one is recorded already (the request reports its first).
+fn fail(slot: &mut Slot, e: &BackstoreError) {
+    if slot.error.is_none() {
+        slot.error = Some(medium_error(slot.kind, slot.lba, e));
+        slot.ceph_failure = matches!(e, BackstoreError::CephIo(_));
     }
 }
 
