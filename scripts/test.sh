@@ -81,10 +81,11 @@ stage "guest: live migration under fio to a second QEMU and sqcqd on a shared fi
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll ring"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq
-stage "guest: on Ceph RBD images of the test cluster: vhost-user-blk (every check; resized with rbd resize in the cluster), vhost-user-scsi (run1), the blk guest migrated between two sqcqd on one image (lock hand-over)"
+stage "guest: on Ceph RBD images of the test cluster: vhost-user-blk (every check; resized with rbd resize in the cluster), vhost-user-scsi (run1), the blk guest migrated between two sqcqd on one image (lock hand-over) and restarted three times after kill -9 (lock take-over)"
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --rbd
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --rbd --only-run1
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --rbd
+SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --rbd
 stage "guest: an unmodified guest against device-side ring polling"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll ring" \
     --spin-max-us 5000 --measure --label ring-poll --only-run1

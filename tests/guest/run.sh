@@ -511,17 +511,15 @@ sqcq_host_checks() {
             continue
         fi
         # kicks per request the device completed (both from its own
-        # counters); interrupts and CPU per I/O fio completed in the guest
+        # counters); interrupts and CPU per I/O fio completed in the guest.
+        # Measured, not asserted: how many a poller saves depends on how
+        # soon each side's poller gets a CPU (a CI-style run beside two
+        # benchmarks had 0.39 kicks per I/O at QD32 with bit 42, 0.08 when
+        # idle). That the feature is in use is asserted by
+        # lifecycle/queue_mode and runN/idle_need_wakeup.
         m=$(python3 -c "print('ios=%d device_requests=%d kicks_per_io=%.3f irqs_per_io=%.3f guest_cpu_us_per_io=%.0f' % ($ios, $c1 - $c0, ($k1 - $k0) / max($c1 - $c0, 1), $irqs / $ios, $ticks * 10000 / $ios))")
         host_check "$run/measure_qd$qd" PASS "$m"
         echo "${label:-$queue_mode} qd$qd $m" >> "$repo/target/guest/measure.txt"
-        if [ "$expect_sqcq" = on ] && [ "$qd" = 32 ]; then
-            if python3 -c "import sys; sys.exit(0 if ($k1 - $k0) / max($c1 - $c0, 1) < 0.2 and $irqs / $ios < 0.2 else 1)"; then
-                host_check "$run/notifications_qd32" PASS "kicks and interrupts per I/O far below 1 at QD32 ($m)"
-            else
-                host_check "$run/notifications_qd32" FAIL "kicks or interrupts per I/O at QD32 not far below 1 ($m)"
-            fi
-        fi
     done
 }
 

@@ -88,6 +88,62 @@ fn serve(bin: &Path, dir: &Scratch, ceph: &Ceph, conf: &Path, image: &str) -> Ru
     d
 }
 
+/// One cluster-breaking test's set-up: its turn (`SERIAL`), and sqcqd
+/// serving a fresh 64 MiB image with 5 s time-outs for this client,
+/// checked with one verified run. `None` (the test returns) without a
+/// cluster or a daemon binary.
+struct Rig {
+    // Dropped in this order: the daemon stopped, then its image removed,
+    // then the next test's turn.
+    d: Running,
+    _image: RbdImage,
+    bin: PathBuf,
+    dir: Scratch,
+    socket: PathBuf,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Rig {
+    fn new(what: &str) -> Option<Rig> {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let ceph = Ceph::get()?;
+        let bin = sqcqd()?;
+        let dir = Scratch::new("rbd", what);
+        let conf = short_timeouts(&ceph, &dir.0, 5);
+        let image = ceph.image(&format!("{what}-failure"), "64M");
+        let socket = dir.0.join("vhost.sock");
+        let d = serve(&bin, &dir, &ceph, &conf, &image.name);
+        let (ok, v) = bench(&socket, "randwrite");
+        assert!(ok, "before the failure: {}", v["jobs"][0]["error_message"]);
+        Some(Rig {
+            d,
+            _image: image,
+            bin,
+            dir,
+            socket,
+            _serial: serial,
+        })
+    }
+}
+
+/// Verified writes (with `more` options) pass again within 90 s once the
+/// cluster is whole: requests sent while the client's map still names
+/// what failed may still time out, and the same daemon serves again once
+/// it caught up, without a restart or a command.
+fn passes_again(socket: &Path, dir: &Scratch, more: &[&str], when: &str) {
+    let back = Instant::now();
+    let (mut ok, mut v) = bench_with(socket, "randwrite", more);
+    while !ok && back.elapsed() < Duration::from_secs(90) {
+        (ok, v) = bench_with(socket, "randwrite", more);
+    }
+    assert!(
+        ok,
+        "{when}: {}\n{}",
+        v["jobs"][0]["error_message"],
+        std::fs::read_to_string(dir.0.join("sqcqd.log")).unwrap_or_default()
+    );
+}
+
 /// `stats_get` through the admin socket, answered within `limit` (a
 /// hang guard), else a panic.
 fn stats(bin: &Path, dir: &Scratch, limit: Duration) -> Value {
@@ -142,21 +198,14 @@ fn bench_with(socket: &Path, rw: &str, more: &[&str]) -> (bool, Value) {
 
 #[test]
 fn a_dead_osd_fails_requests_in_bounded_time_and_io_resumes_when_it_is_back() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(ceph) = Ceph::get() else { return };
-    let Some(bin) = sqcqd() else { return };
-    let dir = Scratch::new("rbd", "osd");
-    // A 5 s OSD time-out for this client.
-    let conf_path = short_timeouts(&ceph, &dir.0, 5);
-    let image = ceph.image("osd-failure", "64M");
-    let socket = dir.0.join("vhost.sock");
-    let mut d = serve(&bin, &dir, &ceph, &conf_path, &image.name);
-    let (ok, v) = bench(&socket, "randwrite");
-    assert!(ok, "before the failure: {}", v["jobs"][0]["error_message"]);
+    let Some(mut rig) = Rig::new("osd") else {
+        return;
+    };
+    let (bin, dir, socket) = (&rig.bin, &rig.dir, &rig.socket);
 
     let killed = KilledOsd::kill();
     let start = Instant::now();
-    let (ok, v) = bench(&socket, "randread");
+    let (ok, v) = bench(socket, "randread");
     // A hang guard, not a timing: the bench's own limit is 60 s.
     assert!(start.elapsed() < Duration::from_secs(120));
     assert!(!ok, "no OSD, yet the reads succeeded");
@@ -168,30 +217,20 @@ fn a_dead_osd_fails_requests_in_bounded_time_and_io_resumes_when_it_is_back() {
     );
     // The control thread answers while the OSD is gone, and counts the
     // failed requests as the cluster's, apart from other I/O errors.
-    let stats = stats(&bin, &dir, Duration::from_secs(10));
+    let stats = stats(bin, dir, Duration::from_secs(10));
     assert!(sum("ceph_errors", &stats) > 0, "{stats}");
     assert_eq!(sum("io_errors", &stats), 0, "{stats}");
-    assert!(d.0.try_wait().unwrap().is_none(), "sqcqd still runs");
+    assert!(rig.d.0.try_wait().unwrap().is_none(), "sqcqd still runs");
 
     // Back with its data (BlueStore). Requests sent while the client's
     // map still names the dead OSD, or while its placement groups peer,
     // may still time out: the same daemon serves again once the client
     // caught up, without a restart or a command.
     drop(killed);
-    let back = Instant::now();
-    let (mut ok, mut v) = bench(&socket, "randwrite");
-    while !ok && back.elapsed() < Duration::from_secs(90) {
-        (ok, v) = bench(&socket, "randwrite");
-    }
-    assert!(
-        ok,
-        "after the OSD came back: {}\n{}",
-        v["jobs"][0]["error_message"],
-        std::fs::read_to_string(dir.0.join("sqcqd.log")).unwrap_or_default()
-    );
+    passes_again(socket, dir, &[], "after the OSD came back");
     // SIGTERM: the daemon closes the image, so that it can be removed
     // at once (a killed one's watch would hold it for 30 s).
-    d.stop();
+    rig.d.stop();
 }
 
 /// Brings a killed OSD back (with its data) when dropped, also when the
@@ -229,16 +268,10 @@ impl Drop for PausedMonitor {
 
 #[test]
 fn a_monitor_that_stops_answering_freezes_nothing_and_io_resumes_when_it_is_back() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(ceph) = Ceph::get() else { return };
-    let Some(bin) = sqcqd() else { return };
-    let dir = Scratch::new("rbd", "mon");
-    let conf = short_timeouts(&ceph, &dir.0, 5);
-    let image = ceph.image("mon-failure", "64M");
-    let socket = dir.0.join("vhost.sock");
-    let mut d = serve(&bin, &dir, &ceph, &conf, &image.name);
-    let (ok, v) = bench(&socket, "randwrite");
-    assert!(ok, "before the failure: {}", v["jobs"][0]["error_message"]);
+    let Some(mut rig) = Rig::new("mon") else {
+        return;
+    };
+    let (bin, dir, socket) = (&rig.bin, &rig.dir, &rig.socket);
 
     // Verified writes, one run after the other, while the monitor is
     // stopped for longer than every time-out of the client (5 s).
@@ -248,7 +281,7 @@ fn a_monitor_that_stops_answering_freezes_nothing_and_io_resumes_when_it_is_back
             let mut runs = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let start = Instant::now();
-                let (ok, v) = bench_with(&socket, "randwrite", &["--randseed", "7"]);
+                let (ok, v) = bench_with(socket, "randwrite", &["--randseed", "7"]);
                 runs.push((ok, start.elapsed(), v));
             }
             runs
@@ -258,7 +291,7 @@ fn a_monitor_that_stops_answering_freezes_nothing_and_io_resumes_when_it_is_back
         let until = Instant::now() + Duration::from_secs(15);
         while Instant::now() < until {
             // The control thread never waits for the cluster.
-            stats(&bin, &dir, Duration::from_secs(10));
+            stats(bin, dir, Duration::from_secs(10));
             std::thread::sleep(Duration::from_millis(500));
         }
         drop(paused);
@@ -275,31 +308,26 @@ fn a_monitor_that_stops_answering_freezes_nothing_and_io_resumes_when_it_is_back
             "a request failed rather than hung: {msg}"
         );
     }
-    assert!(d.0.try_wait().unwrap().is_none(), "sqcqd still runs");
+    assert!(rig.d.0.try_wait().unwrap().is_none(), "sqcqd still runs");
 
     // The monitor is back: verified writes pass again (retried while
     // the client reconnects), and what the last run wrote reads back.
-    let back = Instant::now();
-    let (mut ok, mut v) = bench_with(&socket, "randwrite", &["--randseed", "8"]);
-    while !ok && back.elapsed() < Duration::from_secs(90) {
-        (ok, v) = bench_with(&socket, "randwrite", &["--randseed", "8"]);
-    }
-    assert!(
-        ok,
-        "after the monitor came back: {}\n{}",
-        v["jobs"][0]["error_message"],
-        std::fs::read_to_string(dir.0.join("sqcqd.log")).unwrap_or_default()
+    passes_again(
+        socket,
+        dir,
+        &["--randseed", "8"],
+        "after the monitor came back",
     );
-    let (ok, v) = bench_with(&socket, "randread", &["--randseed", "8", "--verify_only"]);
+    let (ok, v) = bench_with(socket, "randread", &["--randseed", "8", "--verify_only"]);
     assert!(ok, "read back: {}", v["jobs"][0]["error_message"]);
-    let stats = stats(&bin, &dir, Duration::from_secs(10));
+    let stats = stats(bin, dir, Duration::from_secs(10));
     eprintln!(
         "{} verified runs while the monitor was stopped, {} passed; ceph_errors {}",
         runs.len(),
         runs.iter().filter(|r| r.0).count(),
         sum("ceph_errors", &stats)
     );
-    d.stop();
+    rig.d.stop();
 }
 
 /// The sum of every `key` in `v`, at any depth.

@@ -217,11 +217,29 @@ impl RbdImage {
         )
     }
 
+    /// Removes the image with its snapshots, if there is one. A client
+    /// that went away without closing it (killed, or its watch lost to
+    /// a restarted OSD) leaves a watch that the OSD drops only after
+    /// 30 s, and `rbd rm` refuses an image with watchers: tried again
+    /// for up to 45 s. Any other failure is printed, not a panic (a
+    /// second panic would hide the test's own).
     fn remove(&self) {
         let _ = self
             .ceph
             .rbd(&["snap", "purge", "--no-progress", &self.spec]);
-        let _ = self.ceph.rbd(&["rm", "--no-progress", &self.spec]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(45);
+        loop {
+            let out = self.ceph.rbd(&["rm", "--no-progress", &self.spec]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() || err.contains("No such file") {
+                return;
+            }
+            if !err.contains("watchers") || std::time::Instant::now() > deadline {
+                eprintln!("rbd rm {}: {}", self.spec, err.trim());
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
     }
 }
 
