@@ -28,10 +28,9 @@ use sqcq_wire::blk::{
     HEADER_SIZE, RequestHeader, RequestType, SECTOR_SIZE, SEGMENT_SIZE, STATUS_SIZE, Segment,
     Status, WRITE_ZEROES_FLAG_UNMAP,
 };
-use tracing::{debug, error, warn};
+use tracing::{debug, warn};
 
 use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
-use crate::guest_warn;
 use crate::runtime::backstore;
 use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
 use crate::runtime::guest;
@@ -41,6 +40,7 @@ use crate::runtime::pins::{MapPin, MapPins};
 use crate::runtime::queue::{
     Accepted, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
 };
+use crate::{guest_warn, rate_limited};
 
 /// What a request in flight keeps until it completes.
 #[derive(Default)]
@@ -433,7 +433,8 @@ impl RequestHandler for BlkQueue {
         if let Err(e) = backstore::commit(self.io.as_mut(), &mut self.uncommitted) {
             // The requests stay queued: `has_deferred` brings the worker
             // back to commit them again.
-            error!(device = %ring.device().name, vq = ring.key().vq,
+            let d = ring.device();
+            rate_limited!(error, d.limiter, device = %d.name, vq = ring.key().vq,
                 "backstore commit failed: {e}");
         }
     }

@@ -74,19 +74,30 @@ impl RateLimiter {
     }
 }
 
+/// Logs at `level` (`warn`, `error`, ...) through a [`RateLimiter`]:
+/// for what a guest can trigger at will, and for failures a worker meets
+/// again on every pass (a backstore that refuses a commit).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! rate_limited {
+    ($level:ident, $limiter:expr, $($arg:tt)+) => {{
+        let permit = $limiter.check();
+        if permit.suppressed_before > 0 {
+            tracing::$level!("suppressed {} rate-limited messages", permit.suppressed_before);
+        }
+        if permit.allowed {
+            tracing::$level!($($arg)+);
+        }
+    }};
+}
+
 /// Logs a guest-triggered warning through a [`RateLimiter`].
 #[macro_export]
 #[doc(hidden)]
 macro_rules! guest_warn {
-    ($limiter:expr, $($arg:tt)+) => {{
-        let permit = $limiter.check();
-        if permit.suppressed_before > 0 {
-            tracing::warn!("suppressed {} guest-triggered messages", permit.suppressed_before);
-        }
-        if permit.allowed {
-            tracing::warn!($($arg)+);
-        }
-    }};
+    ($limiter:expr, $($arg:tt)+) => {
+        $crate::rate_limited!(warn, $limiter, $($arg)+)
+    };
 }
 
 #[cfg(test)]
@@ -102,5 +113,38 @@ mod tests {
         assert!(p.allowed);
         assert_eq!(p.suppressed_before, 7);
         assert_eq!(l.check_at(1).suppressed_before, 0);
+    }
+
+    /// Counts the events at `level` that reach it.
+    struct Count(std::sync::Arc<AtomicU32>, tracing::Level);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Count {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if *event.metadata().level() == self.1 {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[test]
+    fn a_failure_met_on_every_pass_is_logged_a_burst_at_a_time() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let n = std::sync::Arc::new(AtomicU32::new(0));
+        let subscriber =
+            tracing_subscriber::registry().with(Count(n.clone(), tracing::Level::ERROR));
+        let l = RateLimiter::new(3);
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..100 {
+                rate_limited!(error, l, "backstore commit failed");
+            }
+        });
+        // One window (unless the second turns meanwhile): the burst, and
+        // at most a summary and a new burst.
+        let n = n.load(Ordering::Relaxed);
+        assert!((3..=7).contains(&n), "{n} lines");
     }
 }

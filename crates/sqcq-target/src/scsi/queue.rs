@@ -13,8 +13,9 @@ use std::time::Instant;
 
 use sqcq_backstore::{Backstore, BackstoreQueue};
 use sqcq_scsi::NexusId;
-use tracing::{debug, error, warn};
+use tracing::{debug, warn};
 
+use crate::rate_limited;
 use crate::runtime::backstore;
 use crate::runtime::chain::ChainBuffers;
 use crate::runtime::guest::GuestMem;
@@ -154,8 +155,9 @@ impl RequestHandler for ScsiQueue {
             if let Err(e) = backstore::commit(l.io.as_mut(), &mut l.uncommitted) {
                 // The requests stay queued: `has_deferred` brings the
                 // worker back to commit them again.
-                error!(device = %ring.device().name, vq = ring.key().vq, lun = l.lun,
-                    "backstore commit failed: {e}");
+                let d = ring.device();
+                rate_limited!(error, d.limiter, device = %d.name, vq = ring.key().vq,
+                    lun = l.lun, "backstore commit failed: {e}");
             }
         }
     }
