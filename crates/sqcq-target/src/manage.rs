@@ -13,7 +13,7 @@ use crate::runtime::queue::{DeviceInfo, QueueError};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 use crate::scsi::device::{EventReport, ScsiDevice};
 use crate::scsi::hotplug::{HotplugError, REASON_CAPACITY_CHANGED};
-use crate::scsi::target::{Target, build_lun, wwn_seed};
+use crate::scsi::target::{build_lun, wwn_seed};
 use crate::spec::LunSpec;
 use sqcq_wire::scsi::{
     EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET, Lun,
@@ -60,12 +60,12 @@ impl DeviceControl {
         }
         let entry = build_lun(lun, spec, wwn_seed(&self.info.name)).map_err(HotplugError::Build)?;
         let geometry = entry.backstore.geometry();
-        let target = dev.target.install_added(entry)?;
-        if let Err(e) = self.hand_over(&target) {
+        dev.target.install_added(entry)?;
+        if let Err(e) = self.hand_over() {
             // Some worker could not open a backstore queue: take the LUN
             // back out, everywhere.
-            if let Ok(t) = dev.target.install_removed(lun) {
-                let _ = self.hand_over(&t);
+            if dev.target.install_removed(lun).is_ok() {
+                let _ = self.hand_over();
             }
             return Err(HotplugError::Queue(e));
         }
@@ -77,13 +77,13 @@ impl DeviceControl {
     /// Removes `lun` once the requests in flight to it have completed.
     pub fn remove_lun(&self, lun: u16) -> Result<(), HotplugError> {
         let dev = self.scsi()?;
-        let target = dev.target.install_removed(lun)?;
-        if let Err(e) = self.hand_over(&target) {
+        dev.target.install_removed(lun)?;
+        if let Err(e) = self.hand_over() {
             warn!(device = self.info.id, lun, "removing: {e}");
         }
         self.drain();
-        // Same snapshot again: prunes the drained backstore queues.
-        let _ = self.hand_over(&target);
+        // The same snapshot again: prunes the drained backstore queues.
+        let _ = self.hand_over();
         info!(device = self.info.id, lun, "LUN removed");
         self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_REMOVED);
         Ok(())
@@ -158,16 +158,13 @@ impl DeviceControl {
         broken
     }
 
-    /// Gives `target` to every worker; the first failure, if any.
-    fn hand_over(&self, target: &Arc<Target>) -> Result<(), QueueError> {
+    /// Every worker's queues of this device take its current LUN
+    /// snapshot; the first failure, if any.
+    fn hand_over(&self) -> Result<(), QueueError> {
         let device = self.info.id;
         let mut result = Ok(());
         for w in self.pool.ids() {
-            let call = |reply| WorkerCommand::Update {
-                device,
-                update: Arc::new(Arc::clone(target)),
-                reply,
-            };
+            let call = |reply| WorkerCommand::Refresh { device, reply };
             match self
                 .pool
                 .call(w, call, self.pool.deadline(QUEUE_STOP_TIMEOUT))

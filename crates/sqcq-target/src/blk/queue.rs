@@ -511,12 +511,4 @@ impl RequestHandler for BlkQueue {
     fn memory_changed(&mut self) {
         self.pins.release_idle();
     }
-
-    fn update(
-        &mut self,
-        _ring: &Vring,
-        _update: &(dyn std::any::Any + Send + Sync),
-    ) -> Result<(), QueueError> {
-        Ok(())
-    }
 }

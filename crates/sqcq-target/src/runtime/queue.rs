@@ -15,7 +15,6 @@
 //! change), and every request in flight keeps the map its iovecs point
 //! into alive (`runtime::pins`).
 
-use std::any::Any;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -167,10 +166,14 @@ pub trait RequestHandler {
     /// with an error status when cancelled.
     fn cancel(&mut self, ring: &Vring);
 
-    /// A change of the device that concerns its running queues (for SCSI,
-    /// a new LUN snapshot); a handler ignores what it does not know. On
-    /// error nothing changed.
-    fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError>;
+    /// The device changed in a way its running queues must take (for
+    /// SCSI, its LUN table): the handler reads what it needs from its own
+    /// device, typed, so that no handler can be given another device's
+    /// kind of change. On error nothing changed. A handler whose device
+    /// has nothing of the kind (blk) keeps the default.
+    fn refresh(&mut self, _ring: &Vring) -> Result<(), QueueError> {
+        Ok(())
+    }
 
     /// The memory map changed (a memory table or dirty logging change):
     /// the handler lets go of replaced maps no request points into.
@@ -725,10 +728,9 @@ impl ServedQueue {
         self.handler.drained()
     }
 
-    /// Hands a device change to the handler (see
-    /// [`RequestHandler::update`]).
-    pub fn update(&mut self, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError> {
-        self.handler.update(&self.ring, update)
+    /// The device changed (see [`RequestHandler::refresh`]).
+    pub fn refresh(&mut self) -> Result<(), QueueError> {
+        self.handler.refresh(&self.ring)
     }
 
     /// Restricts the backstore completion work of this queue to `cpus`

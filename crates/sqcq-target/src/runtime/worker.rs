@@ -15,7 +15,6 @@
 //! so a queue that polls its SQ doorbell keeps the worker awake while it
 //! spins and lets it sleep on the kick eventfd afterwards.
 
-use std::any::Any;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,14 +94,13 @@ pub enum WorkerCommand {
         /// Signalled when drained.
         reply: SyncSender<()>,
     },
-    /// Hand a device change to the request handlers of every running
-    /// queue of `device` (for SCSI, a new LUN snapshot after a LUN was
-    /// added or removed), between two passes over their rings.
-    Update {
+    /// The request handlers of every running queue of `device` take the
+    /// device's change (for SCSI, its new LUN snapshot after a LUN was
+    /// added or removed; see `RequestHandler::refresh`), between two
+    /// passes over their rings.
+    Refresh {
         /// The device.
         device: u32,
-        /// The change, as the device's handlers know it.
-        update: Arc<dyn Any + Send + Sync>,
         /// The first queue that could not take it (that queue keeps its
         /// previous state).
         reply: SyncSender<Result<(), QueueError>>,
@@ -724,12 +722,8 @@ impl Worker {
                     self.drains.push((device, reply));
                     self.check_drains();
                 }
-                WorkerCommand::Update {
-                    device,
-                    update,
-                    reply,
-                } => {
-                    let _ = reply.send(self.update(device, &*update));
+                WorkerCommand::Refresh { device, reply } => {
+                    let _ = reply.send(self.refresh(device));
                 }
                 WorkerCommand::Break { device, vq, reply } => {
                     let broken = self
@@ -845,16 +839,16 @@ impl Worker {
         }
     }
 
-    /// Hands a new LUN snapshot to every queue of `device` (their
-    /// completion descriptors change, so they are watched anew).
-    fn update(&mut self, device: u32, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError> {
+    /// Every queue of `device` takes the device's change (their
+    /// completion descriptors may change, so they are watched anew).
+    fn refresh(&mut self, device: u32) -> Result<(), QueueError> {
         let mut result = Ok(());
         for slot in 0..self.queues.len() {
             let Some(mut q) = self.queues[slot].take_if(|q| q.key().device == device) else {
                 continue;
             };
             self.unwatch(&q);
-            if let Err(e) = q.update(update) {
+            if let Err(e) = q.refresh() {
                 error!(worker = self.id, vq = q.key().vq, "device change: {e}");
                 result = Err(e);
             }

@@ -8,9 +8,9 @@
 //! from [`LunTable`], under a mutex that also serialises changes with
 //! connections coming and going. The request path never touches it: every
 //! request queue's [`ScsiQueue`] holds its own snapshot, aligned with its
-//! own backstore queues, and a change reaches it as a
-//! `WorkerCommand::Update`
-//! through the worker channel, between two passes over the ring. A worker
+//! own backstore queues, and takes the current one when its worker gets a
+//! `WorkerCommand::Refresh` for the device, between two passes over the
+//! ring. A worker
 //! opens the backstore queues of new LUNs itself; the queues of a removed
 //! LUN stay (unreachable by new requests) until their I/O has completed and
 //! the next snapshot prunes them.
@@ -149,7 +149,7 @@ impl LunTable {
     }
 
     /// Publishes the snapshot with `entry` added.
-    pub(crate) fn install_added(&self, entry: LunEntry) -> Result<Arc<Target>, HotplugError> {
+    pub(crate) fn install_added(&self, entry: LunEntry) -> Result<(), HotplugError> {
         let mut s = self.lock();
         if s.current.find(entry.lun).is_some() {
             return Err(HotplugError::Exists(entry.lun));
@@ -161,11 +161,11 @@ impl LunTable {
             entry.unit.add_nexus(*n);
         }
         s.current = Arc::new(s.current.next(Some(entry), None));
-        Ok(Arc::clone(&s.current))
+        Ok(())
     }
 
     /// Publishes the snapshot without `lun`.
-    pub(crate) fn install_removed(&self, lun: u16) -> Result<Arc<Target>, HotplugError> {
+    pub(crate) fn install_removed(&self, lun: u16) -> Result<(), HotplugError> {
         let mut s = self.lock();
         if s.current.find(lun).is_none() {
             return Err(HotplugError::NoSuchLun(lun));
@@ -174,7 +174,7 @@ impl LunTable {
         for e in s.current.luns() {
             e.unit.luns_changed();
         }
-        Ok(Arc::clone(&s.current))
+        Ok(())
     }
 }
 

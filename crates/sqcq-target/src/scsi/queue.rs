@@ -6,7 +6,6 @@
 //! flight, and scratch buffers for everything answered without the
 //! backstore. The runtime owns the ring; this owns nothing of it.
 
-use std::any::Any;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,6 +44,8 @@ pub struct ScsiQueue {
     /// is the backstore queue of `target.luns()[i]`; queues of removed
     /// LUNs with requests in flight follow.
     pub(crate) target: Arc<Target>,
+    /// The device, whose LUN table a refresh reads.
+    dev: Arc<ScsiDevice>,
     pub(crate) luns: Vec<LunQueue>,
     pub(crate) inflight: Inflight,
     /// Heads of requests whose next slice goes out on the next pass.
@@ -68,7 +69,7 @@ pub fn make_handler(
 ) -> MakeHandler {
     Box::new(move |ring: &RingConfig| {
         let sizes = (cdb_size, sense_size, seg_max);
-        let queue = ScsiQueue::new(dev.target.current(), nexus, sizes, ring)?;
+        let queue = ScsiQueue::new(Arc::clone(&dev), nexus, sizes, ring)?;
         Ok(Box::new(queue) as Box<dyn RequestHandler>)
     })
 }
@@ -84,15 +85,17 @@ impl std::fmt::Debug for ScsiQueue {
 }
 
 impl ScsiQueue {
-    /// A handler serving `target` (one backstore queue per LUN, as deep
-    /// as the ring) for `nexus`, with the connection's CDB and sense
-    /// sizes and the configuration space's `seg_max`.
+    /// A handler serving the current LUN snapshot of `dev` (one backstore
+    /// queue per LUN, as deep as the ring) for `nexus`, with the
+    /// connection's CDB and sense sizes and the configuration space's
+    /// `seg_max`.
     pub fn new(
-        target: Arc<Target>,
+        dev: Arc<ScsiDevice>,
         nexus: NexusId,
         (cdb_size, sense_size, seg_max): (u32, u32, u32),
         ring: &RingConfig,
     ) -> Result<Self, QueueError> {
+        let target = dev.target.current();
         let mut luns = Vec::with_capacity(target.luns().len());
         for entry in target.luns() {
             let io = entry
@@ -122,6 +125,7 @@ impl ScsiQueue {
             nexus,
             sense_size: usize::try_from(sense_size).unwrap_or(usize::MAX),
             target,
+            dev,
             luns,
             inflight: Inflight::new(ring.size),
             resume: Vec::with_capacity(usize::from(ring.size)),
@@ -252,10 +256,8 @@ impl RequestHandler for ScsiQueue {
         }
     }
 
-    fn update(&mut self, ring: &Vring, update: &(dyn Any + Send + Sync)) -> Result<(), QueueError> {
-        match update.downcast_ref::<Arc<Target>>() {
-            Some(target) => self.set_target(ring, target),
-            None => Ok(()),
-        }
+    fn refresh(&mut self, ring: &Vring) -> Result<(), QueueError> {
+        let target = self.dev.target.current();
+        self.set_target(ring, &target)
     }
 }
