@@ -14,12 +14,10 @@ use crate::config::DaemonConfig;
 use crate::runtime::worker::WorkerPool;
 
 use crate::prometheus::{MetricsListen, MetricsServer, Scrape};
-use crate::registry::{Origin, Registry, RegistryError, ReloadReport};
+use crate::registry::{Origin, Registry, RegistryError, ReloadReport, StartError};
 use crate::rpc::{ConfigSource, Context};
 use crate::scsi::device::ScsiDevice;
-use crate::scsi::target::TargetError;
 use crate::service::activation::{ActivationError, PassedSockets};
-use crate::spec::OpenError;
 use crate::transport::device::DeviceShared;
 use crate::transport::listen::{ListenError, SocketSource};
 
@@ -29,24 +27,9 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Why the daemon could not start.
 #[derive(Debug, Error)]
 pub enum DaemonError {
-    /// A LUN could not be set up.
-    #[error("device {device}")]
-    Target {
-        /// The socket path of the device.
-        device: String,
-        /// What failed.
-        #[source]
-        source: TargetError,
-    },
-    /// The disk of a blk device could not be opened.
-    #[error("device {device}: disk")]
-    Disk {
-        /// The socket path of the device.
-        device: String,
-        /// What failed.
-        #[source]
-        source: OpenError,
-    },
+    /// A device of the configuration could not be built or started.
+    #[error(transparent)]
+    Start(#[from] StartError),
     /// A device could not be created.
     #[error("device {device}")]
     Device {
@@ -141,7 +124,7 @@ impl Daemon {
             if let Err(e) = daemon.registry.create(d.clone(), Origin::Config) {
                 daemon.shutdown();
                 return Err(match e {
-                    RegistryError::Start(e) => e,
+                    RegistryError::Start(e) => DaemonError::Start(e),
                     e => DaemonError::Device {
                         device: d.socket_path.display().to_string(),
                         source: Box::new(e),

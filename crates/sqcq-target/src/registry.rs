@@ -16,20 +16,20 @@ use tracing::{info, warn};
 
 use crate::blk::device::BlkDevice;
 use crate::config::{BackstoreKind, ConfigError, DaemonConfig, DeviceConfig, DeviceType, LunSpec};
-use crate::daemon::DaemonError;
 use crate::manage::{DeviceControl, DeviceKind};
 use crate::runtime::metrics::QueueSnapshot;
 use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::hotplug::HotplugError;
-use crate::scsi::target::{Target, wwn_seed};
+use crate::scsi::target::{Target, TargetError, wwn_seed};
+use crate::spec::OpenError;
 use crate::transport::device::{DeviceHandle, DeviceParams, DeviceShared, ManageError};
 use crate::transport::device_type::VirtioDevice;
 use crate::transport::session::MoveError;
 
 /// Most devices a daemon serves (each has a thread, a socket, eventfds).
 pub const MAX_DEVICES: usize = 1024;
-use crate::transport::listen::SocketSource;
+use crate::transport::listen::{ListenError, SocketSource};
 
 /// A change that could not be made.
 #[derive(Debug, Error)]
@@ -64,7 +64,7 @@ pub enum RegistryError {
     Config(#[from] ConfigError),
     /// The device could not be built or started.
     #[error(transparent)]
-    Start(#[from] DaemonError),
+    Start(#[from] StartError),
     /// A LUN change failed.
     #[error(transparent)]
     Lun(#[from] HotplugError),
@@ -88,13 +88,48 @@ pub enum RegistryError {
     SandboxedRbd,
 }
 
+/// Why a device could not be built or started.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// A LUN could not be set up.
+    #[error("device {device}")]
+    Target {
+        /// The socket path of the device.
+        device: String,
+        /// What failed.
+        #[source]
+        source: TargetError,
+    },
+    /// The disk of a blk device could not be opened.
+    #[error("device {device}: disk")]
+    Disk {
+        /// The socket path of the device.
+        device: String,
+        /// What failed.
+        #[source]
+        source: OpenError,
+    },
+    /// Its socket could not be bound (or a passed one used).
+    #[error("cannot listen")]
+    Listen(#[from] ListenError),
+    /// Its threads or eventfds could not be created.
+    #[error("cannot start {what}")]
+    Io {
+        /// What.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// A device type, and the SCSI or blk device itself.
 type Built = (Arc<dyn VirtioDevice>, DeviceKind);
 
 /// Builds the device `config` describes (opens its LUNs or its disk).
-fn build(id: u32, config: &DeviceConfig) -> Result<Built, DaemonError> {
+fn build(id: u32, config: &DeviceConfig) -> Result<Built, StartError> {
     let device = config.socket_path.display().to_string();
-    let io = |source| DaemonError::Io {
+    let io = |source| StartError::Io {
         what: format!("device {device}"),
         source,
     };
@@ -102,7 +137,7 @@ fn build(id: u32, config: &DeviceConfig) -> Result<Built, DaemonError> {
         DeviceType::Scsi => {
             let seed = wwn_seed(&config.socket_path.to_string_lossy());
             let target =
-                Target::build(&config.luns, seed).map_err(|source| DaemonError::Target {
+                Target::build(&config.luns, seed).map_err(|source| StartError::Target {
                     device: device.clone(),
                     source,
                 })?;
@@ -118,7 +153,7 @@ fn build(id: u32, config: &DeviceConfig) -> Result<Built, DaemonError> {
         DeviceType::Blk => {
             // Validated: exactly one spec.
             let spec = &config.luns[0];
-            let backstore = spec.open_backstore().map_err(|source| DaemonError::Disk {
+            let backstore = spec.open_backstore().map_err(|source| StartError::Disk {
                 device: device.clone(),
                 source,
             })?;
@@ -434,9 +469,9 @@ impl Registry {
         let socket = self
             .sockets
             .listen(&config.socket_path)
-            .map_err(DaemonError::from)?;
+            .map_err(StartError::from)?;
         let handle = DeviceHandle::spawn(id, socket, params, device, Arc::clone(&self.pool))
-            .map_err(|source| DaemonError::Io {
+            .map_err(|source| StartError::Io {
                 what: format!("device {}", config.socket_path.display()),
                 source,
             })?;
