@@ -15,7 +15,8 @@ pub const MAX_SEGMENTS: usize = 128;
 /// kept apart in the same order: a `Result<u32, BackstoreError>` is 40
 /// bytes, and moving one in and out of the queue per request, built piece
 /// by piece on the stack and read back whole, stalled the worker on store
-/// forwarding (6% of `sqcqd` at depth 32 against `bdevperf`).
+/// forwarding (docs/benchmarks.md, "Backstore: completion records of 16
+/// bytes").
 #[derive(Debug)]
 pub(crate) struct ImmediateCompletions {
     done: VecDeque<Done>,

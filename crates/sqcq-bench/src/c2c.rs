@@ -6,10 +6,10 @@
 //! the response, the used ring), so that round trip bounds what any
 //! polling pair of programs can do. On the project's 2-vCPU VMs it is
 //! not a constant: the host places the two vCPUs on cores that share a
-//! cache or not, and moves them every few seconds. Measured here, once a
-//! second: about 70 ns, 140 ns or 580 ns, and the IOPS of SPDK's own
-//! target against its own initiator at depth 32 follow it (6.1-6.8M at
-//! 140 ns, 2.4-2.5M at 580 ns). A comparison of two programs is only fair
+//! cache or not, and moves them every few seconds, and the IOPS of SPDK's
+//! own target against its own initiator follow it (docs/benchmarks.md,
+//! "Cache-line round trip between the two vCPUs"). A comparison of two
+//! programs is only fair
 //! between runs that saw the same round trip; `scripts/vs-spdk.sh` runs
 //! this before and after each run and compares runs of the same placement
 //! only.

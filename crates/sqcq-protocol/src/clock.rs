@@ -2,9 +2,10 @@
 //! nanosecond count read from the CPU's time-stamp counter where that is
 //! safe, from `CLOCK_MONOTONIC` elsewhere.
 //!
-//! A poll loop reads the time once per pass; through `clock_gettime` that
-//! was 5% of the device's CPU time and 15% of the driver's at depth 32
-//! (docs/benchmarks.md, "Against SPDK"). SPDK's pollers and fio
+//! A poll loop reads the time once per pass, so the read is on the
+//! request path; through `clock_gettime` it took a share of both sides'
+//! CPU time that showed in profiles (docs/benchmarks.md, "Both sides: the
+//! TSC clock"). SPDK's pollers and fio
 //! (`clocksource=cpu`) read the TSC instead, and so does this clock when
 //! the kernel itself does: the TSC is used only if the CPU says it is
 //! invariant (CPUID 0x8000_0007 EDX bit 8: constant rate, runs in every

@@ -4,9 +4,10 @@
 //! machine with more runnable threads than CPUs (2 CPUs, a device worker,
 //! a driver job and its poll thread) the thread that will write the index
 //! it watches may be waiting for this very CPU. When nothing else wants
-//! the CPU, though, each `sched_yield` is a system call for nothing (about
-//! 0.8 us in a VM on this project's machine, a fifth of a poll thread's
-//! time at depth 32), and SPDK's pollers never yield.
+//! the CPU, though, each `sched_yield` is a system call for nothing, a
+//! share of a poll thread's time at depth 32 that shows in profiles
+//! (docs/benchmarks.md, "Both sides: yields"), and SPDK's pollers never
+//! yield.
 //!
 //! [`Yielder`] learns which case it is in from the yields themselves. A
 //! yield that comes back after [`CONTESTED_NS`] or more gave the CPU to
@@ -25,30 +26,28 @@
 //! yielder it owes time, with another thread runnable beside it. Beside a
 //! thread that never yields (an SPDK or DPDK reactor pinned to the CPU of
 //! the worker serving its queue), the two settled into a pattern that
-//! starved the reactor: it ran for 6 us after every 208 us of the
-//! poller's yields, each time the poller's owed time ran out. `bdevperf`
-//! against `sqcqd --poll ring`, 2 queues on 2 CPUs, fell to 17k IOPS in
-//! half the runs (3.5M in the others) and stayed there; holding the
-//! interval at [`MIN_IDLE`] did not get it out.
+//! starved the reactor: it ran briefly, each time the poller's owed time
+//! ran out, between long runs of the poller's yields. `bdevperf` against
+//! `sqcqd --poll ring`, 2 queues on 2 CPUs, collapsed by two orders of
+//! magnitude in some runs and stayed there; holding the interval at
+//! [`MIN_IDLE`] did not get it out (docs/benchmarks.md, "A reactor on the
+//! worker's CPU").
 //!
 //! Such a thread shows itself when a yield does reach it: it keeps the
-//! CPU for a time slice (0.5 ms or more, [`HOGGED_NS`]), and does so
-//! again and again: beside a reactor, about 110 such yields a second (one
-//! every 9 ms). Threads that yield can do it too, now and then, since
-//! under EEVDF their own yields come back at once while they are owed
-//! time: 1 to 6 in a 2 s run of `sqcq-bench --mode sqcq` at QD1, whose
-//! job, poll thread and our worker share 2 CPUs. A loop built
+//! CPU for a time slice ([`HOGGED_NS`] or more), and does so again and
+//! again, many times a second. Threads that yield can do it too, now and
+//! then, since under EEVDF their own yields come back at once while they
+//! are owed time: a few times in a run of `sqcq-bench --mode sqcq` at
+//! QD1, whose job, poll thread and our worker share 2 CPUs. A loop built
 //! [`Yielder::handing_over`] (a device worker's, which serves drivers it
 //! does not know) therefore waits for a run of [`HOG_RUN`] such yields,
 //! each within [`HOG_GAP_NS`] of the one before; while the run lasts (the
 //! last within that gap), a yield that comes back at once is followed by
 //! a sleep of [`SLEEP_NS`]: the only hand-over the scheduler cannot
-//! refuse, and whose wake-up preempts that thread when it ends. The same
-//! setup then gave 0.86-0.90M IOPS where it had collapsed and 1.8-3.6M
-//! where it had not (SPDK's own target: 0.5-0.9M), while the sleeps
-//! taken for two chance long yields had cut that `sqcq-bench` run from
-//! 160k to 19k IOPS. A poller alone on its CPU never sees such a yield
-//! and never sleeps.
+//! refuse, and whose wake-up preempts that thread when it ends. That
+//! ends the collapse; sleeping after a single chance long yield instead
+//! cost that `sqcq-bench` run most of its rate, hence the run. A poller
+//! alone on its CPU never sees such a yield and never sleeps.
 //!
 //! The driver's loops never sleep: they share their CPU with each other
 //! and with the worker, all of which yield.
@@ -66,18 +65,18 @@ pub const MIN_IDLE: u32 = 16;
 /// free every time).
 pub const MAX_IDLE: u32 = 1024;
 
-/// A yield that took this long (ns) ran another thread: a round trip
-/// through the scheduler and back, measured at about 3.9 us in a VM on
-/// this project's machine against 0.8 us for a yield with nobody waiting.
+/// A yield that took this long (ns) ran another thread: between a yield
+/// with nobody waiting and a round trip through the scheduler and back
+/// (both measured in docs/benchmarks.md, "Both sides: yields").
 pub const CONTESTED_NS: u64 = 2_000;
 
 /// A yield that took this long (ns) ran a thread that kept the CPU for
-/// a time slice (1.4 ms at least, 4 ms here), not one that yields back.
+/// a time slice (which lasts longer than this), not one that yields back.
 pub const HOGGED_NS: u64 = 500_000;
 
 /// Yields of [`HOGGED_NS`] or more in a run, each within this long (ns)
 /// of the one before, say that a thread that never yields shares the CPU
-/// (beside a reactor they come every 9 ms).
+/// (beside a reactor several come within this gap).
 pub const HOG_GAP_NS: u64 = 50_000_000;
 
 /// Yields of [`HOGGED_NS`] or more in a run before a free yield is
@@ -85,13 +84,14 @@ pub const HOG_GAP_NS: u64 = 50_000_000;
 pub const HOG_RUN: u32 = 4;
 
 /// How long a hand-over by sleep lasts (ns): long enough for the thread
-/// that keeps the CPU to take a batch of completions and submit more (10,
-/// 20 and 50 us gave 0.9M, 1.0M and 0.8M IOPS in the setup above), short
-/// beside the slice it would otherwise keep.
+/// that keeps the CPU to take a batch of completions and submit more,
+/// short beside the slice it would otherwise keep (shorter and longer
+/// sleeps: docs/benchmarks.md, "A reactor on the worker's CPU").
 pub const SLEEP_NS: u64 = 20_000;
 
 /// The timer slack (ns) a [`Yielder`] gives its thread before it first
-/// sleeps, so that a sleep of [`SLEEP_NS`] is not one of 70 us.
+/// sleeps, so that a sleep of [`SLEEP_NS`] is not stretched by the
+/// default slack.
 pub const TIMER_SLACK_NS: u64 = 1_000;
 
 /// The yield decisions of one poll loop (see the module documentation).

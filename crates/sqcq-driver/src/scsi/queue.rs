@@ -11,9 +11,9 @@
 //! (12 bytes) share that line, so a request costs the device one line to
 //! read the header and write the response's status into, and the driver one
 //! line to write the header and read the status from; no two slots share a
-//! line. With header and response on lines of their own, SPDK's target
-//! missed on the write of every response status and took a fifth fewer
-//! requests per second at QD32 (docs/benchmarks.md, "Against SPDK").
+//! line. With header and response on lines of their own, the device
+//! misses on the write of every response status (docs/benchmarks.md,
+//! "Driver: request header and response in one cache line").
 
 use vm_memory::GuestAddress;
 

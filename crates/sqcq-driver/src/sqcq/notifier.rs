@@ -273,7 +273,8 @@ fn wait_mailbox(
 /// on the ring first). The CQ doorbell's line is then the device's alone
 /// between two sleeps: read at every pass, it went back and forth once
 /// per completion, and the device's fence 3 after its `cq.idx` store
-/// waited for it (10% of IOPS at depth 1). The re-check compares `cq.idx`
+/// waited for it (docs/benchmarks.md, "Driver: `sqcq-inline` spins on its
+/// used ring"). The re-check compares `cq.idx`
 /// with the used index consumed so far ([`Consumer::acted_on`]).
 ///
 /// [`Consumer::acted_on`]: sqcq_protocol::Consumer::acted_on

@@ -97,7 +97,8 @@ impl SharedWindow {
 
     /// The `n` 64-bit words from byte `offset` (8-aligned), checked
     /// once: a descriptor or a header is several stores, and a check per
-    /// store was a fifth of writing them.
+    /// store added measurably to writing them (docs/benchmarks.md,
+    /// "Driver: the shared window's word stores").
     pub(crate) fn words(&self, offset: usize, n: usize) -> &[AtomicU64] {
         let bytes = n.saturating_mul(size_of::<u64>());
         let ptr = self.base.as_ptr().wrapping_add(offset);

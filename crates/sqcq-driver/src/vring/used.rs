@@ -126,8 +126,8 @@ impl SplitQueue {
     /// and DPDK's virtio drivers; Linux's is LIFO). The device read these
     /// descriptors last: taking them again at once would write into lines
     /// it may still hold for the neighbouring requests, where the oldest
-    /// free ones were let go long ago. Against SPDK's target at QD32 that
-    /// was 8-10% more requests per second.
+    /// free ones were let go long ago (measured in docs/benchmarks.md,
+    /// "Driver: freed descriptors and slots reused last").
     fn free_chain(&mut self, head: u16, slot: Slot) {
         self.slots[usize::from(head)].in_flight = false;
         if self.num_free == 0 {

@@ -6,18 +6,16 @@
 //! Why: a driver that publishes each request as soon as it is written
 //! (SPDK's virtio initiator, Linux, `sqcq-bench --iodepth_batch_submit 1`)
 //! refills its queue after a round of completions as a burst of single
-//! publications, ~100 ns apart. A device that takes each one the moment it
-//! appears reads the descriptors of request k while the driver writes
-//! those of request k+1 into the same cache lines (its free list hands out
-//! neighbouring descriptors), and publishes a used index for every one or
-//! two requests: the lines go back and forth once per request, and both
-//! sides slow down together. Against bdevperf at depth 32 `sqcqd --poll
-//! ring` took 2.5 requests per batch at 3.6-4.2M IOPS (randwrite), where
-//! SPDK's target ran at 4.6-5.0M; gathering while the index moved gave
-//! 4.6-5.0M (medians of 4 interleaved runs: 4.70M against 4.46M, SPDK
-//! 4.65M), randread and `sqcq-bench` unchanged. A driver that publishes a whole
-//! batch at once is not affected: a look finds nothing more and the batch
-//! is taken as it is.
+//! publications in quick succession. A device that takes each one the
+//! moment it appears reads the descriptors of request k while the driver
+//! writes those of request k+1 into the same cache lines (its free list
+//! hands out neighbouring descriptors), and publishes a used index for
+//! every one or two requests: the lines go back and forth once per
+//! request, and both sides slow down together. Gathering while the index
+//! moves ends that, and leaves drivers that do not share lines between
+//! requests as they were (docs/benchmarks.md, "Target: gathering a
+//! batch"). A driver that publishes a whole batch at once is not
+//! affected: a look finds nothing more and the batch is taken as it is.
 //!
 //! A look that finds nothing new costs a request [`LOOK_NS`] of latency.
 //! So that a queue at depth 1, where no look can ever find more, does not
@@ -34,8 +32,9 @@ pub const LOOK_NS: u64 = 50;
 pub const MAX_GATHER_NS: u64 = 2_000;
 /// Gathering stops once this many requests are waiting: enough to take
 /// the back-and-forth out of a burst, few enough that the device starts on
-/// them while the driver still writes the rest (gathering up to 32 cost
-/// `sqcq-bench`, whose requests do not share lines, 15% at depth 32).
+/// them while the driver still writes the rest (a driver whose requests
+/// do not share lines only loses by a longer wait: docs/benchmarks.md,
+/// "Target: gathering a batch").
 pub const GATHER_UPTO: u16 = 8;
 /// The most batches taken as found after fruitless looks.
 pub const MAX_BACKOFF: u16 = 64;

@@ -7,10 +7,9 @@
 //! clone per request does that, but each clone and each drop is a locked
 //! instruction, a full barrier on x86: the drop at completion came right
 //! after the response and used-ring stores to lines the driver polls, and
-//! waited for them to leave the store buffer. Profiled at depth 32
-//! (`bdevperf` against `sqcqd --poll ring`, CPUs sharing a cache), the
-//! `lock incq` of the clone and the `lock decq` of the drop were 5% and 4%
-//! of the worker's time.
+//! waited for them to leave the store buffer. Both showed in the worker's
+//! profile at depth 32 (docs/benchmarks.md, "Target: memory-map pins
+//! instead of an `Arc` per request").
 //!
 //! [`MapPins`] holds one `Arc` per map with requests in flight and counts
 //! the requests with plain integers. The map of the latest pin stays held

@@ -683,10 +683,11 @@ impl ServedQueue {
             // The heads of up to HEADS_AHEAD entries first, then their
             // chains: read right after `avail->idx`, the entries are in
             // the line(s) that load brought in. Read one per request,
-            // after the previous request's work, an entry often missed:
-            // the driver had taken the line back to write the next ones
-            // (90% of this function under bdevperf, which publishes every
-            // request on its own).
+            // after the previous request's work, an entry often missed
+            // under a driver that publishes every request on its own: it
+            // had taken the line back to write the next ones
+            // (docs/benchmarks.md, "Target: reading a batch's avail
+            // entries together").
             let n = usize::from(avail.wrapping_sub(next)).min(HEADS_AHEAD);
             let got = read_heads(mem, entries, avail_ring, size, next, &mut heads[..n]);
             for &head in &heads[..got] {

@@ -6,10 +6,12 @@
 //!
 //! vm-memory answers every access through its region collection: a
 //! binary search over `Arc`ed regions, a slice built and checked, and for
-//! a plain read an iterator over the regions the access spans. At depth 32
-//! that was a fifth of the device's time, for about ten accesses a request
-//! (the avail entry, each descriptor, the checks that each buffer is in
-//! memory, the header, the data iovecs, the response). Here a lookup scans
+//! a plain read an iterator over the regions the access spans. A request
+//! makes about ten accesses (the avail entry, each descriptor, the checks
+//! that each buffer is in memory, the header, the data iovecs, the
+//! response), so that cost showed in the device's profile at depth 32
+//! (docs/benchmarks.md, "Target: ring indices and guest accesses through
+//! the region table"). Here a lookup scans
 //! at most a few regions from the last one hit, and the access is a copy
 //! from a host pointer. Anything the table does not answer (a range across
 //! two regions, an address outside every region, no table installed, a

@@ -119,11 +119,12 @@ pub struct WorkerSnapshot {
     pub yields: u64,
     /// Of those, the ones that ran another thread.
     pub contested_yields: u64,
-    /// Of those, the ones that lost the CPU for a time slice (0.5 ms or
-    /// more): a thread that never yields shares the worker's CPU.
+    /// Of those, the ones that lost the CPU for a time slice
+    /// ([`sqcq_protocol::yielder::HOGGED_NS`] or more): a thread that
+    /// never yields shares the worker's CPU.
     pub long_yields: u64,
-    /// Sleeps of 20 us its poll loop took after a yield that came back at
-    /// once, beside such a thread.
+    /// Sleeps of [`sqcq_protocol::yielder::SLEEP_NS`] its poll loop took
+    /// after a yield that came back at once, beside such a thread.
     pub handover_sleeps: u64,
     /// CPU time of the thread, ns (`None` if it could not be read).
     pub cpu_ns: Option<u64>,
