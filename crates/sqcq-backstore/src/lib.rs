@@ -18,8 +18,9 @@
 //! - [`RbdBackstore`] (cargo feature `rbd`, on by default; needs Debian's
 //!   `librbd-dev`): a Ceph RBD image through librbd's asynchronous calls.
 //!
-//! No library offers this seam for userspace SCSI targets (SPDK's bdev
-//! layer is the closest relative); it is written here.
+//! No library offers this seam for userspace storage targets (SPDK's bdev
+//! layer is the closest relative); it is written here. Both of `sqcqd`'s
+//! device types, virtio-scsi and virtio-blk, use it.
 
 #![deny(missing_docs)]
 

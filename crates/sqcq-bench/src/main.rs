@@ -1,6 +1,6 @@
 //! `sqcq-bench`: a fio-like load generator over sqcq's userspace
 //! virtio-scsi and virtio-blk driver (crate `sqcq-driver`), against any
-//! vhost-user SCSI target or vhost-user-blk disk.
+//! vhost-user-scsi or vhost-user-blk device.
 //!
 //! - [`args`]: the command line, in fio's vocabulary;
 //! - [`target`]: a target started here, [`sqcqd_config`] when it serves

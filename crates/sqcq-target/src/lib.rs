@@ -1,6 +1,7 @@
-//! `sqcq-target`: the device side of sqcq, a vhost-user SCSI target daemon
-//! (`sqcqd`) that QEMU's `vhost-user-scsi-pci` (or any vhost-user
-//! frontend) connects to.
+//! `sqcq-target`: the device side of sqcq, a daemon (`sqcqd`) serving
+//! vhost-user-scsi and vhost-user-blk devices, which QEMU's
+//! `vhost-user-scsi-pci` and `vhost-user-blk-pci` (or any vhost-user
+//! frontend) connect to, on null, RAM, file and Ceph RBD backstores.
 //!
 //! # Layers
 //!

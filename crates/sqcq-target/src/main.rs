@@ -1,4 +1,5 @@
-//! `sqcqd`: the sqcq vhost-user SCSI target daemon.
+//! `sqcqd`: the sqcq daemon serving vhost-user-scsi and vhost-user-blk
+//! devices.
 
 use std::process::ExitCode;
 use std::sync::{Arc, mpsc};

@@ -210,7 +210,7 @@ impl Default for ServiceConfig {
 #[command(
     name = "sqcqd",
     version,
-    about = "vhost-user SCSI target daemon",
+    about = "vhost-user-scsi and vhost-user-blk device daemon",
     after_help = "Run-time LUN changes: sqcqd admin --admin-socket PATH COMMAND... (sqcqd admin --help)"
 )]
 pub struct Cli {

@@ -44,7 +44,7 @@ pub struct PollOptions {
     pub spin: SpinConfig,
     /// How long a queue stop (GET_VRING_BASE, a disconnect) waits for
     /// the requests in flight before it cancels them
-    /// ([`crate::runtime::worker::QUEUE_STOP_TIMEOUT`] by default; tests
+    /// (`runtime::worker`'s `QUEUE_STOP_TIMEOUT` by default; tests
     /// shorten it).
     pub stop_timeout: Duration,
 }
