@@ -127,7 +127,7 @@ impl SplitQueue {
     /// descriptors last: taking them again at once would write into lines
     /// it may still hold for the neighbouring requests, where the oldest
     /// free ones were let go long ago (measured in docs/benchmarks.md,
-    /// "Driver: freed descriptors and slots reused last").
+    /// "Driver: freed descriptors and slots reused last (FIFO)").
     fn free_chain(&mut self, head: u16, slot: Slot) {
         self.slots[usize::from(head)].in_flight = false;
         if self.num_free == 0 {
