@@ -66,8 +66,8 @@ impl Cluster {
         }
     }
 
-    /// Runs the `rbd` tool as the test user.
-    fn rbd(&self, args: &[&str]) {
+    /// Runs the `rbd` tool as the test user; its standard output.
+    fn rbd(&self, args: &[&str]) -> String {
         let out = Command::new("rbd")
             .arg("--conf")
             .arg(&self.conf)
@@ -81,6 +81,7 @@ impl Cluster {
             "rbd {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// A fresh image of `size` bytes, removed when dropped.
@@ -548,6 +549,32 @@ fn a_second_writer_is_refused_and_the_lock_is_handed_over() {
     drop(second);
     // Closing the image gives the lock back.
     first.set_active(true).unwrap();
+}
+
+#[test]
+fn taking_the_lock_again_while_holding_it_leaves_the_owner_record_alone() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let image = cluster.image("relock", 4 << 20);
+    let spec = format!("{}/{}", cluster.pool, image.name);
+    let b = RbdBackstore::open(&cluster.options(&image.name)).unwrap();
+    let record = cluster.rbd(&["image-meta", "get", &spec, "sqcq.lock-owner"]);
+    assert!(
+        record.contains(&format!("pid={} ", std::process::id())),
+        "{record}"
+    );
+    // A queue started again (a reconnect) while the lock is held: no
+    // lock request and no metadata write, each a round trip to the
+    // cluster (the write notifies every watcher of the image).
+    cluster.rbd(&["image-meta", "set", &spec, "sqcq.lock-owner", "marker"]);
+    b.set_active(true).unwrap();
+    assert_eq!(
+        cluster
+            .rbd(&["image-meta", "get", &spec, "sqcq.lock-owner"])
+            .trim(),
+        "marker"
+    );
 }
 
 #[test]

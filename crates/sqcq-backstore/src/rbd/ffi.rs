@@ -81,6 +81,7 @@ unsafe extern "C" {
     pub(crate) fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
     pub(crate) fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
     pub(crate) fn rbd_lock_acquire(image: rbd_image_t, lock_mode: c_int) -> c_int;
+    pub(crate) fn rbd_is_exclusive_lock_owner(image: rbd_image_t, is_owner: *mut c_int) -> c_int;
     pub(crate) fn rbd_lock_release(image: rbd_image_t) -> c_int;
     pub(crate) fn rbd_lock_break(
         image: rbd_image_t,

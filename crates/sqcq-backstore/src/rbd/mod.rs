@@ -174,8 +174,8 @@ impl Drop for Image {
 }
 
 impl Image {
-    /// Reads `option` of the unconnected cluster handle.
-    fn conf_get(&self, option: &CString) -> Option<String> {
+    /// Reads `option` of the cluster handle.
+    fn conf_get(&self, option: &std::ffi::CStr) -> Option<String> {
         let mut buf = [0 as c_char; 64];
         // SAFETY: the handle is valid; librados writes at most `buf.len()`
         // bytes, NUL included, into `buf`.
@@ -264,7 +264,7 @@ impl Image {
             (c"rados_mon_op_timeout", 0.0),
             (c"client_mount_timeout", 300.0),
         ] {
-            let current = img.conf_get(&option.to_owned());
+            let current = img.conf_get(option);
             if current.and_then(|v| v.trim().parse::<f64>().ok()) == Some(ceph_default) {
                 img.conf_set(&option.to_string_lossy(), &DEFAULT_TIMEOUT_SECS.to_string())?;
             }
@@ -321,6 +321,11 @@ impl Image {
     /// Takes the image's exclusive lock for good (librbd's manual mode:
     /// it is not given up when another client asks for it).
     fn lock(&self, spec: &str) -> Result<(), BackstoreError> {
+        // Held already (a queue started again, a frontend reconnected):
+        // nothing to ask the cluster, nothing to record.
+        if self.holds_lock() {
+            return Ok(());
+        }
         self.break_dead_predecessors_lock(spec);
         // SAFETY: the image is open.
         let rc = unsafe { ffi::rbd_lock_acquire(self.image, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
@@ -353,6 +358,14 @@ impl Image {
     /// see [`owner`]), blocklisting it first; anything else is left to
     /// `rbd_lock_acquire`.
     fn break_dead_predecessors_lock(&self, spec: &str) {
+        // Without a blocklist, what the dead client still had in flight
+        // could land after our writes: then only librbd's own wait.
+        if self
+            .conf_get(c"rbd_blocklist_on_break_lock")
+            .is_some_and(|v| v != "true")
+        {
+            return;
+        }
         let owners = self.lock_owners();
         let [holder] = owners.as_slice() else {
             return;
@@ -393,6 +406,11 @@ impl Image {
     /// for [`Image::break_dead_predecessors_lock`] after a crash. A
     /// failure costs only that speed-up, so it is logged, not returned.
     fn record_owner(&self, spec: &str) {
+        // The lock may have been broken since we took it: never pair this
+        // process with another client.
+        if !self.holds_lock() {
+            return;
+        }
         let owners = self.lock_owners();
         let [me] = owners.as_slice() else {
             return;
@@ -413,6 +431,15 @@ impl Image {
                 io::Error::from_raw_os_error(rc.saturating_neg())
             );
         }
+    }
+
+    /// Whether this client holds the image's exclusive lock (false when
+    /// librbd cannot say).
+    fn holds_lock(&self) -> bool {
+        let mut owner: c_int = 0;
+        // SAFETY: the image is open; librbd writes one int to `owner`.
+        let rc = unsafe { ffi::rbd_is_exclusive_lock_owner(self.image, &mut owner) };
+        rc >= 0 && owner != 0
     }
 
     /// The image metadata value of `key`, if it has one.

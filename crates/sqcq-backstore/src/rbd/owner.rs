@@ -47,6 +47,9 @@ impl Owner {
     /// cannot say (no record is written then).
     pub(crate) fn this_process(client: &str) -> Option<Self> {
         let pid = std::process::id();
+        if !proc_is_ours() {
+            return None;
+        }
         Some(Owner {
             boot: boot_id()?,
             pidns: pid_namespace()?,
@@ -96,18 +99,45 @@ impl Owner {
     /// Whether the recorded process is known to be dead: it ran in this
     /// boot and PID namespace, and its PID is now free or taken by a
     /// process that started at another time. `false` whenever that cannot
-    /// be known (another host or container, `/proc` unreadable).
+    /// be known (another host or container, `/proc` unreadable, of
+    /// another PID namespace than ours, or hiding other users' processes).
     pub(crate) fn is_dead_here(&self) -> bool {
-        if boot_id().as_deref() != Some(&self.boot)
+        if !proc_is_ours()
+            || boot_id().as_deref() != Some(&self.boot)
             || pid_namespace().as_deref() != Some(&self.pidns)
         {
             return false;
         }
         match fs::read_to_string(format!("/proc/{}/stat", self.pid)) {
             Ok(stat) => parse_start_time(&stat).is_some_and(|start| start != self.start),
-            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            // Absent from /proc: gone, or hidden from us (`hidepid`,
+            // systemd's ProtectProc=invisible) while alive under another
+            // user. Only the kernel's "no such process" tells them apart.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => no_such_process(self.pid),
+            Err(_) => false,
         }
     }
+}
+
+/// Whether `/proc` shows our PID namespace: `/proc/self` names our PID
+/// (not so under `unshare -p` without a new `/proc`, or in a container
+/// given the host's).
+fn proc_is_ours() -> bool {
+    fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<u32>().ok())
+        == Some(std::process::id())
+}
+
+/// Whether no process has `pid` (`kill(pid, 0)` fails with ESRCH; EPERM
+/// means one exists, another user's).
+fn no_such_process(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 sends nothing; it only checks that `pid` exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 fn boot_id() -> Option<String> {
@@ -199,5 +229,19 @@ mod tests {
             ..dead
         };
         assert!(!container.is_dead_here());
+    }
+
+    #[test]
+    fn the_kernel_says_whether_a_process_exists() {
+        assert!(!no_such_process(std::process::id()));
+        // init exists, whoever we are (EPERM for a user: still alive).
+        assert!(!no_such_process(1));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        // Reaped: free, unless reused meanwhile by a process that lives.
+        assert!(no_such_process(pid) || start_time(pid).is_some());
+        assert!(!no_such_process(u32::MAX), "not a PID: not judged");
+        assert!(proc_is_ours());
     }
 }
