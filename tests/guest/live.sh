@@ -360,7 +360,11 @@ host_restart() {
     echo "== live: $(date +%T.%N | cut -c1-12) kill -9 (restart $1, requests held: $held)" >> "$work/d.$(( $1 - 1 )).log"
     # QEMU sees the socket close and tries again every second (reconnect=1)
     sleep 0.5
-    start_daemon d "d.$1" || return 0
+    if ! start_daemon d "d.$1"; then
+        # the rest of the run must not go on at one write a second
+        [ "$can_throttle" = 0 ] || [ "$rbd" = 0 ] || throttle off
+        return 0
+    fi
     [ "$can_throttle" = 0 ] || [ "$rbd" = 0 ] || throttle off
     restarted=$((restarted + 1))
     t=$(date +%s)
@@ -526,6 +530,20 @@ if [ "$kind" = restart ]; then
             check restart/reconnect PASS "$restarts times kill -9, a new sqcqd on the same socket and $disk_what, QEMU reconnected (memory table set); from each kill to the new sqcqd listening: $absent"
         else
             check restart/reconnect FAIL "$restarted of $restarts restarts, $reconnected reconnections of QEMU"
+        fi
+        if [ "$rbd" = 1 ]; then
+            # each restarted daemon took the image's lock over from the
+            # killed one at once, not after librbd's 30 s wait
+            took=0
+            for k in $(seq "$restarts"); do
+                grep -q "took the exclusive lock over from the dead sqcqd" "$work/d.$k.log" 2>/dev/null &&
+                    took=$((took + 1))
+            done
+            if [ "$took" = "$restarts" ]; then
+                check restart/rbd_takeover PASS "each of $restarts restarted sqcqd took the exclusive lock over from the killed one (blocklisted it) at once"
+            else
+                check restart/rbd_takeover FAIL "$took of $restarts restarted sqcqd took the lock over from the killed one at once"
+            fi
         fi
         # what each restarted instance resubmitted: the in_flight= of its
         # "resubmitting" lines

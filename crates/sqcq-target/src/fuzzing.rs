@@ -61,6 +61,7 @@ pub(crate) fn device(queue_size: u16) -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
             metrics: Arc::new(DeviceMetrics::new(0, 4)),
             // Quiet: fuzzing produces nothing but guest-triggered warnings.
             limiter: RateLimiter::new(0),
+            backstore_limiter: RateLimiter::new(0),
         }),
         params: DeviceParams {
             num_queues: 2,

@@ -434,7 +434,7 @@ impl RequestHandler for BlkQueue {
             // The requests stay queued: `has_deferred` brings the worker
             // back to commit them again.
             let d = ring.device();
-            rate_limited!(error, d.limiter, device = %d.name, vq = ring.key().vq,
+            rate_limited!(error, d.backstore_limiter, device = %d.name, vq = ring.key().vq,
                 "backstore commit failed: {e}");
         }
     }

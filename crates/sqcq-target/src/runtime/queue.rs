@@ -92,8 +92,8 @@ pub struct RingConfig {
 }
 
 /// The device a queue belongs to, as the runtime knows it: its number, a
-/// name for logs, its figures, and the rate limiter of the warnings its
-/// guest can trigger. Shared by the device's control thread and every
+/// name for logs, its figures, and the rate limiters of the warnings its
+/// guest can trigger and of its backstore's failures. Shared by the device's control thread and every
 /// worker serving one of its queues.
 #[derive(Debug)]
 pub struct DeviceInfo {
@@ -105,6 +105,10 @@ pub struct DeviceInfo {
     pub metrics: Arc<DeviceMetrics>,
     /// Rate limiter of guest-triggered log messages.
     pub limiter: RateLimiter,
+    /// Rate limiter of backstore failures met on every pass (a refused
+    /// commit), apart from `limiter` so that a guest's flood of bad
+    /// requests cannot hide them.
+    pub backstore_limiter: RateLimiter,
 }
 
 /// What a device does with the requests of one of its request queues.

@@ -160,7 +160,7 @@ impl RequestHandler for ScsiQueue {
                 // The requests stay queued: `has_deferred` brings the
                 // worker back to commit them again.
                 let d = ring.device();
-                rate_limited!(error, d.limiter, device = %d.name, vq = ring.key().vq,
+                rate_limited!(error, d.backstore_limiter, device = %d.name, vq = ring.key().vq,
                     lun = l.lun, "backstore commit failed: {e}");
             }
         }

@@ -166,6 +166,7 @@ impl DeviceHandle {
             name: socket_path.display().to_string(),
             metrics: Arc::new(DeviceMetrics::new(id, vrings)),
             limiter: RateLimiter::new(DEFAULT_BURST),
+            backstore_limiter: RateLimiter::new(DEFAULT_BURST),
         });
         let shared = Arc::new(DeviceShared {
             info,
