@@ -643,7 +643,7 @@ fi
 # requests), for the record
 for name in "${!daemon_pid[@]}"; do
     daemon_alive "$name" || continue
-    "$bin" admin --admin-socket "$work/$name.admin" stats > "$work/$name.admin-stats" 2>&1 || true
+    "$bin" rpc --admin-socket "$work/$name.admin" stats_get > "$work/$name.stats-get.json" 2>&1 || true
 done
 
 # the guest's checks, from every console

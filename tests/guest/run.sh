@@ -432,16 +432,18 @@ qemu_run() {
     say "$run: $verdict ($(( $(date +%s) - start )) s)"
 }
 
-# host_action WHAT: what the guest asked for, on the daemon's admin socket
-# (the resizes of an RBD disk: in the cluster, the daemon is not told)
+# host_action WHAT: what the guest asked for, a call of the daemon's
+# management API (the resizes of an RBD disk: in the cluster, the daemon
+# is not told); host-actions.log gets a line per call, "== TIME rpc
+# METHOD PARAMS -> ok RESULT" or "-> error ERROR"
 host_action() {
-    local cmd
+    local call
     case "$1" in
-        lun-add) cmd="lun add device=0 lun=2 kind=ram,size=16M" ;;
-        lun-remove) cmd="lun remove device=0 lun=2" ;;
+        lun-add) call=(lun_add device=0 lun=2 kind=ram size=16M) ;;
+        lun-remove) call=(lun_remove device=0 lun=2) ;;
         # every running request queue stops at its next request, as for
         # a nonsense doorbell
-        queue-break) cmd="fault break device=0" ;;
+        queue-break) call=(fault_break device=0) ;;
         # the first disk (LUN 0 of the SCSI device, or the first blk
         # device), 64 MiB, grown and shrunk back
         resize-grow|resize-shrink)
@@ -456,12 +458,16 @@ host_action() {
                 fi
                 return
             fi
-            cmd="lun resize device=0 lun=0 size=96M"
-            [ "$1" = resize-grow ] || cmd="lun resize device=0 lun=0 size=64M" ;;
+            call=(lun_resize device=0 lun=0 size=96M)
+            [ "$1" = resize-grow ] || call=(lun_resize device=0 lun=0 size=64M) ;;
         *) say "the guest asked for '$1'"; return ;;
     esac
-    "$bin" admin --admin-socket "$work/admin.sock" $cmd >> "$work/host-actions.log" 2>&1 ||
-        say "admin '$cmd' failed: $(tail -n 1 "$work/host-actions.log")"
+    # the result (stdout) or the error object (stderr), on one line
+    local out verdict=ok
+    out=$("$bin" rpc --admin-socket "$work/admin.sock" "${call[@]}" 2>&1) || verdict=error
+    out=$(echo "$out" | tr -s ' \n' ' ')
+    echo "== $(date +%T) rpc ${call[*]} -> $verdict $out" >> "$work/host-actions.log"
+    [ "$verdict" = ok ] || say "rpc '${call[*]}' failed: $out"
 }
 # figures RUN MARK: "kicks completions" summed over the request queues in
 # the daemon's statistics at the snapshot of the guest's line MARK
@@ -489,9 +495,9 @@ sqcq_host_checks() {
     fi
     if grep -q "^SQCQ-HOST queue-break" "$work/$run.console.log"; then
         local reply vring
-        reply=$(grep -E "^ok.*armed|^error" "$work/host-actions.log" | tail -n 1)
+        reply=$(grep "^== .* rpc fault_break " "$work/host-actions.log" | tail -n 1 | sed 's/.* -> //')
         vring=$(grep -c "vhost vring error in virtqueue" "$work/$run.qemu.log" || true)
-        if [[ "$reply" == ok*armed* ]] && [ "$vring" -gt 0 ]; then
+        if [[ "$reply" == ok*'"armed"'* ]] && [ "$vring" -gt 0 ]; then
             host_check "$run/queue_break" PASS "daemon: '$reply'; QEMU reported $vring vring error(s) (DEVICE_NEEDS_RESET)"
         else
             host_check "$run/queue_break" FAIL "daemon: '${reply:-no reply}'; QEMU vring errors: $vring"

@@ -13,7 +13,7 @@
 //! | [`scsi`] | the virtio-scsi device: its device type and sessions, command requests, the control and event queues, LUN tables and hot plug | [`runtime`], [`spec`], [`transport`] |
 //! | [`blk`] | the virtio-blk device: one disk, its configuration space, block requests | [`runtime`], [`spec`], [`transport`] |
 //! | [`service`] | running under a service manager: readiness notifications, sockets passed in, the pidfile, user and group names | nothing else in the crate |
-//! | [`config`], [`daemon`], [`registry`], [`manage`], [`rpc`], [`admin`], [`prometheus`], [`sandbox`] | the daemon: command line and file, start and stop, the devices and workers and every change to them, the management API (JSON-RPC) and legacy commands on the admin socket, the metrics endpoint, seccomp | everything |
+//! | [`config`], [`daemon`], [`registry`], [`manage`], [`rpc`], [`admin`], [`prometheus`], [`sandbox`] | the daemon: command line and file, start and stop, the devices and workers and every change to them, the management API (JSON-RPC) on the admin socket, the metrics endpoint, seccomp | everything |
 //!
 //! # Threads and what each owns
 //!

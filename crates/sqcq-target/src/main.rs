@@ -6,7 +6,6 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use clap::Parser;
-use sqcq_target::admin::AdminCli;
 use sqcq_target::daemon::SHUTDOWN_GRACE;
 use sqcq_target::registry::{Registry, ReloadReport};
 use sqcq_target::rpc::{NOT_SUPPORTED, ReloadPhase, RpcError};
@@ -284,26 +283,16 @@ impl Stopper {
     }
 }
 
-/// `sqcqd admin --admin-socket PATH COMMAND...`: prints the reply; exits 0
-/// when it is `ok ...`.
+/// `sqcqd admin`, the client of the text commands the admin socket no
+/// longer takes: says what replaces it and fails.
 fn admin() -> ExitCode {
-    let cli = AdminCli::parse_from(
-        std::iter::once(std::ffi::OsString::from("sqcqd admin")).chain(std::env::args_os().skip(2)),
+    eprintln!(
+        "sqcqd admin was removed: use sqcqd rpc --admin-socket PATH METHOD [key=value]...\n\
+         (sqcqd rpc --admin-socket PATH rpc.discover lists the methods; sqcqd rpc --help).\n\
+         lun add -> lun_add, lun remove -> lun_remove, lun resize -> lun_resize,\n\
+         stats -> stats_get and device_list, fault break -> fault_break"
     );
-    match sqcq_target::admin::request(&cli.admin_socket, &cli.command.join(" ")) {
-        Ok(reply) => {
-            println!("{reply}");
-            if reply.starts_with("ok") {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("sqcqd admin: {}: {e}", cli.admin_socket.display());
-            ExitCode::from(2)
-        }
-    }
+    ExitCode::from(2)
 }
 
 /// `sqcqd rpc --admin-socket PATH METHOD [PARAMS]...`: prints the result

@@ -151,7 +151,7 @@ impl DeviceControl {
                 .call(w, call, self.pool.deadline(QUEUE_STOP_TIMEOUT))
             {
                 Ok(mut list) => broken.append(&mut list),
-                Err(e) => error!(device, "fault break: {e}"),
+                Err(e) => error!(device, "fault_break: {e}"),
             }
         }
         broken.sort_unstable();

@@ -1,7 +1,7 @@
 //! The devices and workers of a running daemon, and every change to them:
-//! what the management API ([`crate::rpc`]), the legacy admin commands
-//! ([`crate::admin`]) and a configuration reload (SIGHUP) all go through,
-//! so that a change made one way or the other gives the same daemon.
+//! what the management API ([`crate::rpc`]) and a configuration reload
+//! (SIGHUP) both go through, so that a change made one way or the other
+//! gives the same daemon.
 //!
 //! Changes are serialised (one at a time, whoever asks); reading the
 //! device list never waits for a change that drains I/O.

@@ -6,8 +6,8 @@
 //! specification defines them. `rpc.discover` answers an OpenRPC
 //! document describing every method, built from the same table that
 //! dispatches them ([`METHODS`]), so the description cannot drift from
-//! the code. A line that does not start with `{` or `[` is a legacy text
-//! command ([`crate::admin`]).
+//! the code. A line that is not JSON gets the parse error (-32700);
+//! [`crate::admin`] serves the socket.
 //!
 //! Every change goes through the [`Registry`], like the configuration
 //! file at start and at reload: `device_create` takes a `[[device]]`
@@ -684,8 +684,8 @@ fn check_params(m: &Method, params: &Map<String, Value>) -> Result<(), RpcError>
     }
 }
 
-/// Answers one line of the admin socket that holds JSON-RPC (a request
-/// or a batch); `None` when nothing is to be sent back.
+/// Answers one line of the admin socket (a request or a batch; anything
+/// else gets an error response); `None` when nothing is to be sent back.
 pub fn handle_line(ctx: &Context, line: &str) -> Option<String> {
     let parsed: Value = match serde_json::from_str(line) {
         Ok(v) => v,
@@ -712,6 +712,16 @@ pub fn handle_line(ctx: &Context, line: &str) -> Option<String> {
         req => request(ctx, &req),
     };
     reply.map(|v| v.to_string())
+}
+
+/// The reply to a line longer than `max` bytes, which is not read: an
+/// invalid request, as the request it holds is never parsed.
+pub fn line_too_long(max: usize) -> String {
+    let e = RpcError {
+        code: INVALID_REQUEST,
+        message: format!("a request line is at most {max} bytes"),
+    };
+    error_response(Value::Null, &e).to_string()
 }
 
 /// The errors a `config_reload` result reports, if it reports any: the

@@ -18,6 +18,10 @@ use common::*;
 
 const SQCQD: &str = env!("CARGO_BIN_EXE_sqcqd");
 
+/// Requests the client that does not read its replies sends: their
+/// replies fill its socket many times over, their bytes fit in it.
+const DEAF: usize = 2000;
+
 /// `sqcqd` with one SCSI device and the admin socket, under its seccomp
 /// filter, its stderr in `log`; returns once the socket answers.
 fn start(dir: &TempDir) -> (Child, LogOnPanic, std::path::PathBuf) {
@@ -71,12 +75,13 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Calls of both protocols, a change among them, each on its own
-/// connection, all answered.
+/// Calls, a change among them, each on its own connection, all
+/// answered.
 fn calls_are_answered(admin: &Path, lun: u16) {
     let list = stdout(&client(&["rpc", "device_list"], admin));
     assert!(list.contains("\"socket_path\""), "{list}");
-    assert!(stdout(&client(&["admin", "stats"], admin)).starts_with("ok "));
+    let stats = stdout(&client(&["rpc", "stats_get"], admin));
+    assert!(stats.contains("\"queues\""), "{stats}");
     let added = stdout(&client(
         &[
             "rpc",
@@ -89,11 +94,21 @@ fn calls_are_answered(admin: &Path, lun: u16) {
         admin,
     ));
     assert!(added.contains(&format!("\"lun\": {lun}")), "{added}");
-    let stats = stdout(&client(&["admin", "stats"], admin));
+    let list: serde_json::Value =
+        serde_json::from_str(&stdout(&client(&["rpc", "device_list"], admin))).unwrap();
     assert!(
-        stats.contains(&format!(" lun{lun}=")),
-        "the change is made: {stats}"
+        list[0]["luns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["lun"] == lun),
+        "the change is made: {list}"
     );
+}
+
+/// A request line for `method` (no parameters) with id `id`.
+fn request(method: &str, id: usize) -> String {
+    format!("{{\"jsonrpc\":\"2.0\",\"method\":\"{method}\",\"id\":{id}}}\n")
 }
 
 fn connect(admin: &Path) -> UnixStream {
@@ -102,13 +117,12 @@ fn connect(admin: &Path) -> UnixStream {
     s
 }
 
-/// Sends `line` on `s` and reads one reply line.
-fn ask(s: &mut UnixStream, line: &str) -> String {
+/// Sends `line` on `s` and reads one reply.
+fn ask(s: &mut UnixStream, line: &str) -> serde_json::Value {
     s.write_all(line.as_bytes()).unwrap();
-    s.write_all(b"\n").unwrap();
     let mut reply = String::new();
     BufReader::new(s).read_line(&mut reply).unwrap();
-    reply
+    serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{reply:?}: {e}"))
 }
 
 #[test]
@@ -132,22 +146,27 @@ fn an_idle_client_and_a_trickling_one_delay_no_other_call() {
             }
         })
     };
-    // One that sends commands and does not read the replies.
+    // One that sends requests and does not read the replies (more than
+    // the socket holds).
     let mut deaf = connect(&admin);
-    deaf.write_all(&b"stats\n".repeat(5000)).unwrap();
+    let requests: String = (0..DEAF).map(|id| request("daemon_info", id)).collect();
+    deaf.write_all(requests.as_bytes()).unwrap();
 
     calls_are_answered(&admin, 1);
     std::thread::sleep(Duration::from_secs(2));
     calls_are_answered(&admin, 2);
 
     // The idle client is served in turn when it speaks.
-    assert!(ask(&mut idle, "stats").starts_with("ok "));
+    let reply = ask(&mut idle, &request("stats_get", 1));
+    assert!(reply["result"]["queues"].is_array(), "{reply}");
     // The deaf one gets its replies once it reads, in order.
     let mut r = BufReader::new(&mut deaf);
-    for _ in 0..5000 {
+    for id in 0..DEAF {
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ok device=0 "), "{line}");
+        let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(reply["id"], id, "{line}");
+        assert_eq!(reply["result"]["devices"], 1, "{line}");
     }
     trickling.store(false, Ordering::Relaxed);
     trickle.join().unwrap();
@@ -172,7 +191,8 @@ fn many_idle_clients_delay_no_call_and_the_longest_idle_makes_room() {
     );
     // The newest idle connections still work.
     let mut last = rest.into_iter().last().unwrap();
-    assert!(ask(&mut last, "stats").starts_with("ok "));
+    let reply = ask(&mut last, &request("daemon_info", 1));
+    assert_eq!(reply["result"]["devices"], 1, "{reply}");
     first.clear();
     let log = std::fs::read_to_string(dir.path("sqcqd.log")).unwrap();
     assert!(log.contains("closing the one idle longest"), "{log}");

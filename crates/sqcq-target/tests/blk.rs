@@ -16,6 +16,7 @@ use common::blk_driver::BlkDriver;
 use common::raw::{self, Raw, code};
 use common::raw_ring::{Guest, INDIRECT, NEXT, Vq, WRITE, connect_device};
 use common::*;
+use serde_json::{Value, json};
 use sqcq_driver::NotifyMode;
 use sqcq_driver::blk::{Done as DriverDone, RequestError};
 use sqcq_target::Daemon;
@@ -685,31 +686,42 @@ fn a_resize_reaches_the_config_space_the_request_checks_and_the_frontend() {
     let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
     assert_eq!(d, status(Status::IoErr));
     let admin = dir.path("admin.sock");
-    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=16M").unwrap();
-    assert_eq!(reply, "ok device=0 lun=0 blocks=32768");
+    let resize = |size: Value| {
+        rpc(
+            &admin,
+            "lun_resize",
+            json!({"device": 0, "lun": 0, "size": size}),
+        )
+    };
+    assert_eq!(resize(json!("16M")), Ok(json!({"blocks": 32768})));
     next_backend_message(&mut channel);
     assert_eq!(changes.0.load(Ordering::Relaxed), 1, "told of the change");
     assert_eq!(capacity(&mut fe), 2 * SECTORS);
     let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
     assert_eq!(d, ok(513), "the new sectors are there");
     // Shrinking back: the sectors past the new end are refused again.
-    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=8M").unwrap();
-    assert_eq!(reply, "ok device=0 lun=0 blocks=16384");
+    assert_eq!(resize(json!("8M")), Ok(json!({"blocks": 16384})));
     next_backend_message(&mut channel);
     assert_eq!(changes.0.load(Ordering::Relaxed), 2);
     assert_eq!(capacity(&mut fe), SECTORS);
     let (d, _) = request(q, &mut g, &header(RequestType::In, SECTORS), &[], 512);
     assert_eq!(d, status(Status::IoErr));
     // A size that is not whole blocks, a LUN a blk device does not have.
-    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=1000").unwrap();
-    assert!(reply.starts_with("error"), "{reply}");
-    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=1 size=8M").unwrap();
-    assert!(reply.starts_with("error"), "{reply}");
-    let reply =
-        sqcq_target::admin::request(&admin, "lun add device=0 lun=1 kind=ram,size=8M").unwrap();
-    assert!(
-        reply.starts_with("error"),
-        "no LUN changes on a blk device: {reply}"
+    let e = resize(json!(1000)).unwrap_err();
+    assert_eq!(error_code(&e), -32602, "{e}");
+    let e = rpc(
+        &admin,
+        "lun_resize",
+        json!({"device": 0, "lun": 1, "size": "8M"}),
+    )
+    .unwrap_err();
+    assert_eq!(error_code(&e), -32001, "{e}");
+    let ram = json!({"device": 0, "lun": 1, "kind": "ram", "size": "8M"});
+    let e = rpc(&admin, "lun_add", ram).unwrap_err();
+    assert_eq!(
+        error_code(&e),
+        -32001,
+        "no LUN changes on a blk device: {e}"
     );
     assert_eq!(counter(&daemon, "config_changes_lost"), 0);
     daemon.shutdown();
@@ -722,8 +734,11 @@ fn a_resize_a_frontend_cannot_be_told_of_is_counted() {
     } = rig("blk-resize-untold", false, BLK_FEATURES);
     // Connected, without a backend channel.
     let admin = dir.path("admin.sock");
-    let reply = sqcq_target::admin::request(&admin, "lun resize device=0 lun=0 size=16M").unwrap();
-    assert_eq!(reply, "ok device=0 lun=0 blocks=32768");
+    let resize = json!({"device": 0, "lun": 0, "size": "16M"});
+    assert_eq!(
+        rpc(&admin, "lun_resize", resize),
+        Ok(json!({"blocks": 32768}))
+    );
     wait_until("the untold change is counted", || {
         counter(&daemon, "config_changes_lost") == 1
     });

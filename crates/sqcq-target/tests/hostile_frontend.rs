@@ -250,17 +250,16 @@ impl Harness {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn stats(&self) -> String {
-        sqcq_target::admin::request(&self.admin, "stats").unwrap()
+    /// The daemon's statistics (`stats_get`).
+    fn stats(&self) -> serde_json::Value {
+        rpc(&self.admin, "stats_get", serde_json::json!({})).unwrap()
     }
 
-    /// A counter of device `device` from the admin `stats` reply.
+    /// Error counter `name` of device `device`, from `stats_get`.
     fn counter(&self, device: u32, name: &str) -> u64 {
         let s = self.stats();
-        let part = s.split(" device=").nth(device as usize + 1).unwrap_or("");
-        part.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.parse().ok())
+        s["errors"][device.to_string()][name]
+            .as_u64()
             .unwrap_or_else(|| panic!("no {name} in {s}"))
     }
 }
@@ -852,21 +851,33 @@ fn connection_churn_leaks_nothing() {
 #[test]
 fn admin_socket_garbage_is_answered_and_survived() {
     let mut h = Harness::start("admin", &[]);
-    for junk in [
-        &b"\x00\x01\x02\xff\n"[..],
-        b"lun add device=9 lun=1 kind=ram,size=1M\n",
-        b"stats stats\n",
-        b"\n\n\n",
+    // Each line gets a JSON-RPC error with a null id (blank lines no
+    // answer): not JSON (binary, a text command of earlier versions) is
+    // a parse error, JSON that is not a request an invalid request, a
+    // change to a device that does not exist "not found".
+    for (junk, expected) in [
+        (&b"\x00\x01\x02\xff\n"[..], Some(-32700)),
+        (b"lun add device=9 lun=1 kind=ram,size=1M\n", Some(-32700)),
+        (b"stats stats\n", Some(-32700)),
+        (b"42\n", Some(-32600)),
+        (
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"lun_add\",\"params\":{\"device\":9,\"lun\":1,\"kind\":\"ram\",\"size\":\"1M\"},\"id\":null}\n",
+            Some(-32001),
+        ),
+        (b"\n\n\n", None),
     ] {
         let mut s = UnixStream::connect(&h.admin).unwrap();
         s.write_all(junk).unwrap();
         s.shutdown(std::net::Shutdown::Write).unwrap();
         let mut reply = String::new();
         s.read_to_string(&mut reply).unwrap();
-        assert!(
-            reply.is_empty() || reply.starts_with("error"),
-            "{junk:?} -> {reply}"
-        );
+        let got = (!reply.is_empty()).then(|| {
+            let v: serde_json::Value = serde_json::from_str(&reply)
+                .unwrap_or_else(|e| panic!("{junk:?} -> {reply:?}: {e}"));
+            assert!(v["id"].is_null(), "{junk:?} -> {reply}");
+            error_code(&v["error"])
+        });
+        assert_eq!(got, expected, "{junk:?} -> {reply}");
     }
     // A line longer than the limit, and a client that sends half a line
     // and goes quiet while another one waits.
@@ -874,11 +885,12 @@ fn admin_socket_garbage_is_answered_and_survived() {
     long.write_all(&vec![b'x'; 100_000]).unwrap_or(());
     let mut reply = String::new();
     let _ = long.read_to_string(&mut reply);
-    assert!(reply.starts_with("error"), "{reply}");
+    let v: serde_json::Value =
+        serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{reply}: {e}"));
+    assert_eq!(error_code(&v["error"]), -32600, "{reply}");
     let mut quiet = UnixStream::connect(&h.admin).unwrap();
-    quiet.write_all(b"sta").unwrap();
-    let reply = sqcq_target::admin::request(&h.admin, "stats").unwrap();
-    assert!(reply.starts_with("ok"), "{reply}");
+    quiet.write_all(b"{\"jsonrpc\"").unwrap();
+    rpc(&h.admin, "daemon_info", serde_json::json!({})).unwrap();
     drop(quiet);
     h.check("admin garbage");
     h.stop();

@@ -1,4 +1,4 @@
-//! LUNs added, resized and removed through the admin socket while a
+//! LUNs added, resized and removed through the management API while a
 //! frontend is connected and another LUN serves I/O: the events on the
 //! event queue, the unit attentions, REPORT LUNS, READ CAPACITY and I/O.
 
@@ -17,9 +17,9 @@ use std::thread;
 use common::driver::*;
 use common::raw_ring::{self, Guest, lun_field};
 use common::*;
+use serde_json::{Value, json};
 use sqcq_driver::scsi::Cdb;
 use sqcq_target::Daemon;
-use sqcq_target::admin::request;
 use sqcq_target::config::{BackstoreKind, DaemonConfig, DeviceConfig, LunSpec, QueueMap};
 
 fn start_admin(dir: &TempDir, luns: Vec<LunSpec>) -> (Daemon, PathBuf, PathBuf) {
@@ -78,12 +78,17 @@ fn write_read(rq: &mut Rq, lun: u16, lba: u32, seed: u8) -> Vec<(u8, u8)> {
     uas
 }
 
-/// Sends an admin command from another thread while this one keeps I/O
-/// going on LUN 0 (until one round after the reply); returns the reply,
-/// how many I/O rounds ran and the unit attentions LUN 0 reported.
-fn admin_during_io(admin: &Path, line: &str, rq: &mut Rq) -> (String, u32, Vec<(u8, u8)>) {
-    let (path, line) = (admin.to_owned(), line.to_owned());
-    let h = thread::spawn(move || request(&path, &line).unwrap());
+/// Calls `method` from another thread while this one keeps I/O going on
+/// LUN 0 (until one round after the answer); returns the answer, how
+/// many I/O rounds ran and the unit attentions LUN 0 reported.
+fn rpc_during_io(
+    admin: &Path,
+    method: &'static str,
+    params: Value,
+    rq: &mut Rq,
+) -> (Result<Value, Value>, u32, Vec<(u8, u8)>) {
+    let path = admin.to_owned();
+    let h = thread::spawn(move || rpc(&path, method, params));
     let mut n = 0u32;
     let mut uas = Vec::new();
     loop {
@@ -154,8 +159,9 @@ fn luns_come_change_and_go_while_another_lun_serves_io() {
 
     // Add: a RESCAN event, REPORT LUNS shows it, I/O to it works, and LUN
     // 0 (busy meanwhile) reports REPORTED LUNS DATA HAS CHANGED once.
-    let (reply, ios, uas) = admin_during_io(&admin, "lun add device=0 lun=1 kind=ram,size=4M", rq0);
-    assert_eq!(reply, "ok device=0 lun=1 added");
+    let add = json!({"device": 0, "lun": 1, "kind": "ram", "size": "4M"});
+    let (reply, ios, uas) = rpc_during_io(&admin, "lun_add", add, rq0);
+    assert_eq!(reply, Ok(json!({"lun": 1})));
     assert!(ios > 1, "LUN 0 served I/O meanwhile");
     assert_eq!(uas, [(0x3f, 0x0e)], "REPORTED LUNS DATA HAS CHANGED, once");
     assert_eq!(
@@ -171,9 +177,10 @@ fn luns_come_change_and_go_while_another_lun_serves_io() {
 
     // Resize: PARAM_CHANGE with ASC/ASCQ 2Ah/09h, CAPACITY DATA HAS
     // CHANGED, then the new capacity, and I/O past the old end works.
-    let (reply, _, uas) = admin_during_io(&admin, "lun resize device=0 lun=1 size=8M", rq0);
+    let resize = json!({"device": 0, "lun": 1, "size": "8M"});
+    let (reply, _, uas) = rpc_during_io(&admin, "lun_resize", resize, rq0);
     assert!(uas.is_empty(), "LUN 0 is not concerned: {uas:?}");
-    assert_eq!(reply, "ok device=0 lun=1 blocks=16384");
+    assert_eq!(reply, Ok(json!({"blocks": 16384})));
     assert_eq!(
         events.next_event().unwrap(),
         event(3, 1, 0x092a),
@@ -190,9 +197,10 @@ fn luns_come_change_and_go_while_another_lun_serves_io() {
         rq1.submit(lun_at(0, 1), Cdb::read_10(i, 1, false), &[], 512);
     }
     rq1.publish();
-    let (reply, _, uas) = admin_during_io(&admin, "lun remove device=0 lun=1", rq0);
+    let remove = json!({"device": 0, "lun": 1});
+    let (reply, _, uas) = rpc_during_io(&admin, "lun_remove", remove, rq0);
     assert_eq!(uas, [(0x3f, 0x0e)], "REPORTED LUNS DATA HAS CHANGED again");
-    assert_eq!(reply, "ok device=0 lun=1 removed");
+    assert_eq!(reply, Ok(Value::Null));
     for r in rq1.wait(8) {
         assert!(r.good() || r.key_asc() == Some((5, 0x25)), "{r:?}");
     }
@@ -209,23 +217,44 @@ fn luns_come_change_and_go_while_another_lun_serves_io() {
     assert_eq!(report_luns(rq1), [0]);
     write_read(rq0, 0, 3, 9);
 
-    // Refusals.
-    let refused = |line: &str| {
-        let reply = request(&admin, line).unwrap();
-        assert!(reply.starts_with("error "), "{line}: {reply}");
+    // Refusals, with their codes: the LUN exists, no such LUN, a size
+    // that is not whole blocks, no such device, no such method.
+    let refused = |method: &str, params: Value, expected: i64| {
+        let e = rpc(&admin, method, params.clone()).unwrap_err();
+        assert_eq!(error_code(&e), expected, "{method} {params}: {e}");
     };
-    refused("lun add device=0 lun=0 kind=ram,size=1M");
-    refused("lun remove device=0 lun=1");
-    refused("lun resize device=0 lun=0 size=1000");
-    refused("lun add device=1 lun=2 kind=ram,size=1M");
-    refused("format c:");
+    let ram = json!({"device": 0, "lun": 0, "kind": "ram", "size": "1M"});
+    refused("lun_add", ram, -32002);
+    refused("lun_remove", json!({"device": 0, "lun": 1}), -32001);
+    let odd = json!({"device": 0, "lun": 0, "size": 1000});
+    refused("lun_resize", odd, -32602);
+    let ram = json!({"device": 1, "lun": 2, "kind": "ram", "size": "1M"});
+    refused("lun_add", ram, -32001);
+    refused("format", json!({"drive": "c:"}), -32601);
 
-    let stats = request(&admin, "stats").unwrap();
-    assert!(
-        stats.starts_with("ok device=0 lun0=16384x512 vq2="),
-        "{stats}"
-    );
-    assert!(!stats.contains("lun1="), "{stats}");
+    // LUN 0 as it was, LUN 1 gone, and the I/O to LUN 0 counted.
+    let list = rpc(&admin, "device_list", json!({})).unwrap();
+    let luns: Vec<_> = list[0]["luns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["lun"].clone(),
+                l["blocks"].clone(),
+                l["block_size"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(luns, [(json!(0), json!(16384), json!(512))], "{list}");
+    let stats = rpc(&admin, "stats_get", json!({"device": 0})).unwrap();
+    let vq2 = stats["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["vq"] == 2)
+        .unwrap_or_else(|| panic!("no vq 2: {stats}"));
+    assert!(vq2["completions"].as_u64() > Some(0), "{vq2}");
     daemon.shutdown();
     assert!(!admin.exists(), "the admin socket is removed on exit");
 }
@@ -244,21 +273,15 @@ fn no_event_without_hotplug_and_change() {
         },
     );
     assert_eq!(d.frontend.negotiated().acked & HOTPLUG_AND_CHANGE, 0);
-    assert!(
-        request(&admin, "lun add lun=5 kind=null,size=1M")
-            .unwrap()
-            .starts_with("ok")
+    let add = json!({"device": 0, "lun": 5, "kind": "null", "size": "1M"});
+    assert_eq!(rpc(&admin, "lun_add", add), Ok(json!({"lun": 5})));
+    let resize = json!({"device": 0, "lun": 5, "size": "2M"});
+    assert_eq!(
+        rpc(&admin, "lun_resize", resize),
+        Ok(json!({"blocks": 4096}))
     );
-    assert!(
-        request(&admin, "lun resize lun=5 size=2M")
-            .unwrap()
-            .starts_with("ok")
-    );
-    assert!(
-        request(&admin, "lun remove lun=5")
-            .unwrap()
-            .starts_with("ok")
-    );
+    let remove = json!({"device": 0, "lun": 5});
+    assert_eq!(rpc(&admin, "lun_remove", remove), Ok(Value::Null));
     // Events are delivered by the control thread after the reply; give it
     // time (a late event would only make this test pass wrongly).
     clear_all_unit_attentions(&mut d.rqs[0], 0);
@@ -307,27 +330,35 @@ fn a_file_lun_writes_reads_flushes_and_grows() {
 
     // Grow: the file grows, the LUN reports it after the unit attention,
     // the new blocks take I/O.
+    let grow = json!({"device": 0, "lun": 0, "size": "8M"});
     assert_eq!(
-        request(&admin, "lun resize lun=0 size=8M").unwrap(),
-        "ok device=0 lun=0 blocks=16384"
+        rpc(&admin, "lun_resize", grow),
+        Ok(json!({"blocks": 16384}))
     );
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 8 << 20);
     let r = rq.command(lun0, Cdb::test_unit_ready(), &[], 0);
     assert_eq!(r.key_asc(), Some((6, 0x2a)), "{r:?}");
     assert_eq!(read_capacity16(rq, 0), (16383, 512));
     write_read(rq, 0, 16000, 7);
-    let reply = request(&admin, "lun resize lun=0 size=4M").unwrap();
+    let shrink = json!({"device": 0, "lun": 0, "size": "4M"});
+    let e = rpc(&admin, "lun_resize", shrink).unwrap_err();
+    assert_eq!(error_code(&e), -32000, "a file LUN does not shrink: {e}");
     assert!(
-        reply.starts_with("error "),
-        "a file LUN does not shrink: {reply}"
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("shrinking a file LUN")
     );
     daemon.shutdown();
     std::fs::remove_file(&path).unwrap();
 }
 
+/// `sqcqd rpc`, the client built into the binary, against the binary;
+/// `sqcqd admin`, the client of the text commands removed, says what
+/// replaces it and fails.
 #[test]
-fn sqcqd_admin_client_talks_to_the_binary() {
-    use std::process::{Command, Stdio};
+fn sqcqd_rpc_client_talks_to_the_binary() {
+    use std::process::{Command, Output, Stdio};
     let dir = TempDir::new("hotplug-bin");
     let (socket, admin) = (dir.path("scsi.sock"), dir.path("admin.sock"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
@@ -340,11 +371,11 @@ fn sqcqd_admin_client_talks_to_the_binary() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let client = |args: &[&str]| {
+    let client = |args: &[&str]| -> Output {
         let deadline = std::time::Instant::now() + WAIT;
         loop {
             let out = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
-                .arg("admin")
+                .arg("rpc")
                 .arg("--admin-socket")
                 .arg(&admin)
                 .args(args)
@@ -352,22 +383,43 @@ fn sqcqd_admin_client_talks_to_the_binary() {
                 .unwrap();
             // 2: the socket is not there yet.
             if out.status.code() != Some(2) || std::time::Instant::now() > deadline {
-                return (
-                    out.status.success(),
-                    String::from_utf8_lossy(&out.stdout).into_owned(),
-                );
+                return out;
             }
             thread::sleep(std::time::Duration::from_millis(10));
         }
     };
+    let json = |bytes: &[u8]| -> Value {
+        serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{e}: {bytes:?}"))
+    };
+    let out = client(&["lun_add", "device=0", "lun=1", "kind=ram", "size=2M"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(json(&out.stdout), json!({"lun": 1}));
+    let out = client(&["device_list"]);
+    assert!(out.status.success(), "{out:?}");
+    let list = json(&out.stdout);
+    assert_eq!(list[0]["luns"][1]["lun"], 1, "{list}");
+    assert_eq!(list[0]["luns"][1]["blocks"], 4096, "{list}");
+    let out = client(&["lun_remove", "device=0", "lun=7"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
     assert_eq!(
-        client(&["lun", "add", "lun=1", "kind=ram,size=2M"]),
-        (true, "ok device=0 lun=1 added\n".to_owned())
+        json(&out.stderr),
+        json!({"code": -32001, "message": "no LUN 7"})
     );
-    let (ok, stats) = client(&["stats"]);
-    assert!(ok && stats.contains(" lun1=4096x512 "), "{stats}");
-    let (ok, reply) = client(&["lun", "remove", "lun=7"]);
-    assert!(!ok && reply.starts_with("error no LUN 7"), "{reply}");
+    // The removed client points to this one, whatever it is asked.
+    let out = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .args(["admin", "--admin-socket"])
+        .arg(&admin)
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.starts_with("sqcqd admin was removed: use sqcqd rpc ")
+            && said.contains("rpc.discover"),
+        "{said}"
+    );
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&admin).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
@@ -378,9 +430,9 @@ fn sqcqd_admin_client_talks_to_the_binary() {
     assert!(!admin.exists());
 }
 
-/// `fault break` (fault injection): the queue breaks at its next request,
+/// `fault_break` (fault injection): the queue breaks at its next request,
 /// which it does not take: its error eventfd is signalled, the other
-/// queue goes on, a second `fault break` finds nothing to arm, and a
+/// queue goes on, a second `fault_break` finds nothing to arm, and a
 /// device reset brings the queue back with the error eventfd of the first
 /// start. It stays on the raw ring helper: the restart is QEMU's message
 /// sequence (no second SET_VRING_ERR), which sqcq-driver's frontend does
@@ -398,14 +450,13 @@ fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
     let _ = qs[2].err.read();
     let _ = qs[3].err.read();
 
-    let reply = request(&admin, "fault break device=0 vq=2").unwrap();
-    assert_eq!(reply, "ok device=0 armed vq=2");
-    assert!(
-        request(&admin, "fault break device=0 vq=2")
-            .unwrap()
-            .starts_with("error "),
-        "armed already"
+    let vq2 = json!({"device": 0, "vq": 2});
+    assert_eq!(
+        rpc(&admin, "fault_break", vq2.clone()),
+        Ok(json!({"armed": [2]}))
     );
+    let e = rpc(&admin, "fault_break", vq2.clone()).unwrap_err();
+    assert_eq!(error_code(&e), -32001, "armed already: {e}");
     // Armed, the queue breaks at the next request and leaves it untaken.
     raw_ring::submit(
         &mut qs[2],
@@ -418,8 +469,8 @@ fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
     qs[2].kick(&g);
     wait_signalled(&qs[2].err, "the broken queue's error eventfd");
     assert!(qs[3].err.read().is_err(), "the other queue is not broken");
-    let stats = request(&admin, "stats").unwrap();
-    assert!(stats.contains(" broken_rings=1"), "{stats}");
+    let stats = rpc(&admin, "stats_get", json!({})).unwrap();
+    assert_eq!(stats["errors"]["0"]["broken_rings"], 1, "{stats}");
     let (r, _) = raw_ring::command(
         &mut qs[3],
         &mut g,
@@ -429,16 +480,13 @@ fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
         36,
     );
     assert_eq!((r.response, r.status), (0, 0), "{r:?}");
-    assert!(
-        request(&admin, "fault break device=0 vq=2")
-            .unwrap()
-            .starts_with("error "),
-        "broken already"
-    );
-    assert!(
-        request(&admin, "fault break device=1")
-            .unwrap()
-            .starts_with("error no device 1")
+    let e = rpc(&admin, "fault_break", vq2).unwrap_err();
+    assert_eq!(error_code(&e), -32001, "broken already: {e}");
+    let e = rpc(&admin, "fault_break", json!({"device": 1})).unwrap_err();
+    assert_eq!(
+        (error_code(&e), e["message"].as_str()),
+        (-32001, Some("no device 1")),
+        "{e}"
     );
     assert_eq!(
         qs[2].used_idx(&g),
@@ -462,8 +510,8 @@ fn fault_break_stops_a_queue_at_its_next_request_until_the_device_is_reset() {
     // Every queue armed; both break at their next request, and the error
     // eventfds of the first start still report it.
     assert_eq!(
-        request(&admin, "fault break device=0").unwrap(),
-        "ok device=0 armed vq=2,3"
+        rpc(&admin, "fault_break", json!({"device": 0})),
+        Ok(json!({"armed": [2, 3]}))
     );
     for q in [2, 3] {
         raw_ring::submit(

@@ -12,13 +12,12 @@ use std::path::{Path, PathBuf};
 
 use common::driver::*;
 use common::*;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use sqcq_driver::scsi::Cdb;
 use sqcq_target::Daemon;
 use sqcq_target::config::{
     BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, LunSpec, QueueMap,
 };
-use sqcq_target::rpc::call;
 
 fn config(dir: &TempDir, workers: usize, devices: Vec<DeviceConfig>) -> DaemonConfig {
     DaemonConfig {
@@ -45,19 +44,6 @@ fn device(socket: PathBuf, device_type: DeviceType, luns: Vec<LunSpec>) -> Devic
 fn at(mut spec: LunSpec, lun: u16) -> LunSpec {
     spec.lun = Some(lun);
     spec
-}
-
-fn object(v: Value) -> Map<String, Value> {
-    v.as_object().cloned().unwrap_or_default()
-}
-
-/// Calls `method`; the result or the error object.
-fn rpc(admin: &Path, method: &str, params: Value) -> Result<Value, Value> {
-    call(admin, method, object(params)).expect("the admin socket answers")
-}
-
-fn code(e: &Value) -> i64 {
-    e["code"].as_i64().unwrap()
 }
 
 /// Sends `lines` on one connection and reads `replies` lines back.
@@ -120,7 +106,7 @@ fn the_envelope_is_json_rpc_2() {
     assert_eq!(batch[0]["id"], 7);
     assert_eq!(batch[0]["result"][0]["id"], 0);
     assert_eq!(
-        (batch[1]["id"].clone(), code(&batch[1]["error"])),
+        (batch[1]["id"].clone(), error_code(&batch[1]["error"])),
         (json!(8), -32001)
     );
     assert_eq!(replies[8]["error"]["code"], -32600, "an empty batch");
@@ -146,9 +132,24 @@ fn the_envelope_is_json_rpc_2() {
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["device", "rq", "worker"]);
-    // The legacy text commands still work on the same socket.
-    let reply = sqcq_target::admin::request(&admin, "stats").unwrap();
-    assert!(reply.starts_with("ok device=0"), "{reply}");
+    // A line that is not JSON, such as a text command of earlier
+    // versions, gets the parse error and changes nothing; the connection
+    // goes on.
+    let replies = exchange(
+        &admin,
+        concat!(
+            "stats\n",
+            "lun add device=0 lun=1 kind=ram,size=1M\n",
+            "{\"jsonrpc\":\"2.0\",\"method\":\"device_list\",\"id\":1}\n",
+        ),
+        3,
+    );
+    for r in &replies[..2] {
+        assert_eq!(r["error"]["code"], -32700, "{r}");
+        assert_eq!(r["id"], Value::Null);
+    }
+    let luns = &replies[2]["result"][0]["luns"];
+    assert_eq!(luns.as_array().map(Vec::len), Some(1), "{luns}");
     daemon.shutdown();
 }
 
@@ -211,13 +212,13 @@ fn devices_created_at_run_time_serve_and_deleted_ones_are_gone() {
         "device_create",
         json!({"socket-path": socket, "lun": ["kind=null,size=1G"]}),
     );
-    assert_eq!(code(&again.unwrap_err()), -32002, "a socket in use");
+    assert_eq!(error_code(&again.unwrap_err()), -32002, "a socket in use");
     let bad = rpc(
         &admin,
         "device_create",
         json!({"socket-path": dir.path("bad.sock"), "lun": ["kind=null,size=1G"], "num-queues": 0}),
     );
-    assert_eq!(code(&bad.unwrap_err()), -32602);
+    assert_eq!(error_code(&bad.unwrap_err()), -32602);
     assert!(
         !dir.path("bad.sock").exists(),
         "nothing left of a refused device"
@@ -228,7 +229,7 @@ fn devices_created_at_run_time_serve_and_deleted_ones_are_gone() {
         json!({"socket-path": dir.path("blk.sock"), "type": "blk", "lun": []}),
     );
     assert_eq!(
-        code(&blk.unwrap_err()),
+        error_code(&blk.unwrap_err()),
         -32602,
         "a blk device without a disk"
     );
@@ -237,7 +238,7 @@ fn devices_created_at_run_time_serve_and_deleted_ones_are_gone() {
     rpc(&admin, "device_delete", json!({"device": 1})).unwrap();
     assert!(!socket.exists(), "the socket is removed");
     let e = rpc(&admin, "device_delete", json!({"device": 1})).unwrap_err();
-    assert_eq!(code(&e), -32001);
+    assert_eq!(error_code(&e), -32001);
     let list = rpc(&admin, "device_list", json!({})).unwrap();
     assert_eq!(list.as_array().unwrap().len(), 1);
     drop(d);

@@ -1,19 +1,18 @@
 //! The admin socket's server: one thread, started with the daemon, that
 //! multiplexes up to [`MAX_CONNECTIONS`] clients with `poll` and runs
-//! their commands (text or JSON-RPC lines) one at a time, in the order
-//! their lines arrive.
+//! their JSON-RPC lines one at a time, in the order they arrive.
 //!
-//! A command runs on this thread, so changes stay serialised and each
+//! A request runs on this thread, so changes stay serialised and each
 //! still replies once its change reached every worker; while one runs,
 //! the others wait (the registry serialises its changes in any case, with
-//! SIGHUP's reload too). A client that is not sending a command costs the
+//! SIGHUP's reload too). A client that is not sending a request costs the
 //! others nothing: the thread only waits in `poll`, never on one
 //! connection. Each client is served one line at a time in turn, and its
 //! next line is read only once the reply to the last one is written, so a
 //! client that does not read its replies holds one reply in memory.
 //!
-//! A connection must complete a command line within [`IDLE_TIMEOUT`] of
-//! its connection or of its last command (a byte now and then does not
+//! A connection must complete a request line within [`IDLE_TIMEOUT`] of
+//! its connection or of its last request (a byte now and then does not
 //! extend it), and read a reply within as long, or it is closed. When
 //! every place is taken, a new connection takes the place of the one idle
 //! longest (without a reply being written, if there is one), which is
@@ -40,7 +39,7 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Longest line accepted (a JSON-RPC request creating a device with
 /// dozens of LUNs fits).
 pub const MAX_LINE: usize = 64 << 10;
-/// How long a connection may go without a command, or leave a reply
+/// How long a connection may go without a request, or leave a reply
 /// unread, before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes read from a connection per turn.
@@ -68,7 +67,7 @@ impl AdminServer {
         Ok(AdminServer { thread })
     }
 
-    /// Stops serving (after the command running, if any), closes every
+    /// Stops serving (after the request running, if any), closes every
     /// connection and removes the socket.
     pub fn shutdown(mut self) {
         self.thread.stop();
@@ -83,7 +82,7 @@ struct Conn {
     /// The reply being written, from `written`.
     output: Vec<u8>,
     written: usize,
-    /// Its connection or its last command: the longest idle is closed
+    /// Its connection or its last request: the longest idle is closed
     /// first when every place is taken.
     since: Instant,
     deadline: Instant,
@@ -239,14 +238,14 @@ fn turn(c: &mut Conn, revents: libc::c_short, now: Instant, ctx: &Context) -> bo
     }
     if !c.replying() && !c.closing && !c.has_line() && c.input.len() > MAX_LINE {
         c.closing = true;
-        return c.reply("error line too long") && c.replying();
+        return c.reply(&crate::rpc::line_too_long(MAX_LINE)) && c.replying();
     }
     if let Some(line) = c.next_line() {
         if line.trim().is_empty() {
             return true;
         }
-        let reply = run(ctx, &line);
-        // The time the command took is not the client's.
+        let reply = crate::rpc::handle_line(ctx, &line);
+        // The time the request took is not the client's.
         c.since = Instant::now();
         c.deadline = c.since + IDLE_TIMEOUT;
         return reply.is_none_or(|r| c.reply(&r));
@@ -262,21 +261,6 @@ fn turn(c: &mut Conn, revents: libc::c_short, now: Instant, ctx: &Context) -> bo
         return false;
     }
     true
-}
-
-/// Runs one line; the reply (without newline), `None` for a JSON-RPC
-/// notification.
-fn run(ctx: &Context, line: &str) -> Option<String> {
-    // JSON (any value) is JSON-RPC; anything else a text command.
-    let json = line.trim_start().starts_with(['{', '['])
-        || serde_json::from_str::<serde_json::Value>(line).is_ok();
-    if json {
-        crate::rpc::handle_line(ctx, line)
-    } else {
-        let reply = super::execute(&ctx.registry, line);
-        info!("admin: {} -> {reply}", line.trim());
-        Some(reply)
-    }
 }
 
 /// Accepts the connections waiting (a bounded number per turn, so the

@@ -166,7 +166,7 @@ pub struct DaemonConfig {
     pub devices: Vec<DeviceConfig>,
     /// Poll mode, CPU placement and statistics.
     pub poll: PollOptions,
-    /// The admin socket (LUN changes at run time; see [`crate::admin`]).
+    /// The admin socket (the management API; see [`crate::admin`]).
     pub admin_socket: Option<PathBuf>,
     /// The seccomp filter applied once the daemon runs
     /// ([`crate::sandbox`]).
@@ -211,7 +211,7 @@ impl Default for ServiceConfig {
     name = "sqcqd",
     version,
     about = "vhost-user-scsi and vhost-user-blk device daemon",
-    after_help = "Run-time LUN changes: sqcqd admin --admin-socket PATH COMMAND... (sqcqd admin --help)"
+    after_help = "Run-time changes: sqcqd rpc --admin-socket PATH METHOD [key=value]... (sqcqd rpc --help)"
 )]
 pub struct Cli {
     /// vhost-user Unix socket to listen on (one device).
@@ -236,8 +236,9 @@ pub struct Cli {
     /// Request queue to worker map, e.g. 0:0,1:1 (default round robin).
     #[arg(long)]
     pub queue_map: Option<QueueMap>,
-    /// Admin socket for run-time LUN changes and statistics (`sqcqd admin
-    /// --admin-socket PATH lun add|remove|resize ...|stats` talks to it).
+    /// Admin socket: the management API (JSON-RPC) for run-time changes
+    /// and statistics (`sqcqd rpc --admin-socket PATH METHOD ...` talks to
+    /// it).
     #[arg(long)]
     pub admin_socket: Option<PathBuf>,
     /// TOML config file with `[[device]]` sections (the other options then

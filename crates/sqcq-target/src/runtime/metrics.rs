@@ -265,7 +265,7 @@ impl QueueMetrics {
 }
 
 /// One queue's figures at one moment: what `--stats-file` lists, what the
-/// log line and admin `stats` print.
+/// log line and the `stats_get` method print.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct QueueSnapshot {
     /// Device number.

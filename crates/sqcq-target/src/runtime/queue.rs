@@ -290,7 +290,7 @@ pub struct Vring {
     /// then sends SET_VRING_CALL, so a request the driver makes available
     /// right after DRIVER_OK can complete before the call fd is here.
     call_owed: bool,
-    /// Fault injection (`fault break`): the queue breaks when it next
+    /// Fault injection (`fault_break`): the queue breaks when it next
     /// finds a request, before taking it.
     break_armed: bool,
     err: Option<PeerEventFd>,
@@ -469,7 +469,7 @@ impl ServedQueue {
         }
     }
 
-    /// Fault injection (`fault break`): the queue will break when it next
+    /// Fault injection (`fault_break`): the queue will break when it next
     /// finds a request made available, leaving that request untaken, as
     /// for a doorbell value no correct driver writes. False if it is
     /// broken or armed already.

@@ -53,10 +53,10 @@ pub enum HotplugError {
     /// The LUN number is missing or above 16383.
     #[error("a LUN number 0..=16383 is required")]
     BadLun,
-    /// `lun add` for a LUN that exists.
+    /// `lun_add` for a LUN that exists.
     #[error("LUN {0} exists")]
     Exists(u16),
-    /// `lun remove` or `lun resize` for a LUN that does not exist.
+    /// `lun_remove` or `lun_resize` for a LUN that does not exist.
     #[error("no LUN {0}")]
     NoSuchLun(u16),
     /// The LUN could not be built.
@@ -83,7 +83,7 @@ pub enum HotplugError {
     /// LUN changes on a device that is not a SCSI target.
     #[error("device {0} has no LUNs (it is not a SCSI device)")]
     NotScsi(u32),
-    /// `fault break` found no running request queue to arm.
+    /// `fault_break` found no running request queue to arm.
     #[error("no running request queue matches (or it is armed or broken already)")]
     NoQueue,
 }

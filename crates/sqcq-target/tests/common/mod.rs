@@ -10,6 +10,8 @@
 //!   corrupt indices, doorbell values no driver would write.
 //! - [`raw`]: raw vhost-user messages, for hostile-frontend tests only.
 //!
+//! and [`rpc`] for the management API on the admin socket.
+//!
 //! Every wait has a deadline so that a bug fails the test instead of
 //! hanging it.
 
@@ -20,8 +22,10 @@ pub mod driver;
 pub mod raw;
 pub mod raw_ring;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 use sqcq_target::Daemon;
 use sqcq_target::config::{
@@ -228,6 +232,18 @@ pub fn serving(
 pub fn refused(out: &std::process::Output) -> String {
     assert!(!out.status.success(), "{out:?}");
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Calls `method` of the management API on the admin socket `admin`
+/// (`params`: an object, or `json!({})`); the result or the error object.
+pub fn rpc(admin: &Path, method: &str, params: Value) -> Result<Value, Value> {
+    let params = params.as_object().cloned().unwrap_or_default();
+    sqcq_target::rpc::call(admin, method, params).expect("the admin socket answers")
+}
+
+/// The code of a JSON-RPC error object.
+pub fn error_code(e: &Value) -> i64 {
+    e["code"].as_i64().unwrap()
 }
 
 /// A child's pid as `kill` takes it.

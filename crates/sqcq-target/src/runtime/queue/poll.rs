@@ -51,7 +51,7 @@ pub enum PollError {
     /// The avail ring could not be read or its flags written.
     #[error("avail ring not accessible")]
     Ring(#[source] virtio_queue::Error),
-    /// `fault break` on the admin socket.
+    /// `fault_break` on the admin socket.
     #[error("nonsense SQ doorbell index (injected by the admin socket)")]
     Injected,
 }
