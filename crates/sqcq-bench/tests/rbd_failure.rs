@@ -203,7 +203,7 @@ fn a_dead_osd_fails_requests_in_bounded_time_and_io_resumes_when_it_is_back() {
     };
     let (bin, dir, socket) = (&rig.bin, &rig.dir, &rig.socket);
 
-    let killed = KilledOsd::kill();
+    let killed = Failure::cause("kill-osd", "start");
     let start = Instant::now();
     let (ok, v) = bench(socket, "randread");
     // A hang guard, not a timing: the bench's own limit is 60 s.
@@ -233,36 +233,23 @@ fn a_dead_osd_fails_requests_in_bounded_time_and_io_resumes_when_it_is_back() {
     rig.d.stop();
 }
 
-/// Brings a killed OSD back (with its data) when dropped, also when the
-/// test fails.
-struct KilledOsd;
+/// A failure of the cluster, repaired when dropped, also when the test
+/// fails: an OSD killed (`kill-osd`, brought back with its data by
+/// `start`) or the monitor paused (`pause-mon`, `resume-mon`).
+struct Failure {
+    repair: &'static str,
+}
 
-impl KilledOsd {
-    fn kill() -> Self {
-        cluster("kill-osd");
-        KilledOsd
+impl Failure {
+    fn cause(what: &'static str, repair: &'static str) -> Self {
+        cluster(what);
+        Failure { repair }
     }
 }
 
-impl Drop for KilledOsd {
+impl Drop for Failure {
     fn drop(&mut self) {
-        cluster("start");
-    }
-}
-
-/// Lets a paused monitor go on when dropped, also when the test fails.
-struct PausedMonitor;
-
-impl PausedMonitor {
-    fn pause() -> Self {
-        cluster("pause-mon");
-        PausedMonitor
-    }
-}
-
-impl Drop for PausedMonitor {
-    fn drop(&mut self) {
-        cluster("resume-mon");
+        cluster(self.repair);
     }
 }
 
@@ -287,7 +274,7 @@ fn a_monitor_that_stops_answering_freezes_nothing_and_io_resumes_when_it_is_back
             runs
         });
         std::thread::sleep(Duration::from_secs(1));
-        let paused = PausedMonitor::pause();
+        let paused = Failure::cause("pause-mon", "resume-mon");
         let until = Instant::now() + Duration::from_secs(15);
         while Instant::now() < until {
             // The control thread never waits for the cluster.
