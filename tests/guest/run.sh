@@ -519,10 +519,10 @@ sqcq_host_checks() {
         # kicks per request the device completed (both from its own
         # counters); interrupts and CPU per I/O fio completed in the guest.
         # Measured, not asserted: how many a poller saves depends on how
-        # soon each side's poller gets a CPU (a CI-style run beside two
-        # benchmarks had 0.39 kicks per I/O at QD32 with bit 42, 0.08 when
-        # idle). That the feature is in use is asserted by
-        # lifecycle/queue_mode and runN/idle_need_wakeup.
+        # soon each side's poller gets a CPU (the figures of a loaded and
+        # an idle machine: docs/guest-tests.md, `measure`). That the
+        # feature is in use is asserted by lifecycle/queue_mode and
+        # runN/idle_need_wakeup.
         m=$(python3 -c "print('ios=%d device_requests=%d kicks_per_io=%.3f irqs_per_io=%.3f guest_cpu_us_per_io=%.0f' % ($ios, $c1 - $c0, ($k1 - $k0) / max($c1 - $c0, 1), $irqs / $ios, $ticks * 10000 / $ios))")
         host_check "$run/measure_qd$qd" PASS "$m"
         echo "${label:-$queue_mode} qd$qd $m" >> "$repo/target/guest/measure.txt"

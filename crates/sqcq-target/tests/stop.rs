@@ -142,6 +142,8 @@ impl InodeLock {
         let tid = Arc::new(AtomicI32::new(0));
         let writer_tid = Arc::clone(&tid);
         let writer = std::thread::spawn(move || {
+            // Release, paired with the Acquire in `writer_state`: the id
+            // is read from the test's thread (and only read, for a report).
             // SAFETY: gettid(2) has no arguments.
             writer_tid.store(unsafe { libc::gettid() }, Ordering::Release);
             // SAFETY: the page stays mapped (never unmapped); the write
