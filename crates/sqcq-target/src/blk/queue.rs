@@ -20,7 +20,6 @@
 //! per head, allocated once, keeps what a request in flight needs.
 
 use std::os::fd::RawFd;
-use std::sync::Arc;
 use std::time::Instant;
 
 use sqcq_backstore::{BackstoreError, BackstoreQueue, IoOp};
@@ -34,7 +33,7 @@ use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::runtime::backstore;
 use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
 use crate::runtime::guest;
-use crate::runtime::guest::GuestMem;
+use crate::runtime::batch::Batch;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::pins::{MapPin, MapPins};
 use crate::runtime::queue::{
@@ -124,7 +123,7 @@ impl BlkQueue {
     fn respond(
         &mut self,
         ring: &mut Vring,
-        mem: &GuestMem,
+        mem: Batch<'_>,
         head: u16,
         status: Status,
         data_in: u32,
@@ -139,7 +138,7 @@ impl BlkQueue {
         ring.complete(mem, head, len);
     }
 
-    fn refuse(&mut self, ring: &mut Vring, mem: &GuestMem, head: u16, why: Refusal) {
+    fn refuse(&mut self, ring: &mut Vring, mem: Batch<'_>, head: u16, why: Refusal) {
         let d = ring.device();
         let status = match why {
             Refusal::NoHeader => {
@@ -180,7 +179,7 @@ impl BlkQueue {
     }
 
     /// Phase 1: reads and checks the request of the chain just accepted.
-    fn parse(&self, mem: &GuestMem) -> Result<BlkRequest, Refusal> {
+    fn parse(&self, mem: Batch<'_>) -> Result<BlkRequest, Refusal> {
         let c = &self.chain;
         let mut b = [0u8; HEADER_SIZE];
         if c.readable_len < HEADER_SIZE as u64
@@ -274,7 +273,7 @@ impl BlkQueue {
 
     /// Phase 2: a backstore operation is submitted (phase 3,
     /// [`Self::reap_completions`], completes it); GET_ID completes here.
-    fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, head: u16, req: BlkRequest) {
+    fn execute(&mut self, ring: &mut Vring, mem: Batch<'_>, head: u16, req: BlkRequest) {
         match req {
             BlkRequest::Io { op, data_in } => {
                 if let Err(e) = self.submit(mem, head, op, data_in) {
@@ -305,7 +304,7 @@ impl BlkQueue {
     /// it refused, `None` if the guest buffers could not be mapped.
     fn submit(
         &mut self,
-        mem: &Arc<GuestMem>,
+        mem: Batch<'_>,
         head: u16,
         op: IoOp,
         data_in: u32,
@@ -335,7 +334,7 @@ impl BlkQueue {
         // flight (the slot is busy, a duplicate head is refused).
         unsafe { self.io.submit(u64::from(head), op, &slot.iov) }.map_err(Some)?;
         slot.busy = true;
-        slot.mem = Some(self.pins.pin(mem));
+        slot.mem = Some(self.pins.pin(mem.map()));
         slot.writable.clone_from(&c.writable);
         slot.data_in = data_in;
         slot.data_out = match op {
@@ -348,7 +347,7 @@ impl BlkQueue {
     }
 
     /// Completes what the backstore finished.
-    fn reap_completions(&mut self, ring: &mut Vring, mem: &GuestMem) {
+    fn reap_completions(&mut self, ring: &mut Vring, mem: Batch<'_>) {
         if self.io.in_flight() == 0 {
             return;
         }
@@ -393,7 +392,7 @@ impl BlkQueue {
 /// Writes `status` as the last byte of `writable`; the used length
 /// (`data_in` plus the status byte), 0 if the status could not be written.
 fn finish(
-    mem: &GuestMem,
+    mem: Batch<'_>,
     writable: &[Buf],
     writable_len: u64,
     status: Status,
@@ -409,7 +408,7 @@ fn finish(
 }
 
 impl RequestHandler for BlkQueue {
-    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: HeadWalk<'_>) {
+    fn handle(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: HeadWalk<'_>) {
         let slots = &self.slots;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             slots[usize::from(h)].busy
@@ -439,11 +438,11 @@ impl RequestHandler for BlkQueue {
         }
     }
 
-    fn reap(&mut self, ring: &mut Vring, mem: &GuestMem) {
+    fn reap(&mut self, ring: &mut Vring, mem: Batch<'_>) {
         self.reap_completions(ring, mem);
     }
 
-    fn completed(&mut self, ring: &mut Vring, mem: &GuestMem, _source: usize) {
+    fn completed(&mut self, ring: &mut Vring, mem: Batch<'_>, _source: usize) {
         if let Some(fd) = self.io.completion_fd() {
             drain_fd(fd);
         }
@@ -467,7 +466,7 @@ impl RequestHandler for BlkQueue {
         self.uncommitted
     }
 
-    fn run_deferred(&mut self, _ring: &mut Vring, _mem: &GuestMem) {}
+    fn run_deferred(&mut self, _ring: &mut Vring, _mem: Batch<'_>) {}
 
     fn begin_drain(&mut self) -> bool {
         // virtio-blk has no task management: a drain (a device change)
@@ -489,7 +488,7 @@ impl RequestHandler for BlkQueue {
         }
     }
 
-    fn finish(&mut self, ring: &mut Vring, mem: &GuestMem, deadline: Instant) -> usize {
+    fn finish(&mut self, ring: &mut Vring, mem: Batch<'_>, deadline: Instant) -> usize {
         RequestHandler::commit(self, ring);
         while self.in_flight > 0 && Instant::now() < deadline {
             if let Some(fd) = self.io.completion_fd() {

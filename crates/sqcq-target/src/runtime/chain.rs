@@ -12,11 +12,10 @@
 //! far still allow a response to be written: the caller answers a bad
 //! chain whenever it can.
 
-use crate::runtime::guest::GuestMem;
-use crate::runtime::regions::Lookup;
+use crate::runtime::batch::Batch;
 use thiserror::Error;
 use virtio_queue::desc::split::Descriptor;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::GuestAddress;
 
 /// The descriptors of the chain at `head` of a descriptor table, with
 /// the rules of virtio-queue's `DescriptorChain` (which cannot be built
@@ -28,12 +27,11 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 /// way: from the available ring, and resubmitted after a reconnect.
 #[derive(Debug)]
 pub struct HeadWalk<'a> {
-    mem: &'a GuestMem,
-    lookup: Lookup<'a>,
+    mem: Batch<'a>,
     table: GuestAddress,
     /// Host address of the whole current table, when it lies in one
-    /// region of the installed region table: each descriptor is then one
-    /// read at a fixed offset, with no lookup.
+    /// region of guest memory: each descriptor is then one read at a
+    /// fixed offset, with no lookup.
     table_host: Option<*const u8>,
     size: u16,
     head: u16,
@@ -45,13 +43,11 @@ pub struct HeadWalk<'a> {
 
 impl<'a> HeadWalk<'a> {
     /// The chain at `head` of the `size`-entry table at `table`.
-    pub fn new(mem: &'a GuestMem, table: GuestAddress, size: u16, head: u16) -> Self {
-        let lookup = Lookup::of(mem);
+    pub fn new(mem: Batch<'a>, table: GuestAddress, size: u16, head: u16) -> Self {
         HeadWalk {
             mem,
-            lookup,
             table,
-            table_host: table_host(lookup, table, size),
+            table_host: table_host(mem, table, size),
             size,
             head,
             next: head,
@@ -72,8 +68,8 @@ impl<'a> HeadWalk<'a> {
         if let Some(p) = self.table_host {
             let at = p.wrapping_add(usize::from(i) * 16);
             // SAFETY: `table_host` found the table's `size` descriptors
-            // (16 bytes each) inside one mapped region of `mem`, which
-            // the walk borrows, and `i < size`, so `at` and the 16 bytes
+            // (16 bytes each) inside one mapped region of the batch's map,
+            // which the walk borrows, and `i < size`, so `at` and the 16 bytes
             // after it are mapped. A descriptor has no alignment here and
             // any bytes are valid; the guest may write them concurrently,
             // so they are copied once and used from the copy.
@@ -81,18 +77,15 @@ impl<'a> HeadWalk<'a> {
             return Some(decode_descriptor(&raw));
         }
         let at = self.table.0.checked_add(u64::from(i) * 16)?;
-        match self.lookup.read_bytes::<16>(at) {
-            Some(raw) => Some(decode_descriptor(&raw)),
-            None => self.mem.read_obj(GuestAddress(at)).ok(),
-        }
+        let raw = self.mem.read_bytes::<16>(at).ok()?;
+        Some(decode_descriptor(&raw))
     }
 }
 
 /// Host address of a whole table of `size` descriptors at `table`, when
-/// the region table has it in one region.
-fn table_host(lookup: Lookup<'_>, table: GuestAddress, size: u16) -> Option<*const u8> {
-    lookup
-        .host(table.0, usize::from(size) * 16)
+/// it lies in one region.
+fn table_host(mem: Batch<'_>, table: GuestAddress, size: u16) -> Option<*const u8> {
+    mem.host(table.0, usize::from(size) * 16)
         .map(|p| p.cast_const())
 }
 
@@ -111,7 +104,7 @@ impl Iterator for HeadWalk<'_> {
                 }
                 self.size = u16::try_from(desc.len() / 16).ok()?;
                 self.table = desc.addr();
-                self.table_host = table_host(self.lookup, self.table, self.size);
+                self.table_host = table_host(self.mem, self.table, self.size);
                 self.next = 0;
                 self.ttl = self.size;
                 self.indirect = true;
@@ -232,12 +225,11 @@ impl ChainBuffers {
 /// first error found is returned.
 pub fn parse(
     chain: impl IntoIterator<Item = Descriptor>,
-    mem: &GuestMem,
+    mem: Batch<'_>,
     max_segments: usize,
     out: &mut ChainBuffers,
 ) -> Result<(), ChainError> {
     out.clear();
-    let lookup = Lookup::of(mem);
     let mut first_error: Option<ChainError> = None;
     let mut note = |e: ChainError| {
         first_error.get_or_insert(e);
@@ -256,11 +248,7 @@ pub fn parse(
             len: desc.len(),
         };
         let in_memory = usize::try_from(seg.len)
-            .map(|len| {
-                len == 0
-                    || lookup.host(seg.addr.0, len).is_some()
-                    || GuestMemoryBackend::check_range(mem, seg.addr, len)
-            })
+            .map(|len| mem.check_range(seg.addr.0, len))
             .unwrap_or(false);
         if !in_memory {
             note(ChainError::OutOfMemory {
@@ -297,27 +285,34 @@ mod tests {
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT};
 
+    use crate::runtime::batch::Mapped;
+    use std::sync::Arc;
+    use vm_memory::Bytes;
+
     /// VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_DESC_F_INDIRECT.
     const NEXT: u16 = 1;
     const WRITE: u16 = 2;
     const INDIRECT: u16 = 4;
 
-    fn mem() -> GuestMem {
-        crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x10_0000)])
+    fn mem() -> Mapped {
+        Mapped::new(Arc::new(crate::runtime::guest::test_memory(&[(
+            GuestAddress(0),
+            0x10_0000,
+        )])))
     }
 
     fn parse_first(
-        m: &GuestMem,
+        m: &Mapped,
         descs: &[Descriptor],
         max: usize,
     ) -> (Result<(), ChainError>, ChainBuffers) {
-        let vq = MockSplitQueue::new(m, 16);
+        let vq = MockSplitQueue::new(&**m.map(), 16);
         let raw: Vec<RawDescriptor> = descs.iter().map(|d| RawDescriptor::from(*d)).collect();
         vq.build_desc_chain(&raw).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(m).unwrap().next().unwrap();
+        let chain = q.iter(&**m.map()).unwrap().next().unwrap();
         let mut out = ChainBuffers::with_capacity(max);
-        let r = parse(chain, m, max, &mut out);
+        let r = parse(chain, m.batch(), max, &mut out);
         (r, out)
     }
 
@@ -370,8 +365,9 @@ mod tests {
 
     #[test]
     fn loop_is_malformed() {
-        let m = mem();
-        let vq = MockSplitQueue::new(&m, 16);
+        let mapped = mem();
+        let m = &**mapped.map();
+        let vq = MockSplitQueue::new(m, 16);
         // Descriptor 0 points to 1, 1 points back to 0.
         let t = vq.desc_table();
         t.store(0, RawDescriptor::from(Descriptor::new(0x1000, 16, NEXT, 1)))
@@ -381,9 +377,12 @@ mod tests {
         vq.avail().ring().ref_at(0).unwrap().store(0);
         vq.avail().idx().store(1);
         let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(&m).unwrap().next().unwrap();
+        let chain = q.iter(m).unwrap().next().unwrap();
         let mut out = ChainBuffers::with_capacity(64);
-        assert_eq!(parse(chain, &m, 64, &mut out), Err(ChainError::Malformed));
+        assert_eq!(
+            parse(chain, mapped.batch(), 64, &mut out),
+            Err(ChainError::Malformed)
+        );
     }
 
     #[test]
@@ -405,8 +404,9 @@ mod tests {
 
     #[test]
     fn indirect_table_is_followed() {
-        let m = mem();
-        let vq = MockSplitQueue::new(&m, 16);
+        let mapped = mem();
+        let m = &**mapped.map();
+        let vq = MockSplitQueue::new(m, 16);
         // Indirect table of two descriptors at 0x8000.
         let table = 0x8000u64;
         let entries = [
@@ -415,7 +415,7 @@ mod tests {
         ];
         for (i, e) in entries.iter().enumerate() {
             let raw = RawDescriptor::from(*e);
-            vm_memory::Bytes::write_obj(&m, raw, GuestAddress(table + 16 * i as u64)).unwrap();
+            m.write_obj(raw, GuestAddress(table + 16 * i as u64)).unwrap();
         }
         vq.desc_table()
             .store(
@@ -426,20 +426,23 @@ mod tests {
         vq.avail().ring().ref_at(0).unwrap().store(0);
         vq.avail().idx().store(1);
         let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(&m).unwrap().next().unwrap();
+        let chain = q.iter(m).unwrap().next().unwrap();
         let mut out = ChainBuffers::with_capacity(16);
-        parse(chain, &m, 16, &mut out).unwrap();
+        parse(chain, mapped.batch(), 16, &mut out).unwrap();
         assert_eq!(out.readable_len, 51);
         assert_eq!(out.writable_len, 108);
     }
 
     /// The head walk and virtio-queue's chain iterator give the same
     /// descriptors for every head of arbitrary tables (loops, bad next
-    /// indices, nested and misaligned indirect tables included).
+    /// indices, nested and misaligned indirect tables included), whether
+    /// a table lies in one region (read by host address) or across two
+    /// (read descriptor by descriptor).
     #[test]
     fn head_walk_agrees_with_virtio_queue() {
         use virtio_queue::QueueT;
-        let m = mem();
+        let mapped = mem();
+        let m = &**mapped.map();
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut rand = move |n: u64| {
             seed ^= seed << 13;
@@ -449,8 +452,12 @@ mod tests {
         };
         let (table, avail, used) = (0x0u64, 0x1000u64, 0x2000u64);
         let indirect_tables = [0x3000u64, 0x3100, 0x4000];
-        let mapped = std::sync::Arc::new(mem());
-        let regions = crate::runtime::regions::RegionTable::new(&mapped);
+        // The same memory split in two regions inside the first
+        // indirect table.
+        let split = Mapped::new(Arc::new(crate::runtime::guest::test_memory(&[
+            (GuestAddress(0), 0x3080),
+            (GuestAddress(0x3080), 0x10_0000 - 0x3080),
+        ])));
         for _ in 0..3000 {
             let mut write_table = |at: u64, n: u64| {
                 for i in 0..n {
@@ -486,20 +493,18 @@ mod tests {
             m.write_obj(1u16, GuestAddress(avail + 2)).unwrap();
             m.write_obj(head, GuestAddress(avail + 4)).unwrap();
             let fields = |d: Descriptor| (d.addr(), d.len(), d.flags(), d.next());
-            let theirs: Vec<_> = q.iter(&m).unwrap().next().unwrap().map(fields).collect();
-            let ours: Vec<_> = HeadWalk::new(&m, GuestAddress(table), 16, head)
-                .map(fields)
-                .collect();
+            let theirs: Vec<_> = q.iter(m).unwrap().next().unwrap().map(fields).collect();
+            let walk = HeadWalk::new(mapped.batch(), GuestAddress(table), 16, head);
+            assert!(walk.table_host.is_some(), "the table is in one region");
+            let ours: Vec<_> = walk.map(fields).collect();
             assert_eq!(ours, theirs, "head {head}");
-            // The same through the region table's host addresses.
             let mut tables = [0u8; 0x5000];
             m.read_slice(&mut tables, GuestAddress(0)).unwrap();
-            mapped.write_slice(&tables, GuestAddress(0)).unwrap();
-            let _installed = regions.install(&mapped);
-            let walk = HeadWalk::new(&mapped, GuestAddress(table), 16, head);
-            assert!(walk.table_host.is_some(), "the table is in one region");
-            let through_table: Vec<_> = walk.map(fields).collect();
-            assert_eq!(through_table, theirs, "head {head}, through the table");
+            split.map().write_slice(&tables, GuestAddress(0)).unwrap();
+            let across: Vec<_> = HeadWalk::new(split.batch(), GuestAddress(table), 16, head)
+                .map(fields)
+                .collect();
+            assert_eq!(across, theirs, "head {head}, tables across regions");
         }
     }
 }

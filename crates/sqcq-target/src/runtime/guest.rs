@@ -23,11 +23,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use thiserror::Error;
 use vm_memory::bitmap::{Bitmap, WithBitmapSlice};
 use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
 };
 
+use crate::runtime::batch::Batch;
 use crate::runtime::chain::Segment;
-use crate::runtime::regions;
 
 /// The page size of the vhost dirty log: one bit per 4 KiB of guest
 /// physical memory, whatever the host's page size (`VHOST_LOG_PAGE`).
@@ -277,77 +277,29 @@ fn one_piece(segs: &[Segment], offset: u64, len: u64) -> Option<u64> {
 }
 
 /// Copies `buf.len()` bytes from the stream at `offset` into `buf`.
-pub fn read_at(
-    mem: &GuestMem,
-    segs: &[Segment],
-    offset: u64,
-    buf: &mut [u8],
-) -> Result<(), GuestError> {
+pub fn read_at(m: Batch<'_>, segs: &[Segment], offset: u64, buf: &mut [u8]) -> Result<(), GuestError> {
     let len = buf.len() as u64;
-    if let Some(p) = one_piece(segs, offset, len).and_then(|gpa| regions::host(mem, gpa, buf.len()))
-    {
-        // SAFETY: `host` found the piece inside one mapped region of
-        // `mem`, borrowed for the call; `buf` is ours, `buf.len()` bytes
-        // long, and cannot overlap guest memory the daemon only maps.
-        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
-        return Ok(());
+    if let Some(gpa) = one_piece(segs, offset, len) {
+        return m.read(gpa, buf).map_err(GuestError::Memory);
     }
     for_each_piece(segs, offset, len, |addr, start, n| {
-        let dst = &mut buf[start..start + n];
-        if let Some(p) = regions::host(mem, addr.0, n) {
-            // SAFETY: `host` found the piece inside one mapped region of
-            // `mem`, borrowed for the call; `dst` is ours, `n` bytes long,
-            // and cannot overlap guest memory the daemon only maps.
-            unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n) };
-            return Ok(());
-        }
-        // A piece within one region (nearly always): one lookup, no
-        // iterator over regions.
-        if let Some((region, at)) = mem.to_region_addr(addr)
-            && let Ok(slice) = region.get_slice(at, n)
-        {
-            slice.copy_to(dst);
-            return Ok(());
-        }
-        mem.read_slice(dst, addr).map_err(GuestError::Memory)
+        m.read(addr.0, &mut buf[start..start + n])
+            .map_err(GuestError::Memory)
     })
 }
 
 /// Copies `buf` into the stream at `offset`.
-pub fn write_at(
-    mem: &GuestMem,
-    segs: &[Segment],
-    offset: u64,
-    buf: &[u8],
-) -> Result<(), GuestError> {
+pub fn write_at(m: Batch<'_>, segs: &[Segment], offset: u64, buf: &[u8]) -> Result<(), GuestError> {
     let len = buf.len() as u64;
     if buf.is_empty() {
         return Ok(());
     }
-    if let Some(p) =
-        one_piece(segs, offset, len).and_then(|gpa| regions::host_unlogged(mem, gpa, buf.len()))
-    {
-        // SAFETY: as in `read_at`, for writing: the piece lies inside one
-        // mapped region of `mem`, and no log wants it marked.
-        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), p, buf.len()) };
-        return Ok(());
+    if let Some(gpa) = one_piece(segs, offset, len) {
+        return m.write(gpa, buf).map_err(GuestError::Memory);
     }
     for_each_piece(segs, offset, len, |addr, start, n| {
-        let src = &buf[start..start + n];
-        if let Some(p) = regions::host_unlogged(mem, addr.0, n) {
-            // SAFETY: as in `read_at`, for writing: the piece lies inside
-            // one mapped region of `mem`, and no log wants it marked.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, n) };
-            return Ok(());
-        }
-        // As in `read_at`; the slice's bitmap marks what it writes.
-        if let Some((region, at)) = mem.to_region_addr(addr)
-            && let Ok(slice) = region.get_slice(at, n)
-        {
-            slice.copy_from(src);
-            return Ok(());
-        }
-        mem.write_slice(src, addr).map_err(GuestError::Memory)
+        m.write(addr.0, &buf[start..start + n])
+            .map_err(GuestError::Memory)
     })
 }
 
@@ -355,73 +307,32 @@ pub fn write_at(
 /// [`write_at`], but one store of `N` bytes when they go to one buffer (a
 /// response's fixed part), not a `memcpy` call.
 pub fn write_bytes_at<const N: usize>(
-    mem: &GuestMem,
+    m: Batch<'_>,
     segs: &[Segment],
     offset: u64,
     buf: &[u8; N],
 ) -> Result<(), GuestError> {
-    if let Some(p) =
-        one_piece(segs, offset, N as u64).and_then(|gpa| regions::host_unlogged(mem, gpa, N))
-    {
-        // SAFETY: as in `write_at`: the `N` bytes lie inside one mapped
-        // region of `mem`, and no log wants them marked; `[u8; N]` has no
-        // alignment.
-        unsafe { p.cast::<[u8; N]>().write_unaligned(*buf) };
-        return Ok(());
+    if let Some(gpa) = one_piece(segs, offset, N as u64) {
+        return m.write_bytes(gpa, buf).map_err(GuestError::Memory);
     }
-    write_at(mem, segs, offset, buf)
+    write_at(m, segs, offset, buf)
 }
 
 /// Appends host iovecs covering the stream range `offset..offset + len` to
 /// `out` (a guest buffer that spans two memory regions gives two iovecs).
 ///
-/// The iovecs point into the mappings of `mem`; they stay valid as long as
-/// `mem` (an `Arc` of it) is alive.
+/// The iovecs point into the mappings of the batch's map; they stay valid
+/// as long as that map (an `Arc` of it, a request's pin) is alive. What
+/// the backstore writes through them is marked by [`mark_written`].
 pub fn iovecs(
-    mem: &GuestMem,
+    m: Batch<'_>,
     segs: &[Segment],
     offset: u64,
     len: u64,
     out: &mut Vec<libc::iovec>,
 ) -> Result<(), GuestError> {
-    if let Ok(n) = usize::try_from(len)
-        && n > 0
-        && let Some(p) = one_piece(segs, offset, len).and_then(|gpa| regions::host(mem, gpa, n))
-    {
-        out.push(libc::iovec {
-            iov_base: p.cast(),
-            iov_len: n,
-        });
-        return Ok(());
-    }
     for_each_piece(segs, offset, len, |addr, _start, n| {
-        // Marked by `mark_written` once written, whatever the path.
-        if let Some(p) = regions::host(mem, addr.0, n) {
-            out.push(libc::iovec {
-                iov_base: p.cast(),
-                iov_len: n,
-            });
-            return Ok(());
-        }
-        // A piece within one region (nearly always): one lookup, one
-        // iovec, no slice iterator.
-        if let Some((region, at)) = mem.to_region_addr(addr)
-            && let Ok(slice) = region.get_slice(at, n)
-        {
-            out.push(libc::iovec {
-                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
-                iov_len: slice.len(),
-            });
-            return Ok(());
-        }
-        for slice in mem.get_slices(addr, n) {
-            let slice = slice.map_err(GuestError::Memory)?;
-            out.push(libc::iovec {
-                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
-                iov_len: slice.len(),
-            });
-        }
-        Ok(())
+        m.iovecs(addr.0, n, out).map_err(GuestError::Memory)
     })
 }
 
@@ -434,18 +345,12 @@ pub fn logging(mem: &GuestMem) -> bool {
 /// (data a backstore wrote through [`iovecs`]); nothing while dirty
 /// logging is off. Ranges outside guest memory are skipped: [`iovecs`]
 /// refused them before anything was written.
-pub fn mark_written(mem: &GuestMem, segs: &[Segment], offset: u64, len: u64) {
-    // The installed region table knows without a look at every region.
-    if !regions::Lookup::of(mem)
-        .logged()
-        .unwrap_or_else(|| logging(mem))
-    {
+pub fn mark_written(m: Batch<'_>, segs: &[Segment], offset: u64, len: u64) {
+    if !m.logged() {
         return;
     }
     let _ = for_each_piece(segs, offset, len, |addr, _start, n| {
-        for slice in mem.get_slices(addr, n).flatten() {
-            slice.bitmap().mark_dirty(0, slice.len());
-        }
+        m.mark(addr.0, n);
         Ok(())
     });
 }
@@ -502,6 +407,12 @@ pub fn test_memory(ranges: &[(GuestAddress, usize)]) -> GuestMem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::batch::Mapped;
+    use vm_memory::Bytes;
+
+    fn mapped(m: GuestMem) -> Mapped {
+        Mapped::new(Arc::new(m))
+    }
 
     #[test]
     fn a_page_beyond_the_log_is_reported_not_marked() {
@@ -547,11 +458,12 @@ mod tests {
 
     #[test]
     fn scatter_then_gather_across_segments() {
-        let m = crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x10000)]);
+        let mapped = mapped(test_memory(&[(GuestAddress(0), 0x10000)]));
+        let (b, m) = (mapped.batch(), mapped.map());
         let data: Vec<u8> = (0..25).collect();
-        write_at(&m, &segs(), 3, &data).unwrap();
+        write_at(b, &segs(), 3, &data).unwrap();
         let mut back = [0u8; 25];
-        read_at(&m, &segs(), 3, &mut back).unwrap();
+        read_at(b, &segs(), 3, &mut back).unwrap();
         assert_eq!(&back[..], &data[..]);
         let mut first = [0u8; 7];
         m.read_slice(&mut first, GuestAddress(0x1003)).unwrap();
@@ -579,16 +491,15 @@ mod tests {
     }
 
     #[test]
-    fn accesses_through_the_region_table_match_the_others() {
-        let m = Arc::new(test_memory(&[(GuestAddress(0), 0x10000)]));
-        let table = regions::RegionTable::new(&m);
-        let _installed = table.install(&m);
+    fn accesses_in_one_buffer_and_across_buffers_agree() {
+        let mapped = mapped(test_memory(&[(GuestAddress(0), 0x10000)]));
+        let m = mapped.batch();
         let data: Vec<u8> = (100..125).collect();
         // One piece (the table), then across buffers (vm-memory).
-        write_at(&m, &segs(), 12, &data[..5]).unwrap();
-        write_at(&m, &segs(), 0, &data[..12]).unwrap();
+        write_at(m, &segs(), 12, &data[..5]).unwrap();
+        write_at(m, &segs(), 0, &data[..12]).unwrap();
         let mut back = [0u8; 17];
-        read_at(&m, &segs(), 0, &mut back).unwrap();
+        read_at(m, &segs(), 0, &mut back).unwrap();
         assert_eq!(
             back,
             [
@@ -596,10 +507,10 @@ mod tests {
             ]
         );
         let mut one = [0u8; 3];
-        read_at(&m, &segs(), 13, &mut one).unwrap();
+        read_at(m, &segs(), 13, &mut one).unwrap();
         assert_eq!(one, [101, 102, 103]);
         let mut out = Vec::new();
-        iovecs(&m, &segs(), 10, 20, &mut out).unwrap();
+        iovecs(m, &segs(), 10, 20, &mut out).unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].iov_len, 20);
         let at = out[0].iov_base.cast::<u8>().wrapping_add(3);
@@ -607,56 +518,59 @@ mod tests {
         let byte13 = unsafe { *at };
         assert_eq!(byte13, 101, "written by the first write");
         out.clear();
-        iovecs(&m, &segs(), 3, 0, &mut out).unwrap();
+        iovecs(m, &segs(), 3, 0, &mut out).unwrap();
         assert!(out.is_empty(), "nothing to transfer, no iovec");
         assert!(matches!(
-            read_at(&m, &segs(), 25, &mut [0u8; 6]),
+            read_at(m, &segs(), 25, &mut [0u8; 6]),
             Err(GuestError::Short { .. })
         ));
         // Fixed-size writes: one store inside a buffer, pieces across two.
-        write_bytes_at(&m, &segs(), 1, &[7u8; 4]).unwrap();
-        write_bytes_at(&m, &segs(), 8, &[9u8; 4]).unwrap();
+        write_bytes_at(m, &segs(), 1, &[7u8; 4]).unwrap();
+        write_bytes_at(m, &segs(), 8, &[9u8; 4]).unwrap();
         let mut back = [0u8; 14];
-        read_at(&m, &segs(), 0, &mut back).unwrap();
+        read_at(m, &segs(), 0, &mut back).unwrap();
         assert_eq!(back, [100, 7, 7, 7, 7, 105, 106, 107, 9, 9, 9, 9, 100, 101]);
         assert!(matches!(
-            write_bytes_at(&m, &segs(), 28, &[0u8; 4]),
+            write_bytes_at(m, &segs(), 28, &[0u8; 4]),
             Err(GuestError::Short { .. })
         ));
     }
 
     #[test]
     fn short_stream_is_an_error() {
-        let m = crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x10000)]);
+        let mapped = mapped(test_memory(&[(GuestAddress(0), 0x10000)]));
+        let m = mapped.batch();
         let mut buf = [0u8; 31];
         assert!(matches!(
-            read_at(&m, &segs(), 0, &mut buf),
+            read_at(m, &segs(), 0, &mut buf),
             Err(GuestError::Short { .. })
         ));
     }
 
     #[test]
     fn outside_memory_is_an_error() {
-        let m = crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x2000)]);
+        let mapped = mapped(test_memory(&[(GuestAddress(0), 0x2000)]));
+        let m = mapped.batch();
         let mut buf = [0u8; 15];
         assert!(matches!(
-            read_at(&m, &segs(), 0, &mut buf),
+            read_at(m, &segs(), 0, &mut buf),
             Err(GuestError::Memory(_))
         ));
     }
 
     #[test]
     fn iovecs_split_at_region_boundaries() {
-        let m = crate::runtime::guest::test_memory(&[
+        let mapped = mapped(test_memory(&[
             (GuestAddress(0), 0x1000),
             (GuestAddress(0x1000), 0x1000),
-        ]);
+        ]));
+        let m = mapped.batch();
         let s = [Segment {
             addr: GuestAddress(0xf00),
             len: 0x200,
         }];
         let mut out = Vec::new();
-        iovecs(&m, &s, 0, 0x200, &mut out).unwrap();
+        iovecs(m, &s, 0, 0x200, &mut out).unwrap();
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].iov_len + out[1].iov_len, 0x200);
     }
@@ -669,27 +583,29 @@ mod tests {
 
     #[test]
     fn marking_covers_the_pages_of_the_range_and_no_others() {
-        let m = memory_over(&[(GuestAddress(0), 0x10000)], true);
-        assert!(logging(&m));
+        let mapped = mapped(memory_over(&[(GuestAddress(0), 0x10000)], true));
+        let m = mapped.map();
+        assert!(logging(m));
         // Stream bytes 5..15: the last 5 of the first buffer, the first 5
         // of the third.
-        mark_written(&m, &segs(), 5, 10);
-        assert!(dirty(&m, 0x1000) && dirty(&m, 0x3000));
-        assert!(!dirty(&m, 0x2000) && !dirty(&m, 0x4000) && !dirty(&m, 0));
-        mark_doorbell(&m, GuestAddress(0x5fc0));
+        mark_written(mapped.batch(), &segs(), 5, 10);
+        assert!(dirty(m, 0x1000) && dirty(m, 0x3000));
+        assert!(!dirty(m, 0x2000) && !dirty(m, 0x4000) && !dirty(m, 0));
+        mark_doorbell(m, GuestAddress(0x5fc0));
         assert!(
-            dirty(&m, 0x5000) && dirty(&m, 0x6000),
+            dirty(m, 0x5000) && dirty(m, 0x6000),
             "an area across a page boundary"
         );
-        assert!(!dirty(&m, 0x7000));
+        assert!(!dirty(m, 0x7000));
     }
 
     #[test]
     fn without_logging_marking_does_nothing() {
-        let m = test_memory(&[(GuestAddress(0), 0x10000)]);
-        assert!(!logging(&m));
-        mark_written(&m, &segs(), 0, 30);
-        mark_doorbell(&m, GuestAddress(0x5000));
-        assert!(!dirty(&m, 0x1000));
+        let mapped = mapped(test_memory(&[(GuestAddress(0), 0x10000)]));
+        let m = mapped.map();
+        assert!(!logging(m));
+        mark_written(mapped.batch(), &segs(), 0, 30);
+        mark_doorbell(m, GuestAddress(0x5000));
+        assert!(!dirty(m, 0x1000));
     }
 }

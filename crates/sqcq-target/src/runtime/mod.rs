@@ -10,6 +10,7 @@
 //! (`pass`).
 
 pub(crate) mod backstore;
+pub(crate) mod batch;
 pub(crate) mod chain;
 pub(crate) mod cpu;
 pub(crate) mod eventfd;
@@ -24,7 +25,6 @@ pub mod placement;
 pub(crate) mod poll;
 pub(crate) mod queue;
 pub(crate) mod ratelimit;
-pub(crate) mod regions;
 pub(crate) mod ring_poll;
 pub mod shared_memory;
 pub(crate) mod stall;

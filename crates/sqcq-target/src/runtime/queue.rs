@@ -24,11 +24,12 @@ use sqcq_protocol::SpinPolicy;
 use thiserror::Error;
 use tracing::{error, info, warn};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestAddress;
 
 use crate::runtime::shared_memory::{MemoryView, SharedMemory};
 
 use crate::guest_warn;
+use crate::runtime::batch::Batch;
 use crate::runtime::chain::{self, ChainBuffers, ChainError, HeadWalk};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::gather::Gather;
@@ -36,7 +37,6 @@ use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::{BatchFigures, DeviceMetrics, QueueMetrics};
 use crate::runtime::pass;
 use crate::runtime::ratelimit::RateLimiter;
-use crate::runtime::regions::{self, RegionTable};
 use crate::runtime::tracking::{Recovery, TrackedQueue};
 use crate::runtime::used::UsedRing;
 
@@ -122,18 +122,18 @@ pub struct DeviceInfo {
 pub trait RequestHandler {
     /// A chain taken from the available ring (its head index is within
     /// the ring).
-    fn handle(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, chain: HeadWalk<'_>);
+    fn handle(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: HeadWalk<'_>);
 
     /// Submits to the backstores what [`Self::handle`] queued (once per
     /// batch).
     fn commit(&mut self, ring: &Vring);
 
     /// Completes every request whose backstore work has finished.
-    fn reap(&mut self, ring: &mut Vring, mem: &GuestMem);
+    fn reap(&mut self, ring: &mut Vring, mem: Batch<'_>);
 
     /// Completion descriptor `source` (see [`Self::completion_fds`])
     /// fired: rearms it and completes what finished.
-    fn completed(&mut self, ring: &mut Vring, mem: &GuestMem, source: usize);
+    fn completed(&mut self, ring: &mut Vring, mem: Batch<'_>, source: usize);
 
     /// `(source, fd)` of every descriptor that signals backstore
     /// completions, for the worker's epoll set.
@@ -148,7 +148,7 @@ pub trait RequestHandler {
 
     /// Does the work of [`Self::has_deferred`]; the runtime commits, reaps
     /// and publishes afterwards.
-    fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMem);
+    fn run_deferred(&mut self, ring: &mut Vring, mem: Batch<'_>);
 
     /// Starts waiting for everything in flight now (a task management
     /// function); returns whether nothing is in flight.
@@ -163,7 +163,7 @@ pub trait RequestHandler {
     /// Waits for the requests in flight until `deadline`, completing them
     /// to the driver; returns how many are left (still in flight: their
     /// buffers, pins and backstore queues stay as they are).
-    fn finish(&mut self, ring: &mut Vring, mem: &GuestMem, deadline: Instant) -> usize;
+    fn finish(&mut self, ring: &mut Vring, mem: Batch<'_>, deadline: Instant) -> usize;
 
     /// Asks the backstore queues to cancel every request in flight (see
     /// `BackstoreQueue::cancel`); they still complete through `finish`,
@@ -332,8 +332,6 @@ impl std::fmt::Debug for Vring {
 pub struct ServedQueue {
     ring: Vring,
     handler: Box<dyn RequestHandler>,
-    /// The region table of the memory map last served (`regions`).
-    regions: Option<RegionTable>,
 }
 
 impl std::fmt::Debug for ServedQueue {
@@ -402,7 +400,6 @@ impl ServedQueue {
         let mut served = ServedQueue {
             ring: ring_state,
             handler,
-            regions: None,
         };
         served.resubmit(&resubmit);
         Ok(served)
@@ -415,22 +412,19 @@ impl ServedQueue {
         if heads.is_empty() || self.ring.broken {
             return;
         }
-        let mem = self.ring.mem.take();
-        self.ring.taking_at = pass::now();
-        let (table, size) = (
-            GuestAddress(self.ring.queue.desc_table()),
-            self.ring.queue.size(),
-        );
-        for &head in heads {
-            self.ring.requests += 1;
-            if let Some(m) = self.ring.metrics() {
-                m.resubmitted();
+        self.with_pass(|q, mem| {
+            q.ring.taking_at = pass::now();
+            let (table, size) = (GuestAddress(q.ring.queue.desc_table()), q.ring.queue.size());
+            for &head in heads {
+                q.ring.requests += 1;
+                if let Some(m) = q.ring.metrics() {
+                    m.resubmitted();
+                }
+                let walk = chain::HeadWalk::new(mem, table, size, head);
+                q.handler.handle(&mut q.ring, mem, walk);
             }
-            let walk = chain::HeadWalk::new(&mem, table, size, head);
-            self.handler.handle(&mut self.ring, &mem, walk);
-        }
-        self.complete_batch(&mem);
-        self.ring.mem.restore(mem);
+            q.complete_batch(mem);
+        });
     }
 
     /// Which queue this is.
@@ -514,10 +508,10 @@ impl ServedQueue {
     /// One pass of the worker's loop: the work the handler deferred to it.
     pub fn pass(&mut self) {
         if self.handler.has_deferred() {
-            let mem = self.ring.mem.take();
-            self.handler.run_deferred(&mut self.ring, &mem);
-            self.complete_batch(&mem);
-            self.ring.mem.restore(mem);
+            self.with_pass(|q, mem| {
+                q.handler.run_deferred(&mut q.ring, mem);
+                q.complete_batch(mem);
+            });
         }
     }
 
@@ -555,7 +549,7 @@ impl ServedQueue {
         }
         self.with_pass(|q, mem| {
             loop {
-                if let Err(e) = q.ring.queue.disable_notification(&**mem) {
+                if let Err(e) = q.ring.queue.disable_notification(&**mem.map()) {
                     q.ring.ring_broken(&e);
                     return;
                 }
@@ -563,7 +557,7 @@ impl ServedQueue {
                     return;
                 }
                 q.complete_batch(mem);
-                match q.ring.queue.enable_notification(&**mem) {
+                match q.ring.queue.enable_notification(&**mem.map()) {
                     Ok(true) => continue,
                     Ok(false) => return,
                     Err(e) => {
@@ -587,33 +581,23 @@ impl ServedQueue {
         });
     }
 
-    /// One pass over the queue: runs `f` with the current map (the
-    /// worker's [`MemoryView`]: no load unless the map changed) and its
-    /// region table installed on this thread (`regions`), built again only
-    /// when the map changed.
-    fn with_pass<R>(&mut self, f: impl FnOnce(&mut Self, &Arc<GuestMem>) -> R) -> R {
-        let mem = self.ring.mem.take();
-        let table = match self.regions.take() {
-            Some(t) if t.describes(&mem) => t,
-            old => {
-                if old.is_some() {
-                    self.handler.memory_changed();
-                }
-                RegionTable::new(&mem)
-            }
-        };
-        let r = {
-            let _installed = table.install(&mem);
-            f(self, &mem)
-        };
-        self.regions = Some(table);
-        self.ring.mem.restore(mem);
+    /// One pass over the queue: runs `f` with the current map and the
+    /// table of its regions (the worker's [`MemoryView`]: no load unless
+    /// the map changed, and then one new table), which every access of
+    /// the pass goes through.
+    fn with_pass<R>(&mut self, f: impl FnOnce(&mut Self, Batch<'_>) -> R) -> R {
+        let mapped = self.ring.mem.take();
+        if self.ring.mem.take_changed() {
+            self.handler.memory_changed();
+        }
+        let r = f(self, mapped.batch());
+        self.ring.mem.restore(mapped);
         r
     }
 
     /// After a batch: submits what the handler queued, completes what
     /// finished, publishes.
-    fn complete_batch(&mut self, mem: &GuestMem) {
+    fn complete_batch(&mut self, mem: Batch<'_>) {
         self.handler.commit(&self.ring);
         self.handler.reap(&mut self.ring, mem);
         self.ring.publish(mem);
@@ -630,19 +614,16 @@ impl ServedQueue {
 
     /// Handles every chain available now (at most a ring's worth); false
     /// if the ring turned out corrupt.
-    fn take_available(&mut self, mem: &Arc<GuestMem>) -> bool {
+    fn take_available(&mut self, mem: Batch<'_>) -> bool {
         let ring = &mut self.ring;
         if ring.break_armed {
-            match ring
-                .queue
-                .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
-            {
-                Ok(idx) if idx.0 == ring.queue.next_avail() => return true,
+            match mem.load_u16(ring.queue.avail_ring() + 2, Ordering::Acquire) {
+                Ok(idx) if idx == ring.queue.next_avail() => return true,
                 Ok(_) => {
                     ring.break_armed = false;
                     ring.break_injected();
                 }
-                Err(e) => ring.ring_broken(&e),
+                Err(_) => ring.ring_broken(&virtio_queue::Error::InvalidAvailRingIndex),
             }
             return false;
         }
@@ -651,23 +632,18 @@ impl ServedQueue {
         // (Acquire, pairing with the driver's Release store), then the
         // entries up to it, each chain walked by `HeadWalk` with the same
         // rules as its `DescriptorChain` (a test checks they agree), the
-        // accesses through the batch's region table (`regions`).
+        // accesses through the batch.
         let q = &ring.queue;
         if !q.ready() || q.avail_ring() == 0 {
             ring.ring_broken(&virtio_queue::Error::QueueNotReady);
             return false;
         }
         let (size, desc_table, avail_ring) = (q.size(), q.desc_table(), q.avail_ring());
-        let lookup = regions::Lookup::of(mem);
-        // Through the batch's region table, else virtio-queue's read.
-        let avail_idx = || match lookup.load_u16(avail_ring + 2, Ordering::Acquire) {
-            Some(idx) => Ok(idx),
-            None => q.avail_idx(&**mem, Ordering::Acquire).map(|i| i.0),
-        };
+        let avail_idx = || mem.load_u16(avail_ring + 2, Ordering::Acquire);
         let avail = match avail_idx() {
             Ok(idx) => idx,
-            Err(e) => {
-                ring.ring_broken(&e);
+            Err(_) => {
+                ring.ring_broken(&virtio_queue::Error::InvalidAvailRingIndex);
                 return false;
             }
         };
@@ -679,9 +655,9 @@ impl ServedQueue {
             ring.ring_broken(&virtio_queue::Error::InvalidAvailRingIndex);
             return false;
         }
-        // The whole avail ring's entries, when the region table has them
-        // in one region: each entry is then a read at a fixed offset.
-        let entries = lookup.host(avail_ring + 4, 2 * usize::from(size));
+        // The whole avail ring's entries, when they lie in one region:
+        // each entry is then a read at a fixed offset.
+        let entries = mem.host(avail_ring + 4, 2 * usize::from(size));
         let mut heads = [0u16; HEADS_AHEAD];
         while next != avail {
             // The heads of up to HEADS_AHEAD entries first, then their
@@ -749,10 +725,7 @@ impl ServedQueue {
     /// The queue goes on as before afterwards (a move that must not
     /// abandon anything drains first, then stops or keeps serving).
     pub fn drain_until(&mut self, deadline: Instant) -> usize {
-        let mem = self.ring.mem.take();
-        let left = self.handler.finish(&mut self.ring, &mem, deadline);
-        self.ring.mem.restore(mem);
-        left
+        self.with_pass(|q, mem| q.handler.finish(&mut q.ring, mem, deadline))
     }
 
     /// Stops the queue: waits for the backstore to finish everything in
@@ -776,8 +749,9 @@ impl ServedQueue {
     /// on the whole process if the wait outlasts its own bound (see
     /// `Session::stop_queue`).
     pub fn stop(mut self, deadline: Instant) -> StopReport {
-        let mem = self.ring.mem.take();
-        let mut left = self.handler.finish(&mut self.ring, &mem, deadline);
+        let mapped = self.ring.mem.take();
+        let mem = mapped.batch();
+        let mut left = self.handler.finish(&mut self.ring, mem, deadline);
         let (device, vq) = (Arc::clone(&self.ring.device), self.ring.key.vq);
         if left > 0 {
             error!(device = %device.name, vq,
@@ -790,17 +764,17 @@ impl ServedQueue {
             self.handler.cancel(&self.ring);
             left = self
                 .handler
-                .finish(&mut self.ring, &mem, Instant::now() + CANCEL_ROUND);
+                .finish(&mut self.ring, mem, Instant::now() + CANCEL_ROUND);
             // What completed goes to the driver now, not once the last
             // request is back: the queue is still ours (nothing was
             // answered yet), and the driver need not wait for the slowest.
-            self.ring.publish(&mem);
+            self.ring.publish(mem);
             if left > 0 {
                 warn!(device = %device.name, vq,
                     "{left} requests not yet completed after their cancellation: waiting for them");
             }
         }
-        self.ring.publish(&mem);
+        self.ring.publish(mem);
         self.ring.park_poll();
         info!(device = %device.name, vq, requests = self.ring.requests, "queue stopped");
         self.ring.flush_poll_figures();
@@ -843,7 +817,7 @@ impl Vring {
     pub fn accept(
         &mut self,
         chain: HeadWalk<'_>,
-        mem: &GuestMem,
+        mem: Batch<'_>,
         max_segments: usize,
         out: &mut ChainBuffers,
         in_flight: impl FnOnce(u16) -> bool,
@@ -896,7 +870,7 @@ impl Vring {
     /// Puts a completed request on the used ring (published with the
     /// batch), and its service time in the queue's figures. A used ring
     /// that cannot be written is logged.
-    pub fn complete(&mut self, mem: &GuestMem, head: u16, len: u32) {
+    pub fn complete(&mut self, mem: Batch<'_>, head: u16, len: u32) {
         let taken = self.taken_at.get(usize::from(head)).copied();
         let now = pass::now();
         self.figures
@@ -958,7 +932,7 @@ impl Vring {
     }
 
     /// Publishes completed requests and notifies the driver if it asked.
-    pub(crate) fn publish(&mut self, mem: &GuestMem) {
+    pub(crate) fn publish(&mut self, mem: Batch<'_>) {
         self.show_in_flight();
         if self.publish_doorbell(mem) {
             return;
@@ -1047,7 +1021,7 @@ const HEADS_AHEAD: usize = 32;
 /// address of the ring's `size` entries) or, without it, through guest
 /// memory; returns how many it read, stopping at the first it cannot.
 fn read_heads(
-    mem: &GuestMem,
+    mem: Batch<'_>,
     entries: Option<*mut u8>,
     avail_ring: u64,
     size: u16,
@@ -1059,8 +1033,8 @@ fn read_heads(
         let slot = next.wrapping_add(i) & mask;
         let bytes = match entries {
             // SAFETY: `entries` is the host address of the ring's `size`
-            // two-byte entries inside one mapped region of `mem`, which
-            // the caller borrows, and `slot < size`. Any bytes are a valid
+            // two-byte entries inside one mapped region of the batch's
+            // map, which the caller borrows, and `slot < size`. Any bytes are a valid
             // `[u8; 2]`; the guest may write them concurrently, so they
             // are copied once and used from the copy.
             Some(p) => unsafe {
@@ -1068,13 +1042,10 @@ fn read_heads(
                     .cast::<[u8; 2]>()
                     .read_unaligned()
             },
-            None => {
-                let at = GuestAddress(avail_ring + 4 + 2 * u64::from(slot));
-                match mem.read_obj::<[u8; 2]>(at) {
-                    Ok(b) => b,
-                    Err(_) => return usize::from(i),
-                }
-            }
+            None => match mem.read_bytes::<2>(avail_ring + 4 + 2 * u64::from(slot)) {
+                Ok(b) => b,
+                Err(_) => return usize::from(i),
+            },
         };
         *head = u16::from_le_bytes(bytes);
     }
@@ -1149,12 +1120,15 @@ pub(crate) fn wait_readable(fd: RawFd, ms: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryBackend;
+    use vm_memory::{Bytes, GuestMemoryBackend};
 
     #[test]
     fn heads_are_read_across_the_ring_end_by_host_address_or_through_memory() {
         const AVAIL: u64 = 0x1000;
-        let mem = crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x2000)]);
+        let mapped = crate::runtime::batch::Mapped::new(Arc::new(
+            crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x2000)]),
+        ));
+        let (mem, b) = (mapped.map(), mapped.batch());
         for slot in 0..8u16 {
             let at = GuestAddress(AVAIL + 4 + 2 * u64::from(slot));
             mem.write_obj((100 + slot).to_le(), at).unwrap();
@@ -1163,14 +1137,14 @@ mod tests {
         for host in [entries, None] {
             let mut out = [0u16; 5];
             // 6, 7, then 0, 1, 2: the index wraps at the ring's size.
-            assert_eq!(read_heads(&mem, host, AVAIL, 8, 6, &mut out), 5);
+            assert_eq!(read_heads(b, host, AVAIL, 8, 6, &mut out), 5);
             assert_eq!(out, [106, 107, 100, 101, 102]);
-            assert_eq!(read_heads(&mem, host, AVAIL, 8, 0xfffe, &mut out[..2]), 2);
+            assert_eq!(read_heads(b, host, AVAIL, 8, 0xfffe, &mut out[..2]), 2);
             assert_eq!(out[..2], [106, 107], "u16 index wrap");
         }
         // A ring partly outside memory: reading stops at the first entry
         // that cannot be read.
         let mut out = [0u16; 4];
-        assert_eq!(read_heads(&mem, None, 0x1ff8, 8, 0, &mut out), 2);
+        assert_eq!(read_heads(b, None, 0x1ff8, 8, 0, &mut out), 2);
     }
 }

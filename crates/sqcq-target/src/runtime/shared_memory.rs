@@ -13,14 +13,17 @@
 //!
 //! A pass that began before a replacement finishes on the map it
 //! started with, as it did with a load per pass; the next pass sees the
-//! new one. No library offers the generation: `GuestMemoryAtomic` has
-//! none, and it is the only thing added.
+//! new one. The view keeps the map as a [`Mapped`], with the table of its
+//! regions the pass's accesses go through, built once per map. No library
+//! offers the generation: `GuestMemoryAtomic` has none, and it is the
+//! only thing added.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 
+use crate::runtime::batch::Mapped;
 use crate::runtime::guest::GuestMem;
 
 /// The guest memory of one connection, shared by its control thread and
@@ -68,7 +71,8 @@ impl SharedMemory {
         MemoryView {
             shared: self.clone(),
             cached: None,
-            seen: 0,
+            seen: self.generation.load(Ordering::Acquire),
+            changed: false,
         }
     }
 }
@@ -79,8 +83,11 @@ impl SharedMemory {
 pub struct MemoryView {
     shared: SharedMemory,
     /// The map of generation `seen`; `None` while a pass holds it.
-    cached: Option<Arc<GuestMem>>,
+    cached: Option<Mapped>,
     seen: u64,
+    /// A newer map was loaded since [`MemoryView::take_changed`] last
+    /// said so.
+    changed: bool,
 }
 
 impl MemoryView {
@@ -88,7 +95,7 @@ impl MemoryView {
     /// (a pass that does not give it back only costs the next one a
     /// load).
     #[inline]
-    pub fn take(&mut self) -> Arc<GuestMem> {
+    pub fn take(&mut self) -> Mapped {
         // Acquire: pairs with the Release increment in `replace`.
         let now = self.shared.generation.load(Ordering::Acquire);
         match self.cached.take() {
@@ -97,16 +104,22 @@ impl MemoryView {
                 // The generation is read before the map: the map loaded
                 // is at least that generation's (a newer one only means
                 // one more load later).
+                self.changed |= now != self.seen;
                 self.seen = now;
-                self.shared.memory().into_inner()
+                Mapped::new(self.shared.memory().into_inner())
             }
         }
     }
 
     /// Gives back the map [`Self::take`] returned.
     #[inline]
-    pub fn restore(&mut self, map: Arc<GuestMem>) {
+    pub fn restore(&mut self, map: Mapped) {
         self.cached = Some(map);
+    }
+
+    /// Whether a newer map was taken since the last call.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
     }
 
     /// The current map without keeping it (a full load).
@@ -129,14 +142,18 @@ mod tests {
         let shared = SharedMemory::new(map());
         let mut view = shared.view();
         let first = view.take();
-        view.restore(Arc::clone(&first));
+        let first_map = Arc::clone(first.map());
+        view.restore(first);
         let again = view.take();
-        assert!(Arc::ptr_eq(&first, &again), "no replacement, same map");
+        assert!(Arc::ptr_eq(&first_map, again.map()), "no replacement, same map");
+        assert!(!view.take_changed());
         view.restore(again);
         shared.replace(map()).unwrap();
         let after = view.take();
-        assert!(!Arc::ptr_eq(&first, &after), "the replacement is seen");
-        assert!(Arc::ptr_eq(&after, &shared.memory().into_inner()));
+        assert!(!Arc::ptr_eq(&first_map, after.map()), "the replacement is seen");
+        assert!(Arc::ptr_eq(after.map(), &shared.memory().into_inner()));
+        assert!(view.take_changed(), "and told once");
+        assert!(!view.take_changed());
         view.restore(after);
     }
 
@@ -146,7 +163,8 @@ mod tests {
         let mut view = shared.view();
         let kept = view.take();
         let next = view.take();
-        assert!(Arc::ptr_eq(&kept, &next), "loaded again, the same map");
+        assert!(Arc::ptr_eq(kept.map(), next.map()), "loaded again, the same map");
+        assert!(!view.take_changed(), "not a change");
     }
 
     #[test]
@@ -155,6 +173,6 @@ mod tests {
         shared.replace(map()).unwrap();
         let mut view = shared.view();
         let m = view.take();
-        assert!(Arc::ptr_eq(&m, &shared.memory().into_inner()));
+        assert!(Arc::ptr_eq(m.map(), &shared.memory().into_inner()));
     }
 }

@@ -12,10 +12,9 @@
 use std::num::Wrapping;
 use std::sync::atomic::{Ordering, fence};
 
-use crate::runtime::guest::GuestMem;
-use crate::runtime::regions;
+use crate::runtime::batch::Batch;
 use thiserror::Error;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestAddress;
 
 /// Offset of `ring[]` in the used ring (after `flags` and `idx`).
 const USED_RING_HEADER: u64 = 4;
@@ -88,7 +87,7 @@ impl UsedRing {
 
     /// Writes one element; it becomes visible to the driver at the next
     /// [`publish`](Self::publish).
-    pub fn push(&mut self, mem: &GuestMem, head: u16, len: u32) -> Result<(), UsedError> {
+    pub fn push(&mut self, mem: Batch<'_>, head: u16, len: u32) -> Result<(), UsedError> {
         if head >= self.size {
             return Err(UsedError::BadHead {
                 head,
@@ -98,16 +97,9 @@ impl UsedRing {
         let slot = u64::from(self.next_used.0 % self.size);
         let at = offset(self.used, USED_RING_HEADER + slot * USED_ELEM_SIZE)?;
         let elem = (u64::from(len) << 32 | u64::from(head)).to_le_bytes();
-        match regions::host_unlogged(mem, at.0, elem.len()) {
-            // SAFETY: `host_unlogged` found the element's 8 bytes inside
-            // one mapped region of `mem`, borrowed for the call, with no
-            // dirty log to mark. The driver reads them only after the
-            // Release store of `used->idx` in `publish_index`.
-            Some(p) => unsafe { std::ptr::copy_nonoverlapping(elem.as_ptr(), p, elem.len()) },
-            // No table, a logged map, or outside it: vm-memory decides
-            // (and marks the log).
-            None => mem.write_slice(&elem, at).map_err(UsedError::Memory)?,
-        }
+        // The driver reads the element only after the Release store of
+        // `used->idx` in `publish_index`.
+        mem.write_bytes(at.0, &elem).map_err(UsedError::Memory)?;
         self.next_used += Wrapping(1);
         Ok(())
     }
@@ -115,20 +107,17 @@ impl UsedRing {
     /// Publishes every pushed element (one `used->idx` store) without
     /// deciding about a notification; returns how many were published.
     /// With VIRTIO_F_SQCQ_POLL the CQ doorbell decides instead.
-    pub fn publish_index(&mut self, mem: &GuestMem) -> Result<u16, UsedError> {
+    pub fn publish_index(&mut self, mem: Batch<'_>) -> Result<u16, UsedError> {
         let count = (self.next_used - self.published).0;
         if count == 0 {
             return Ok(0);
         }
         // Release: the element writes above become visible before the new
         // index; pairs with the driver's Acquire load of `used->idx` (its
-        // virtio_rmb() after reading the index). Through the batch's region
-        // table, else vm-memory (a logged map, or no table).
+        // virtio_rmb() after reading the index).
         let at = offset(self.used, 2)?;
-        if !regions::Lookup::of(mem).store_u16(at.0, self.next_used.0, Ordering::Release) {
-            mem.store(self.next_used.0.to_le(), at, Ordering::Release)
-                .map_err(UsedError::Memory)?;
-        }
+        mem.store_u16(at.0, self.next_used.0, Ordering::Release)
+            .map_err(UsedError::Memory)?;
         self.published = self.next_used;
         Ok(count)
     }
@@ -136,7 +125,7 @@ impl UsedRing {
     /// Publishes every pushed element and says whether the driver must be
     /// notified (EVENT_IDX `used_event`, or VRING_AVAIL_F_NO_INTERRUPT
     /// without it).
-    pub fn publish(&mut self, mem: &GuestMem) -> Result<bool, UsedError> {
+    pub fn publish(&mut self, mem: Batch<'_>) -> Result<bool, UsedError> {
         let old = self.published;
         if self.publish_index(mem)? == 0 {
             return Ok(false);
@@ -150,19 +139,18 @@ impl UsedRing {
         fence(Ordering::SeqCst);
         if self.event_idx {
             let at = offset(self.avail, AVAIL_RING_HEADER + 2 * u64::from(self.size))?;
-            let used_event = match regions::Lookup::of(mem).load_u16(at.0, Ordering::Relaxed) {
-                Some(v) => v,
-                None => u16::from_le(mem.load(at, Ordering::Relaxed).map_err(UsedError::Memory)?),
-            };
+            let used_event = mem
+                .load_u16(at.0, Ordering::Relaxed)
+                .map_err(UsedError::Memory)?;
             let event = Wrapping(used_event);
             // vring_need_event(): notify when `used_event` lies in
             // [old, new).
             Ok(new - event - Wrapping(1) < new - old)
         } else {
-            let flags: u16 = mem
-                .load(self.avail, Ordering::Relaxed)
+            let flags = mem
+                .load_u16(self.avail.0, Ordering::Relaxed)
                 .map_err(UsedError::Memory)?;
-            Ok(u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0)
+            Ok(flags & AVAIL_F_NO_INTERRUPT == 0)
         }
     }
 }
@@ -177,53 +165,59 @@ fn offset(base: GuestAddress, off: u64) -> Result<GuestAddress, UsedError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::batch::Mapped;
+    use crate::runtime::guest::GuestMem;
+    use std::sync::Arc;
+    use vm_memory::Bytes;
 
     const AVAIL: u64 = 0x1000;
     const USED: u64 = 0x2000;
 
-    fn setup(event_idx: bool) -> (GuestMem, UsedRing) {
-        let m = crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x10000)]);
+    fn setup(event_idx: bool) -> (Mapped, UsedRing) {
+        let m = Mapped::new(Arc::new(crate::runtime::guest::test_memory(&[(
+            GuestAddress(0),
+            0x10000,
+        )])));
         let r = UsedRing::new(GuestAddress(USED), GuestAddress(AVAIL), 4, event_idx, 0);
         (m, r)
     }
 
-    fn used_idx(m: &GuestMem) -> u16 {
-        m.read_obj(GuestAddress(USED + 2)).unwrap()
+    fn used_idx(m: &Mapped) -> u16 {
+        m.map().read_obj(GuestAddress(USED + 2)).unwrap()
     }
 
     #[test]
     fn one_publish_per_batch() {
         let (m, mut r) = setup(false);
-        r.push(&m, 1, 10).unwrap();
-        r.push(&m, 2, 20).unwrap();
+        r.push(m.batch(), 1, 10).unwrap();
+        r.push(m.batch(), 2, 20).unwrap();
         assert_eq!(used_idx(&m), 0, "nothing visible before publish");
-        assert!(r.publish(&m).unwrap());
+        assert!(r.publish(m.batch()).unwrap());
         assert_eq!(used_idx(&m), 2);
-        let id: u32 = m.read_obj(GuestAddress(USED + 4 + 8)).unwrap();
-        let len: u32 = m.read_obj(GuestAddress(USED + 4 + 12)).unwrap();
-        assert_eq!((id, len), (2, 20));
-        assert!(!r.publish(&m).unwrap(), "an empty batch notifies nobody");
+        assert_eq!(element(m.map(), 1), (2, 20));
+        assert!(!r.publish(m.batch()).unwrap(), "an empty batch notifies nobody");
     }
 
     #[test]
     fn no_interrupt_flag_is_honoured() {
         let (m, mut r) = setup(false);
-        m.write_obj(AVAIL_F_NO_INTERRUPT, GuestAddress(AVAIL))
+        m.map()
+            .write_obj(AVAIL_F_NO_INTERRUPT, GuestAddress(AVAIL))
             .unwrap();
-        r.push(&m, 0, 0).unwrap();
-        assert!(!r.publish(&m).unwrap());
+        r.push(m.batch(), 0, 0).unwrap();
+        assert!(!r.publish(m.batch()).unwrap());
     }
 
     #[test]
     fn event_idx_notifies_when_used_event_is_crossed() {
         let (m, mut r) = setup(true);
         let used_event = GuestAddress(AVAIL + 4 + 2 * 4);
-        m.write_obj(1u16, used_event).unwrap();
-        r.push(&m, 0, 0).unwrap();
-        assert!(!r.publish(&m).unwrap(), "idx 1 does not pass used_event 1");
-        r.push(&m, 1, 0).unwrap();
-        r.push(&m, 2, 0).unwrap();
-        assert!(r.publish(&m).unwrap(), "idx 3 passed used_event 1");
+        m.map().write_obj(1u16, used_event).unwrap();
+        r.push(m.batch(), 0, 0).unwrap();
+        assert!(!r.publish(m.batch()).unwrap(), "idx 1 does not pass used_event 1");
+        r.push(m.batch(), 1, 0).unwrap();
+        r.push(m.batch(), 2, 0).unwrap();
+        assert!(r.publish(m.batch()).unwrap(), "idx 3 passed used_event 1");
     }
 
     fn element(m: &GuestMem, slot: u64) -> (u32, u32) {
@@ -235,24 +229,17 @@ mod tests {
     }
 
     #[test]
-    fn elements_written_through_the_region_table_are_the_same() {
-        use std::sync::Arc;
-        let m = Arc::new(crate::runtime::guest::test_memory(&[(
-            GuestAddress(0),
-            0x10000,
-        )]));
+    fn elements_go_to_the_slot_of_the_used_index_modulo_the_size() {
+        let (m, _) = setup(false);
         let mut r = UsedRing::new(GuestAddress(USED), GuestAddress(AVAIL), 4, false, 3);
-        let table = regions::RegionTable::new(&m);
-        let _installed = table.install(&m);
-        r.push(&m, 2, 0x1234_5678).unwrap();
-        r.push(&m, 1, 7).unwrap();
-        assert_eq!(element(&m, 3), (2, 0x1234_5678));
-        assert_eq!(element(&m, 0), (1, 7), "slot 4 wraps to 0");
+        r.push(m.batch(), 2, 0x1234_5678).unwrap();
+        r.push(m.batch(), 1, 7).unwrap();
+        assert_eq!(element(m.map(), 3), (2, 0x1234_5678));
+        assert_eq!(element(m.map(), 0), (1, 7), "slot 4 wraps to 0");
     }
 
     #[test]
     fn a_logged_map_marks_the_elements_page() {
-        use std::sync::Arc;
         use vm_memory::bitmap::Bitmap;
         use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
         let m = Arc::new(crate::runtime::guest::memory_over(
@@ -265,10 +252,9 @@ mod tests {
                 .dirty_at(usize::try_from(gpa - r.start_addr().0).unwrap())
         };
         let mut r = UsedRing::new(GuestAddress(USED), GuestAddress(AVAIL), 4, false, 0);
-        let table = regions::RegionTable::new(&m);
-        let _installed = table.install(&m);
+        let mapped = Mapped::new(Arc::clone(&m));
         assert!(!dirty(USED));
-        r.push(&m, 0, 9).unwrap();
+        r.push(mapped.batch(), 0, 9).unwrap();
         assert_eq!(element(&m, 0), (0, 9));
         assert!(
             dirty(USED),
@@ -279,7 +265,7 @@ mod tests {
     #[test]
     fn bad_head_is_refused() {
         let (m, mut r) = setup(false);
-        assert!(matches!(r.push(&m, 4, 0), Err(UsedError::BadHead { .. })));
+        assert!(matches!(r.push(m.batch(), 4, 0), Err(UsedError::BadHead { .. })));
         assert_eq!(r.pending(), 0);
     }
 }

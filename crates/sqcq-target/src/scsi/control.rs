@@ -24,6 +24,7 @@ use crate::guest_warn;
 use crate::runtime::chain::{self, ChainBuffers};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest;
+use crate::runtime::batch::{Batch, Mapped};
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{PollError, QueueError, RingConfig, open_ring};
@@ -234,13 +235,13 @@ impl ControlPlane {
 /// never blocks; a saturated counter already holds a notification, and a
 /// call descriptor that fails otherwise is dropped (the queue goes on, the
 /// driver polls or times out: control traffic is rare).
-fn publish(q: &mut CtrlQueue, mem: &Arc<GuestMem>) {
+fn publish(q: &mut CtrlQueue, mem: Batch<'_>) {
     let published = q.used.pending() > 0;
     let standard = matches!(q.used.publish(mem), Ok(true));
     // With doorbells: publish cq.idx too; fence 3 is inside `publish`.
     let owed = published
         && q.doorbells
-            .and_then(|location| guest_doorbells(mem, location).ok())
+            .and_then(|location| guest_doorbells(mem.map(), location).ok())
             .is_some_and(|(_, cq)| CqProducer::new(cq).publish(q.used.next_used()) == Wake::Owed);
     if standard || owed {
         signal(q);
@@ -326,12 +327,13 @@ impl ScsiSession {
     }
 
     fn deliver_events(&mut self, ctx: &SessionCtx<'_>) {
-        let mem = ctx.mem.memory().into_inner();
+        let mapped = Mapped::new(ctx.mem.memory().into_inner());
+        let mem = mapped.batch();
         let Some(q) = self.control.queues[EVENT_VQ].as_mut().filter(|q| !q.broken) else {
             return;
         };
         while let Some(mut event) = self.control.pending.front().copied() {
-            let chain = match q.queue.iter(&*mem) {
+            let chain = match q.queue.iter(&**mem.map()) {
                 Ok(mut it) => it.next(),
                 Err(e) => {
                     q.broken = true;
@@ -343,14 +345,14 @@ impl ScsiSession {
             };
             let Some(chain) = chain else { break };
             let head = chain.head_index();
-            let ok = chain::parse(chain, &mem, 4, &mut self.control.chain).is_ok()
+            let ok = chain::parse(chain, mem, 4, &mut self.control.chain).is_ok()
                 && self.control.chain.writable_len >= EVENT_SIZE as u64;
             let mut len = 0;
             if ok {
                 if self.control.missed {
                     event.event |= EVT_EVENTS_MISSED;
                 }
-                if guest::write_at(&mem, &self.control.chain.writable, 0, &event.encode()).is_ok() {
+                if guest::write_at(mem, &self.control.chain.writable, 0, &event.encode()).is_ok() {
                     self.control.pending.pop_front();
                     self.control.missed = false;
                     len = EVENT_INFO_SIZE;
@@ -359,9 +361,9 @@ impl ScsiSession {
                 DeviceMetrics::bump(&self.info.metrics.bad_control);
                 guest_warn!(self.info.limiter, device = %self.info.name, "bad event buffer at head {head}");
             }
-            let _ = q.used.push(&mem, head, len);
+            let _ = q.used.push(mem, head, len);
         }
-        publish(q, &mem);
+        publish(q, mem);
     }
 
     /// Serves up to [`CONTROL_BUDGET`] control requests; leaves
@@ -369,13 +371,14 @@ impl ScsiSession {
     /// to come back after its other events (a guest that keeps the queue
     /// full cannot hold the thread, or SIGTERM, for good).
     fn process_control(&mut self, ctx: &SessionCtx<'_>) {
-        let mem = ctx.mem.memory().into_inner();
+        let mapped = Mapped::new(ctx.mem.memory().into_inner());
+        let mem = mapped.batch();
         let mut budget = CONTROL_BUDGET;
         self.control.more = false;
         loop {
             let chain = match self.control.queues[CONTROL_VQ].as_mut() {
                 Some(q) if q.broken => return,
-                Some(q) => match q.queue.iter(&*mem) {
+                Some(q) => match q.queue.iter(&**mem.map()) {
                     Ok(mut it) => it.next(),
                     Err(e) => {
                         // Stop serving it: every later pass would find the
@@ -393,10 +396,10 @@ impl ScsiSession {
                 let Some(q) = self.control.queues[CONTROL_VQ].as_mut() else {
                     return;
                 };
-                publish(q, &mem);
+                publish(q, mem);
                 // Re-enable notifications; a request that came meanwhile is
                 // served now, as it may not be kicked.
-                match q.queue.enable_notification(&*mem) {
+                match q.queue.enable_notification(&**mem.map()) {
                     Ok(true) => continue,
                     Ok(false) | Err(_) => return,
                 }
@@ -405,29 +408,29 @@ impl ScsiSession {
                 // Back to the ring later: this request stays available.
                 if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
                     q.queue.go_to_previous_position();
-                    publish(q, &mem);
+                    publish(q, mem);
                 }
                 self.control.more = true;
                 return;
             }
             budget -= 1;
             let head = chain.head_index();
-            let parsed = chain::parse(chain, &mem, 8, &mut self.control.chain);
+            let parsed = chain::parse(chain, mem, 8, &mut self.control.chain);
             let len = match parsed {
-                Ok(()) => self.control_request(ctx, &mem),
+                Ok(()) => self.control_request(ctx, mem),
                 Err(e) => {
                     DeviceMetrics::bump(&self.info.metrics.bad_control);
                     guest_warn!(self.info.limiter, device = %self.info.name, "bad control chain: {e}");
-                    self.control_response(&mem, &[Response::Failure.to_byte()])
+                    self.control_response(mem, &[Response::Failure.to_byte()])
                 }
             };
             if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
-                let _ = q.used.push(&mem, head, len);
+                let _ = q.used.push(mem, head, len);
             }
         }
     }
 
-    fn control_response(&self, mem: &GuestMem, bytes: &[u8]) -> u32 {
+    fn control_response(&self, mem: Batch<'_>, bytes: &[u8]) -> u32 {
         let c = &self.control.chain;
         if c.writable_len >= bytes.len() as u64
             && guest::write_at(mem, &c.writable, 0, bytes).is_ok()
@@ -439,7 +442,7 @@ impl ScsiSession {
     }
 
     /// Handles one control request; returns the used length.
-    fn control_request(&mut self, ctx: &SessionCtx<'_>, mem: &GuestMem) -> u32 {
+    fn control_request(&mut self, ctx: &SessionCtx<'_>, mem: Batch<'_>) -> u32 {
         let readable = self.control.chain.readable.clone();
         let mut kind = [0u8; 4];
         if guest::read_at(mem, &readable, 0, &mut kind).is_err() {
@@ -471,7 +474,7 @@ impl ScsiSession {
         }
     }
 
-    fn bad_control(&self, mem: &GuestMem, what: &str) -> u32 {
+    fn bad_control(&self, mem: Batch<'_>, what: &str) -> u32 {
         DeviceMetrics::bump(&self.info.metrics.bad_control);
         guest_warn!(self.info.limiter, device = %self.info.name, "{what}");
         self.control_response(mem, &[Response::Failure.to_byte()])

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 use crate::rate_limited;
 use crate::runtime::backstore;
 use crate::runtime::chain::ChainBuffers;
-use crate::runtime::guest::GuestMem;
+use crate::runtime::batch::Batch;
 use crate::runtime::queue::{
     MakeHandler, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit,
     wait_readable,
@@ -137,7 +137,7 @@ impl ScsiQueue {
         })
     }
 
-    fn reap_all(&mut self, ring: &mut Vring, mem: &GuestMem) {
+    fn reap_all(&mut self, ring: &mut Vring, mem: Batch<'_>) {
         for lun in 0..self.luns.len() {
             self.reap(ring, lun, mem);
         }
@@ -148,7 +148,7 @@ impl RequestHandler for ScsiQueue {
     fn handle(
         &mut self,
         ring: &mut Vring,
-        mem: &Arc<GuestMem>,
+        mem: Batch<'_>,
         chain: crate::runtime::chain::HeadWalk<'_>,
     ) {
         self.handle_chain(ring, mem, chain);
@@ -166,7 +166,7 @@ impl RequestHandler for ScsiQueue {
         }
     }
 
-    fn reap(&mut self, ring: &mut Vring, mem: &GuestMem) {
+    fn reap(&mut self, ring: &mut Vring, mem: Batch<'_>) {
         self.reap_all(ring, mem);
     }
 
@@ -174,7 +174,7 @@ impl RequestHandler for ScsiQueue {
         self.inflight.release_idle_maps();
     }
 
-    fn completed(&mut self, ring: &mut Vring, mem: &GuestMem, source: usize) {
+    fn completed(&mut self, ring: &mut Vring, mem: Batch<'_>, source: usize) {
         if let Some(fd) = self.luns.get(source).and_then(|l| l.io.completion_fd()) {
             drain_fd(fd);
         }
@@ -199,7 +199,7 @@ impl RequestHandler for ScsiQueue {
         self.has_slices_pending() || self.luns.iter().any(|l| l.uncommitted)
     }
 
-    fn run_deferred(&mut self, ring: &mut Vring, mem: &GuestMem) {
+    fn run_deferred(&mut self, ring: &mut Vring, mem: Batch<'_>) {
         self.resume_slices(ring, mem);
     }
 
@@ -226,7 +226,7 @@ impl RequestHandler for ScsiQueue {
         }
     }
 
-    fn finish(&mut self, ring: &mut Vring, mem: &GuestMem, deadline: Instant) -> usize {
+    fn finish(&mut self, ring: &mut Vring, mem: Batch<'_>, deadline: Instant) -> usize {
         RequestHandler::commit(self, ring);
         while !self.inflight.is_empty() && Instant::now() < deadline {
             if self.has_slices_pending() {

@@ -27,7 +27,7 @@ use sqcq_scsi::{
 use crate::guest_warn;
 use crate::runtime::chain::{HeadWalk, Segment};
 use crate::runtime::guest;
-use crate::runtime::guest::GuestMem;
+use crate::runtime::batch::Batch;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{Accepted, Vring};
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
@@ -46,7 +46,7 @@ const SLICE_BYTES: u64 = 1 << 20;
 /// bytes written, or `None` when not even the fixed part fits or guest
 /// memory refuses the write.
 pub(crate) fn write_response(
-    mem: &GuestMem,
+    mem: Batch<'_>,
     writable: &[Segment],
     writable_len: u64,
     sense_size: usize,
@@ -123,7 +123,7 @@ impl ScsiQueue {
     pub(crate) fn handle_chain(
         &mut self,
         ring: &mut Vring,
-        mem: &Arc<GuestMem>,
+        mem: Batch<'_>,
         chain: HeadWalk<'_>,
     ) {
         let inflight = &self.inflight;
@@ -151,7 +151,7 @@ impl ScsiQueue {
     fn parse(
         &self,
         ring: &Vring,
-        mem: &GuestMem,
+        mem: Batch<'_>,
         head: u16,
         header: &mut [u8],
     ) -> Result<Command, Response> {
@@ -194,7 +194,7 @@ impl ScsiQueue {
     /// Phase 2: runs `cmd` (whose CDB is `cdb`) on its logical unit.
     /// Emulated commands complete here; medium commands go to
     /// [`Self::submit_medium`].
-    fn execute(&mut self, ring: &mut Vring, mem: &Arc<GuestMem>, cmd: &Command, cdb: &[u8]) {
+    fn execute(&mut self, ring: &mut Vring, mem: Batch<'_>, cmd: &Command, cdb: &[u8]) {
         let resp_len = (CMD_RESP_FIXED + self.sense_size) as u64;
         let mut data_out = std::mem::take(&mut self.data_out);
         let mut data_in = std::mem::take(&mut self.data_in);
@@ -260,7 +260,7 @@ impl ScsiQueue {
     fn respond_transport(
         &mut self,
         ring: &mut Vring,
-        mem: &GuestMem,
+        mem: Batch<'_>,
         head: u16,
         response: Response,
         resid: u32,
@@ -273,7 +273,7 @@ impl ScsiQueue {
     pub(crate) fn respond_now(
         &mut self,
         ring: &mut Vring,
-        mem: &GuestMem,
+        mem: Batch<'_>,
         head: u16,
         resp: CmdResp,
         sense: &[u8],
@@ -306,7 +306,7 @@ impl ScsiQueue {
     fn submit_medium(
         &mut self,
         ring: &mut Vring,
-        mem: &Arc<GuestMem>,
+        mem: Batch<'_>,
         cmd: &Command,
         op: MediumOp<'_>,
     ) {
@@ -335,7 +335,7 @@ impl ScsiQueue {
             self.respond_transport(ring, mem, head, Response::Overrun, saturating_u32(have));
             return;
         }
-        let Some(slot) = self.inflight.claim(head, mem) else {
+        let Some(slot) = self.inflight.claim(head, mem.map()) else {
             return;
         };
         slot.writable.extend_from_slice(&self.chain.writable);
@@ -418,7 +418,7 @@ impl ScsiQueue {
     /// slices left is put on the resume list instead of completing: its
     /// next slice goes out on the worker's next pass, after every other
     /// queue had its turn.
-    pub(crate) fn reap(&mut self, ring: &mut Vring, lun: usize, mem: &GuestMem) {
+    pub(crate) fn reap(&mut self, ring: &mut Vring, lun: usize, mem: Batch<'_>) {
         let Some(l) = self.luns.get_mut(lun) else {
             return;
         };
@@ -457,7 +457,7 @@ impl ScsiQueue {
 
     /// Submits the next slice of every request on the resume list (the
     /// runtime then commits, reaps and publishes).
-    pub(crate) fn resume_slices(&mut self, ring: &mut Vring, mem: &GuestMem) {
+    pub(crate) fn resume_slices(&mut self, ring: &mut Vring, mem: Batch<'_>) {
         let mut heads = std::mem::take(&mut self.resume);
         for &head in &heads {
             let Some(slot) = self.inflight.get_mut(head) else {
@@ -481,7 +481,7 @@ impl ScsiQueue {
         self.resume = heads;
     }
 
-    fn complete_slot(&mut self, ring: &mut Vring, mem: &GuestMem, head: u16) {
+    fn complete_slot(&mut self, ring: &mut Vring, mem: Batch<'_>, head: u16) {
         complete_request(&mut self.inflight, ring, mem, self.sense_size, head);
     }
 }
@@ -491,7 +491,7 @@ impl ScsiQueue {
 fn complete_request(
     inflight: &mut Inflight,
     ring: &mut Vring,
-    mem: &GuestMem,
+    mem: Batch<'_>,
     sense_size: usize,
     head: u16,
 ) {

@@ -30,6 +30,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::{RingConfig, ServedQueue, SubmissionSource, Vring};
 use crate::guest_warn;
+use crate::runtime::batch::Batch;
 use crate::runtime::guest::{self, GuestMem};
 use crate::runtime::metrics::QueueMode;
 use crate::runtime::ring_poll::RingWatch;
@@ -261,7 +262,7 @@ impl Vring {
                     p.poller.woke();
                     p.log_doorbells();
                 }
-                p.refresh(&current)
+                p.refresh(current.map())
             }
             None => Ok(()),
         };
@@ -285,7 +286,7 @@ impl Vring {
     /// Publishes the used index and the CQ doorbell; the driver is called
     /// only if its CQ poller set NEED_WAKEUP. Returns false when the queue
     /// has no CQ doorbell (the standard rules apply).
-    pub(crate) fn publish_doorbell(&mut self, mem: &GuestMem) -> bool {
+    pub(crate) fn publish_doorbell(&mut self, mem: Batch<'_>) -> bool {
         if self.broken {
             // A broken queue leaves its doorbells alone.
             return false;
