@@ -287,7 +287,7 @@ impl DeviceSession for BlkSession {
         _fds: LocalQueueFds,
     ) -> Result<(), QueueError> {
         // Unreachable: `local_queues` is 0.
-        Err(QueueError::Ring(virtio_queue::Error::InvalidSize))
+        Err(QueueError::Ring(crate::runtime::split::RingError::Size(0)))
     }
 
     fn stop_local(&mut self, _index: usize) -> Option<u16> {

@@ -31,9 +31,9 @@ use tracing::{debug, warn};
 
 use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::runtime::backstore;
+use crate::runtime::batch::Batch;
 use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
 use crate::runtime::guest;
-use crate::runtime::batch::Batch;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::pins::{MapPin, MapPins};
 use crate::runtime::queue::{

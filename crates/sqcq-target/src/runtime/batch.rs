@@ -195,7 +195,11 @@ impl<'a> Batch<'a> {
     /// Writes the `N` bytes of `buf` at `gpa`: one store, not a `memcpy`
     /// call, when they lie in one region (a response's fixed part).
     #[inline]
-    pub fn write_bytes<const N: usize>(self, gpa: u64, buf: &[u8; N]) -> Result<(), GuestMemoryError> {
+    pub fn write_bytes<const N: usize>(
+        self,
+        gpa: u64,
+        buf: &[u8; N],
+    ) -> Result<(), GuestMemoryError> {
         if let Some(p) = self.host_unlogged(gpa, N) {
             // SAFETY: as in `write`; `[u8; N]` has no alignment.
             unsafe { p.cast::<[u8; N]>().write_unaligned(*buf) };
@@ -242,7 +246,12 @@ impl<'a> Batch<'a> {
     /// Appends host iovecs covering `gpa..gpa + len` to `out` (a range
     /// across two regions gives two). They point into the map's mappings:
     /// valid while the map is alive, which a request's pin sees to.
-    pub fn iovecs(self, gpa: u64, len: usize, out: &mut Vec<libc::iovec>) -> Result<(), GuestMemoryError> {
+    pub fn iovecs(
+        self,
+        gpa: u64,
+        len: usize,
+        out: &mut Vec<libc::iovec>,
+    ) -> Result<(), GuestMemoryError> {
         if let Some(p) = self.host(gpa, len) {
             out.push(libc::iovec {
                 iov_base: p.cast(),
@@ -344,7 +353,10 @@ mod tests {
         // access there (a ring's indices are aligned when it starts).
         assert!(b.store_u16(0x10_0007, 1, Ordering::Release).is_err());
         assert!(b.load_u16(0x10_0007, Ordering::Acquire).is_err());
-        assert!(b.load_u16(0xfff, Ordering::Acquire).is_err(), "across a region's end");
+        assert!(
+            b.load_u16(0xfff, Ordering::Acquire).is_err(),
+            "across a region's end"
+        );
         assert!(b.store_u16(0x5000, 1, Ordering::Release).is_err());
     }
 

@@ -1,7 +1,7 @@
 //! Turning a descriptor chain the guest built into checked buffer lists.
 //!
 //! A chain walk ([`HeadWalk`], with the rules of virtio-queue's chain
-//! iterator; the control queue uses that iterator itself) already refuses
+//! iterator, which a test holds it to; every queue uses it) already refuses
 //! what it cannot follow (loops, chains longer than the queue, descriptor
 //! indices out of range, nested indirect tables, descriptor tables outside
 //! guest memory), but it reports all of those by ending early. [`parse`] notices
@@ -14,7 +14,6 @@
 
 use crate::runtime::batch::Batch;
 use thiserror::Error;
-use virtio_queue::desc::split::Descriptor;
 use vm_memory::GuestAddress;
 
 /// The descriptors of the chain at `head` of a descriptor table, with
@@ -23,7 +22,7 @@ use vm_memory::GuestAddress;
 /// (the table's, or an indirect table's), one level of indirection to a
 /// table whose length is a multiple of 16, at most 2^32 bytes in all; the
 /// walk ends early where a chain breaks those rules. A test checks both
-/// walks agree on arbitrary tables. Every request chain is walked this
+/// walks agree on arbitrary tables. Every chain is walked this
 /// way: from the available ring, and resubmitted after a reconnect.
 #[derive(Debug)]
 pub struct HeadWalk<'a> {
@@ -74,11 +73,11 @@ impl<'a> HeadWalk<'a> {
             // any bytes are valid; the guest may write them concurrently,
             // so they are copied once and used from the copy.
             let raw = unsafe { at.cast::<[u8; 16]>().read_unaligned() };
-            return Some(decode_descriptor(&raw));
+            return Some(Descriptor::decode(&raw));
         }
         let at = self.table.0.checked_add(u64::from(i) * 16)?;
         let raw = self.mem.read_bytes::<16>(at).ok()?;
-        Some(decode_descriptor(&raw))
+        Some(Descriptor::decode(&raw))
     }
 }
 
@@ -122,32 +121,104 @@ impl Iterator for HeadWalk<'_> {
     }
 }
 
-/// A split-ring descriptor from its 16 little-endian bytes.
-fn decode_descriptor(raw: &[u8; 16]) -> Descriptor {
-    let [
-        a0,
-        a1,
-        a2,
-        a3,
-        a4,
-        a5,
-        a6,
-        a7,
-        l0,
-        l1,
-        l2,
-        l3,
-        f0,
-        f1,
-        n0,
-        n1,
-    ] = *raw;
-    Descriptor::new(
-        u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
-        u32::from_le_bytes([l0, l1, l2, l3]),
-        u16::from_le_bytes([f0, f1]),
-        u16::from_le_bytes([n0, n1]),
-    )
+/// VRING_DESC_F_NEXT.
+const DESC_F_NEXT: u16 = 1;
+/// VRING_DESC_F_WRITE.
+const DESC_F_WRITE: u16 = 2;
+/// VRING_DESC_F_INDIRECT.
+const DESC_F_INDIRECT: u16 = 4;
+
+/// One split-ring descriptor (virtio 1.2, 2.7.5), as the driver wrote it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    addr: u64,
+    len: u32,
+    flags: u16,
+    next: u16,
+}
+
+impl Descriptor {
+    /// A descriptor of these fields.
+    pub fn new(addr: u64, len: u32, flags: u16, next: u16) -> Self {
+        Descriptor {
+            addr,
+            len,
+            flags,
+            next,
+        }
+    }
+
+    /// The buffer's guest address.
+    pub fn addr(&self) -> GuestAddress {
+        GuestAddress(self.addr)
+    }
+
+    /// The buffer's length.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// The flags.
+    pub fn flags(&self) -> u16 {
+        self.flags
+    }
+
+    /// The index of the next descriptor (with NEXT).
+    pub fn next(&self) -> u16 {
+        self.next
+    }
+
+    /// VRING_DESC_F_NEXT: the chain goes on at [`Self::next`].
+    pub fn has_next(&self) -> bool {
+        self.flags & DESC_F_NEXT != 0
+    }
+
+    /// VRING_DESC_F_WRITE: a device-writable buffer.
+    pub fn is_write_only(&self) -> bool {
+        self.flags & DESC_F_WRITE != 0
+    }
+
+    /// VRING_DESC_F_INDIRECT: the buffer is a table of descriptors.
+    pub fn refers_to_indirect_table(&self) -> bool {
+        self.flags & DESC_F_INDIRECT != 0
+    }
+
+    /// The descriptor of its 16 little-endian bytes.
+    fn decode(raw: &[u8; 16]) -> Self {
+        let [
+            a0,
+            a1,
+            a2,
+            a3,
+            a4,
+            a5,
+            a6,
+            a7,
+            l0,
+            l1,
+            l2,
+            l3,
+            f0,
+            f1,
+            n0,
+            n1,
+        ] = *raw;
+        Descriptor::new(
+            u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+            u32::from_le_bytes([l0, l1, l2, l3]),
+            u16::from_le_bytes([f0, f1]),
+            u16::from_le_bytes([n0, n1]),
+        )
+    }
+}
+
+/// virtio-queue's descriptors, for the tests that use its chains as the
+/// oracle.
+#[cfg(test)]
+impl From<virtio_queue::desc::split::Descriptor> for Descriptor {
+    fn from(d: virtio_queue::desc::split::Descriptor) -> Self {
+        Descriptor::new(d.addr().0, d.len(), d.flags(), d.next())
+    }
 }
 
 /// One buffer of a chain, in guest physical addresses.
@@ -281,7 +352,8 @@ pub fn parse(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use virtio_queue::desc::{RawDescriptor, split::Descriptor};
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::desc::split::Descriptor as TheirDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT};
 
@@ -307,12 +379,22 @@ mod tests {
         max: usize,
     ) -> (Result<(), ChainError>, ChainBuffers) {
         let vq = MockSplitQueue::new(&**m.map(), 16);
-        let raw: Vec<RawDescriptor> = descs.iter().map(|d| RawDescriptor::from(*d)).collect();
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .map(|d| {
+                RawDescriptor::from(TheirDescriptor::new(
+                    d.addr().0,
+                    d.len(),
+                    d.flags(),
+                    d.next(),
+                ))
+            })
+            .collect();
         vq.build_desc_chain(&raw).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.iter(&**m.map()).unwrap().next().unwrap();
         let mut out = ChainBuffers::with_capacity(max);
-        let r = parse(chain, m.batch(), max, &mut out);
+        let r = parse(chain.map(Descriptor::from), m.batch(), max, &mut out);
         (r, out)
     }
 
@@ -370,17 +452,23 @@ mod tests {
         let vq = MockSplitQueue::new(m, 16);
         // Descriptor 0 points to 1, 1 points back to 0.
         let t = vq.desc_table();
-        t.store(0, RawDescriptor::from(Descriptor::new(0x1000, 16, NEXT, 1)))
-            .unwrap();
-        t.store(1, RawDescriptor::from(Descriptor::new(0x2000, 16, NEXT, 0)))
-            .unwrap();
+        t.store(
+            0,
+            RawDescriptor::from(TheirDescriptor::new(0x1000, 16, NEXT, 1)),
+        )
+        .unwrap();
+        t.store(
+            1,
+            RawDescriptor::from(TheirDescriptor::new(0x2000, 16, NEXT, 0)),
+        )
+        .unwrap();
         vq.avail().ring().ref_at(0).unwrap().store(0);
         vq.avail().idx().store(1);
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.iter(m).unwrap().next().unwrap();
         let mut out = ChainBuffers::with_capacity(64);
         assert_eq!(
-            parse(chain, mapped.batch(), 64, &mut out),
+            parse(chain.map(Descriptor::from), mapped.batch(), 64, &mut out),
             Err(ChainError::Malformed)
         );
     }
@@ -414,13 +502,19 @@ mod tests {
             Descriptor::new(0x3000, 108, WRITE, 0),
         ];
         for (i, e) in entries.iter().enumerate() {
-            let raw = RawDescriptor::from(*e);
-            m.write_obj(raw, GuestAddress(table + 16 * i as u64)).unwrap();
+            let raw = RawDescriptor::from(TheirDescriptor::new(
+                e.addr().0,
+                e.len(),
+                e.flags(),
+                e.next(),
+            ));
+            m.write_obj(raw, GuestAddress(table + 16 * i as u64))
+                .unwrap();
         }
         vq.desc_table()
             .store(
                 0,
-                RawDescriptor::from(Descriptor::new(table, 32, INDIRECT, 0)),
+                RawDescriptor::from(TheirDescriptor::new(table, 32, INDIRECT, 0)),
             )
             .unwrap();
         vq.avail().ring().ref_at(0).unwrap().store(0);
@@ -428,7 +522,7 @@ mod tests {
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.iter(m).unwrap().next().unwrap();
         let mut out = ChainBuffers::with_capacity(16);
-        parse(chain, mapped.batch(), 16, &mut out).unwrap();
+        parse(chain.map(Descriptor::from), mapped.batch(), 16, &mut out).unwrap();
         assert_eq!(out.readable_len, 51);
         assert_eq!(out.writable_len, 108);
     }
@@ -474,7 +568,7 @@ mod tests {
                     };
                     let next = u16::try_from(rand(20)).unwrap();
                     m.write_obj(
-                        Descriptor::new(addr, len, flags, next),
+                        RawDescriptor::from(TheirDescriptor::new(addr, len, flags, next)),
                         GuestAddress(at + 16 * i),
                     )
                     .unwrap();
@@ -493,7 +587,13 @@ mod tests {
             m.write_obj(1u16, GuestAddress(avail + 2)).unwrap();
             m.write_obj(head, GuestAddress(avail + 4)).unwrap();
             let fields = |d: Descriptor| (d.addr(), d.len(), d.flags(), d.next());
-            let theirs: Vec<_> = q.iter(m).unwrap().next().unwrap().map(fields).collect();
+            let theirs: Vec<_> = q
+                .iter(m)
+                .unwrap()
+                .next()
+                .unwrap()
+                .map(|d| fields(d.into()))
+                .collect();
             let walk = HeadWalk::new(mapped.batch(), GuestAddress(table), 16, head);
             assert!(walk.table_host.is_some(), "the table is in one region");
             let ours: Vec<_> = walk.map(fields).collect();

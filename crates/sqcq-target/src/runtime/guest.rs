@@ -277,7 +277,12 @@ fn one_piece(segs: &[Segment], offset: u64, len: u64) -> Option<u64> {
 }
 
 /// Copies `buf.len()` bytes from the stream at `offset` into `buf`.
-pub fn read_at(m: Batch<'_>, segs: &[Segment], offset: u64, buf: &mut [u8]) -> Result<(), GuestError> {
+pub fn read_at(
+    m: Batch<'_>,
+    segs: &[Segment],
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<(), GuestError> {
     let len = buf.len() as u64;
     if let Some(gpa) = one_piece(segs, offset, len) {
         return m.read(gpa, buf).map_err(GuestError::Memory);

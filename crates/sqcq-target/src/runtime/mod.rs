@@ -1,7 +1,8 @@
 //! The virtqueue runtime: what serves a request virtqueue whatever the
 //! device behind it. A pool of worker threads (`worker`) owns the served
-//! queues (`queue`): the split ring through `virtio-queue`, checked
-//! descriptor chains (`chain`) over guest memory (`guest`), used-ring
+//! queues (`queue`): the split ring (`split`; virtio-queue is its test
+//! oracle), checked descriptor chains (`chain`) over guest memory
+//! (`guest`) accessed through one per-pass value (`batch`), used-ring
 //! batching (`used`) and batch gathering (`gather`), the kick, ring-poll and SQ-doorbell sources with
 //! the workers' spin loop (`poll`, `ring_poll`), eventfds that never
 //! block (`eventfd`, `stall`), CPU binding (`cpu`), which worker serves
@@ -27,6 +28,7 @@ pub(crate) mod queue;
 pub(crate) mod ratelimit;
 pub(crate) mod ring_poll;
 pub mod shared_memory;
+pub(crate) mod split;
 pub(crate) mod stall;
 pub(crate) mod stats;
 pub(crate) mod stoppable;

@@ -4,16 +4,17 @@
 //! A [`ServedQueue`] is created inside its worker thread from a
 //! [`QueueStart`] and owned by that thread alone until it is stopped:
 //! nothing on the request path is shared with another worker. It is two
-//! parts: the [`Vring`] (the split ring through `virtio-queue`, the used
-//! ring with its batching, the kick/call/error eventfds, the poll state of
-//! a polled queue), which this module and [`crate::runtime::poll`] run the
+//! parts: the [`Vring`] (the split ring, `runtime::split`, with its
+//! batched used ring, the kick/call/error eventfds, the poll state of a
+//! polled queue), which this module and [`crate::runtime::poll`] run the
 //! same way for every device type, and the device's [`RequestHandler`],
 //! which turns chains into requests and completes them through the
 //! `Vring`. Guest memory is read through a `SharedMemory` that the
 //! control thread swaps on a memory table change; each pass takes the
-//! current map from the worker's `MemoryView` (loaded again only after a
-//! change), and every request in flight keeps the map its iovecs point
-//! into alive (`runtime::pins`).
+//! current map and its region table from the worker's `MemoryView`
+//! (loaded again only after a change) and hands every access of the pass
+//! a `Batch` of them (`runtime::batch`), and every request in flight keeps
+//! the map its iovecs point into alive (`runtime::pins`).
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -23,22 +24,19 @@ use std::time::{Duration, Instant};
 use sqcq_protocol::SpinPolicy;
 use thiserror::Error;
 use tracing::{error, info, warn};
-use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestAddress;
 
 use crate::runtime::shared_memory::{MemoryView, SharedMemory};
 
 use crate::guest_warn;
-use crate::runtime::batch::Batch;
+use crate::runtime::batch::{Batch, Mapped};
 use crate::runtime::chain::{self, ChainBuffers, ChainError, HeadWalk};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::gather::Gather;
-use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::{BatchFigures, DeviceMetrics, QueueMetrics};
 use crate::runtime::pass;
 use crate::runtime::ratelimit::RateLimiter;
+use crate::runtime::split::{HEADS_AHEAD, RingError, SplitRing};
 use crate::runtime::tracking::{Recovery, TrackedQueue};
-use crate::runtime::used::UsedRing;
 
 mod poll;
 
@@ -252,7 +250,7 @@ impl std::fmt::Debug for QueueStart {
 pub enum QueueError {
     /// The ring addresses or size are invalid for guest memory.
     #[error("invalid ring configuration")]
-    Ring(#[source] virtio_queue::Error),
+    Ring(#[source] RingError),
     /// VIRTIO_F_SQCQ_POLL is negotiated and the doorbells cannot be used.
     #[error("unusable doorbells")]
     Doorbells(#[source] PollError),
@@ -281,8 +279,7 @@ pub struct Vring {
     key: QueueKey,
     device: Arc<DeviceInfo>,
     mem: MemoryView,
-    queue: Queue,
-    used: UsedRing,
+    split: SplitRing,
     kick: PeerEventFd,
     call: Option<PeerEventFd>,
     /// A notification fell due while there was no call eventfd: sent as
@@ -350,7 +347,8 @@ impl ServedQueue {
     /// requests leave the ring and resubmits the ones it had in flight.
     pub fn start(s: QueueStart) -> Result<Self, QueueError> {
         let mut ring = s.ring;
-        let (mut queue, used) = open_ring(&ring, &s.mem.memory())?;
+        let mut split = SplitRing::open(&ring, Mapped::new(s.mem.memory().into_inner()).batch())
+            .map_err(QueueError::Ring)?;
         let mem = s.mem.view();
         let mut tracking = s.tracking;
         let mut resubmit = Vec::new();
@@ -358,7 +356,7 @@ impl ServedQueue {
             heads,
             next_avail,
             ignored,
-        }) = tracking.as_mut().map(|t| t.recover(used.next_used()))
+        }) = tracking.as_mut().map(|t| t.recover(split.next_used()))
         {
             if next_avail != ring.next_avail || !heads.is_empty() || ignored > 0 {
                 info!(device = %s.device.name, vq = s.key.vq, in_flight = heads.len(), ignored,
@@ -366,7 +364,7 @@ impl ServedQueue {
                     "in-flight record of an earlier run: resubmitting its requests");
             }
             ring.next_avail = next_avail;
-            queue.set_next_avail(next_avail);
+            split.set_next_avail(next_avail);
             resubmit = heads;
         }
         let handler = (s.handler)(&ring)?;
@@ -374,8 +372,7 @@ impl ServedQueue {
             key: s.key,
             device: s.device,
             mem,
-            queue,
-            used,
+            split,
             kick: s.kick,
             call: s.call,
             call_owed: false,
@@ -414,13 +411,12 @@ impl ServedQueue {
         }
         self.with_pass(|q, mem| {
             q.ring.taking_at = pass::now();
-            let (table, size) = (GuestAddress(q.ring.queue.desc_table()), q.ring.queue.size());
             for &head in heads {
                 q.ring.requests += 1;
                 if let Some(m) = q.ring.metrics() {
                     m.resubmitted();
                 }
-                let walk = chain::HeadWalk::new(mem, table, size, head);
+                let walk = q.ring.split.chain(mem, head);
                 q.handler.handle(&mut q.ring, mem, walk);
             }
             q.complete_batch(mem);
@@ -549,7 +545,7 @@ impl ServedQueue {
         }
         self.with_pass(|q, mem| {
             loop {
-                if let Err(e) = q.ring.queue.disable_notification(&**mem.map()) {
+                if let Err(e) = q.ring.split.disable_notification(mem) {
                     q.ring.ring_broken(&e);
                     return;
                 }
@@ -557,7 +553,7 @@ impl ServedQueue {
                     return;
                 }
                 q.complete_batch(mem);
-                match q.ring.queue.enable_notification(&**mem.map()) {
+                match q.ring.split.enable_notification(mem) {
                     Ok(true) => continue,
                     Ok(false) => return,
                     Err(e) => {
@@ -617,49 +613,42 @@ impl ServedQueue {
     fn take_available(&mut self, mem: Batch<'_>) -> bool {
         let ring = &mut self.ring;
         if ring.break_armed {
-            match mem.load_u16(ring.queue.avail_ring() + 2, Ordering::Acquire) {
-                Ok(idx) if idx == ring.queue.next_avail() => return true,
-                Ok(_) => {
+            match ring.split.has_available(mem) {
+                Ok(false) => return true,
+                Ok(true) => {
                     ring.break_armed = false;
                     ring.break_injected();
                 }
-                Err(_) => ring.ring_broken(&virtio_queue::Error::InvalidAvailRingIndex),
+                Err(e) => ring.ring_broken(&e),
             }
             return false;
         }
         ring.taking_at = pass::now();
-        // virtio-queue's `AvailIter`, read once per batch: `avail->idx`
-        // (Acquire, pairing with the driver's Release store), then the
-        // entries up to it, each chain walked by `HeadWalk` with the same
-        // rules as its `DescriptorChain` (a test checks they agree), the
-        // accesses through the batch.
-        let q = &ring.queue;
-        if !q.ready() || q.avail_ring() == 0 {
-            ring.ring_broken(&virtio_queue::Error::QueueNotReady);
-            return false;
-        }
-        let (size, desc_table, avail_ring) = (q.size(), q.desc_table(), q.avail_ring());
-        let avail_idx = || mem.load_u16(avail_ring + 2, Ordering::Acquire);
+        // `avail->idx` (Acquire, pairing with the driver's Release store),
+        // then the entries up to it, each chain walked by `HeadWalk`.
+        let layout = *ring.split.layout();
+        let avail_idx = || layout.avail_idx(mem, Ordering::Acquire);
         let avail = match avail_idx() {
             Ok(idx) => idx,
-            Err(_) => {
-                ring.ring_broken(&virtio_queue::Error::InvalidAvailRingIndex);
+            Err(e) => {
+                ring.ring_broken(&e);
                 return false;
             }
         };
-        let mut next = q.next_avail();
-        let avail = ring
-            .gather
-            .extend(next, avail, || avail_idx().ok(), pass::now_ns);
-        if avail.wrapping_sub(next) > size {
-            ring.ring_broken(&virtio_queue::Error::InvalidAvailRingIndex);
+        let avail = ring.gather.extend(
+            ring.split.next_avail(),
+            avail,
+            || avail_idx().ok(),
+            pass::now_ns,
+        );
+        if let Err(e) = ring.split.check_avail(avail) {
+            ring.ring_broken(&e);
             return false;
         }
-        // The whole avail ring's entries, when they lie in one region:
-        // each entry is then a read at a fixed offset.
-        let entries = mem.host(avail_ring + 4, 2 * usize::from(size));
+        let entries = ring.split.entries(mem);
+        let size = ring.split.size();
         let mut heads = [0u16; HEADS_AHEAD];
-        while next != avail {
+        while ring.split.next_avail() != avail {
             // The heads of up to HEADS_AHEAD entries first, then their
             // chains: read right after `avail->idx`, the entries are in
             // the line(s) that load brought in. Read one per request,
@@ -668,11 +657,11 @@ impl ServedQueue {
             // had taken the line back to write the next ones
             // (docs/benchmarks.md, "Target: reading a batch's avail
             // entries together").
-            let n = usize::from(avail.wrapping_sub(next)).min(HEADS_AHEAD);
-            let got = read_heads(mem, entries, avail_ring, size, next, &mut heads[..n]);
+            let n = usize::from(avail.wrapping_sub(ring.split.next_avail())).min(HEADS_AHEAD);
+            let got = ring.split.read_heads(mem, entries, &mut heads[..n]);
             for &head in &heads[..got] {
-                next = next.wrapping_add(1);
-                ring.queue.set_next_avail(next);
+                let next = ring.split.next_avail().wrapping_add(1);
+                ring.split.set_next_avail(next);
                 if head >= size {
                     let d = &ring.device;
                     DeviceMetrics::bump(&d.metrics.malformed_chains);
@@ -686,12 +675,11 @@ impl ServedQueue {
                     // flight already is a duplicate the handler ignores.
                     t.taken(head);
                 }
-                let chain = HeadWalk::new(mem, GuestAddress(desc_table), size, head);
+                let chain = ring.split.chain(mem, head);
                 self.handler.handle(ring, mem, chain);
             }
             if got < n {
-                // An entry that cannot be read ends the batch, as in
-                // virtio-queue's `AvailIter`.
+                // An entry that cannot be read ends the batch.
                 break;
             }
         }
@@ -782,7 +770,7 @@ impl ServedQueue {
             m.stopped();
         }
         StopReport {
-            next_avail: self.ring.queue.next_avail(),
+            next_avail: self.ring.split.next_avail(),
             requests: self.ring.requests,
         }
     }
@@ -864,7 +852,7 @@ impl Vring {
 
     /// The queue size.
     pub fn size(&self) -> u16 {
-        self.queue.size()
+        self.split.size()
     }
 
     /// Puts a completed request on the used ring (published with the
@@ -877,7 +865,7 @@ impl Vring {
             .latency
             .record(now.saturating_sub(taken.unwrap_or(now)));
         self.in_flight = self.in_flight.saturating_sub(1);
-        match self.used.push(mem, head, len) {
+        match self.split.used().push(mem, head, len) {
             Ok(()) => {
                 if let Some(t) = self.tracking.as_mut() {
                     t.completed(head);
@@ -902,7 +890,7 @@ impl Vring {
     /// records go.
     fn published(&mut self, batch: u16) {
         if let Some(t) = self.tracking.as_mut() {
-            t.published(batch, self.used.next_used());
+            t.published(batch, self.split.next_used());
         }
     }
 
@@ -937,8 +925,8 @@ impl Vring {
         if self.publish_doorbell(mem) {
             return;
         }
-        let batch = self.used.pending();
-        let result = self.used.publish(mem);
+        let batch = self.split.used().pending();
+        let result = self.split.used().publish(mem);
         if batch > 0 && result.is_ok() {
             self.published(batch);
         }
@@ -990,7 +978,7 @@ impl Vring {
         }
     }
 
-    fn ring_broken(&mut self, e: &virtio_queue::Error) {
+    fn ring_broken(&mut self, e: &dyn std::fmt::Display) {
         guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
             "ring corrupt ({e}): queue stopped, device needs reset");
         self.mark_broken();
@@ -1010,89 +998,6 @@ impl Vring {
             let _ = err.signal();
         }
     }
-}
-
-/// Avail entries read ahead of the chains they name (see
-/// `ServedQueue::take_available`): a whole batch of a depth-32 queue.
-const HEADS_AHEAD: usize = 32;
-
-/// Reads the heads of the avail entries `next..next + out.len()` (modulo
-/// the ring's `size`, a power of two) into `out`, from `entries` (the host
-/// address of the ring's `size` entries) or, without it, through guest
-/// memory; returns how many it read, stopping at the first it cannot.
-fn read_heads(
-    mem: Batch<'_>,
-    entries: Option<*mut u8>,
-    avail_ring: u64,
-    size: u16,
-    next: u16,
-    out: &mut [u16],
-) -> usize {
-    let mask = size.wrapping_sub(1);
-    for (i, head) in (0u16..).zip(out.iter_mut()) {
-        let slot = next.wrapping_add(i) & mask;
-        let bytes = match entries {
-            // SAFETY: `entries` is the host address of the ring's `size`
-            // two-byte entries inside one mapped region of the batch's
-            // map, which the caller borrows, and `slot < size`. Any bytes are a valid
-            // `[u8; 2]`; the guest may write them concurrently, so they
-            // are copied once and used from the copy.
-            Some(p) => unsafe {
-                p.wrapping_add(2 * usize::from(slot))
-                    .cast::<[u8; 2]>()
-                    .read_unaligned()
-            },
-            None => match mem.read_bytes::<2>(avail_ring + 4 + 2 * u64::from(slot)) {
-                Ok(b) => b,
-                Err(_) => return usize::from(i),
-            },
-        };
-        *head = u16::from_le_bytes(bytes);
-    }
-    out.len()
-}
-
-/// Builds the device side of a split ring from its configuration and
-/// checks it against guest memory. The used side continues after whatever
-/// the device published last (0 for a new driver): SET_VRING_BASE only
-/// restores the available side.
-pub(crate) fn open_ring(
-    ring: &RingConfig,
-    mem: &GuestMem,
-) -> Result<(Queue, UsedRing), QueueError> {
-    let mut queue = Queue::new(ring.size).map_err(QueueError::Ring)?;
-    queue.try_set_size(ring.size).map_err(QueueError::Ring)?;
-    queue
-        .try_set_desc_table_address(GuestAddress(ring.desc))
-        .map_err(QueueError::Ring)?;
-    queue
-        .try_set_avail_ring_address(GuestAddress(ring.avail))
-        .map_err(QueueError::Ring)?;
-    queue
-        .try_set_used_ring_address(GuestAddress(ring.used))
-        .map_err(QueueError::Ring)?;
-    queue.set_next_avail(ring.next_avail);
-    queue.set_event_idx(ring.event_idx);
-    queue.set_ready(true);
-    if !queue.is_valid(mem) {
-        return Err(QueueError::Ring(virtio_queue::Error::InvalidSize));
-    }
-    // Where the used ring stands when the queue (re)starts: written last
-    // by this device (a previous worker's Release publish) or zeroed by
-    // the driver before it enabled the queue; Acquire pairs with either.
-    let next_used = queue
-        .used_idx(mem, std::sync::atomic::Ordering::Acquire)
-        .map_err(QueueError::Ring)?
-        .0;
-    queue.set_next_used(next_used);
-    let used = UsedRing::new(
-        GuestAddress(ring.used),
-        GuestAddress(ring.avail),
-        ring.size,
-        ring.event_idx,
-        next_used,
-    );
-    Ok((queue, used))
 }
 
 /// Reads a backstore's completion descriptor (eventfd-like) to rearm it;
@@ -1115,36 +1020,4 @@ pub(crate) fn wait_readable(fd: RawFd, ms: i32) {
     // SAFETY: one valid pollfd for the duration of the call.
     let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
     pass::begin();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use vm_memory::{Bytes, GuestMemoryBackend};
-
-    #[test]
-    fn heads_are_read_across_the_ring_end_by_host_address_or_through_memory() {
-        const AVAIL: u64 = 0x1000;
-        let mapped = crate::runtime::batch::Mapped::new(Arc::new(
-            crate::runtime::guest::test_memory(&[(GuestAddress(0), 0x2000)]),
-        ));
-        let (mem, b) = (mapped.map(), mapped.batch());
-        for slot in 0..8u16 {
-            let at = GuestAddress(AVAIL + 4 + 2 * u64::from(slot));
-            mem.write_obj((100 + slot).to_le(), at).unwrap();
-        }
-        let entries = mem.get_host_address(GuestAddress(AVAIL + 4)).ok();
-        for host in [entries, None] {
-            let mut out = [0u16; 5];
-            // 6, 7, then 0, 1, 2: the index wraps at the ring's size.
-            assert_eq!(read_heads(b, host, AVAIL, 8, 6, &mut out), 5);
-            assert_eq!(out, [106, 107, 100, 101, 102]);
-            assert_eq!(read_heads(b, host, AVAIL, 8, 0xfffe, &mut out[..2]), 2);
-            assert_eq!(out[..2], [106, 107], "u16 index wrap");
-        }
-        // A ring partly outside memory: reading stops at the first entry
-        // that cannot be read.
-        let mut out = [0u16; 4];
-        assert_eq!(read_heads(b, None, 0x1ff8, 8, 0, &mut out), 2);
-    }
 }

@@ -4,52 +4,42 @@
 //!
 //! The device polls `avail->idx` with notifications disabled
 //! (VRING_USED_F_NO_NOTIFY set, or with EVENT_IDX `avail_event` left
-//! behind) and re-enables them only before it sleeps. Both steps are
-//! virtio-queue's own `disable_notification` and `enable_notification`;
-//! the latter stores the flag (or `avail_event`), executes
-//! `fence(SeqCst)` and re-reads `avail->idx`, which pairs with the full
-//! barrier the driver executes between publishing `avail->idx` and
-//! reading `used->flags`/`avail_event` (virtio_ring's `virtqueue_kick_prepare`).
+//! behind) and re-enables them only before it sleeps, with the split
+//! ring's own [`RingLayout::enable_notification`]: the flag (or
+//! `avail_event`), `fence(SeqCst)`, and the re-read of `avail->idx`.
 //!
-//! The watch drives its own `virtio_queue::Queue` over the same ring
-//! addresses, used for nothing but these notification fields and the avail
-//! index: the queue that takes requests belongs to the request path, and a
-//! [`Watch`] takes no context.
+//! The watch works on a copy of the ring's layout and keeps its own view
+//! of the memory map: the ring state that takes requests belongs to the
+//! request path, and a [`Watch`] takes no context.
 
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use sqcq_protocol::{SleepCheck, Watch};
-use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestAddress;
 
+use crate::runtime::batch::Mapped;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::queue::RingConfig;
+use crate::runtime::split::{RingError, RingLayout};
 
 /// Watches a split ring's avail index.
 #[derive(Debug)]
 pub struct RingWatch {
-    queue: Queue,
-    mem: Arc<GuestMem>,
+    layout: RingLayout,
+    mem: Mapped,
     seen: u16,
-    error: Option<virtio_queue::Error>,
+    error: Option<RingError>,
 }
 
 impl RingWatch {
     /// Watches `ring` in `mem` from its base index and disables
     /// notifications.
-    pub fn new(ring: &RingConfig, mem: Arc<GuestMem>) -> Result<Self, virtio_queue::Error> {
-        let mut queue = Queue::new(ring.size)?;
-        queue.try_set_size(ring.size)?;
-        queue.try_set_desc_table_address(GuestAddress(ring.desc))?;
-        queue.try_set_avail_ring_address(GuestAddress(ring.avail))?;
-        queue.try_set_used_ring_address(GuestAddress(ring.used))?;
-        queue.set_event_idx(ring.event_idx);
-        queue.set_next_avail(ring.next_avail);
-        queue.set_ready(true);
-        queue.disable_notification(&*mem)?;
+    pub fn new(ring: &RingConfig, mem: Arc<GuestMem>) -> Result<Self, RingError> {
+        let mem = Mapped::new(mem);
+        let layout = RingLayout::new(ring, mem.batch())?;
+        layout.disable_notification(mem.batch(), ring.next_avail)?;
         Ok(RingWatch {
-            queue,
+            layout,
             mem,
             seen: ring.next_avail,
             error: None,
@@ -58,18 +48,18 @@ impl RingWatch {
 
     /// Follows a new memory map (the frontend replaced the memory table).
     pub fn set_memory(&mut self, mem: Arc<GuestMem>) {
-        self.mem = mem;
+        self.mem = Mapped::new(mem);
     }
 
     /// The first guest memory error met, if any (the ring then lies
     /// outside memory: the queue is broken).
-    pub fn take_error(&mut self) -> Option<virtio_queue::Error> {
+    pub fn take_error(&mut self) -> Option<RingError> {
         self.error.take()
     }
 
     fn avail_idx(&mut self, order: Ordering) -> Option<u16> {
-        match self.queue.avail_idx(&*self.mem, order) {
-            Ok(idx) => Some(idx.0),
+        match self.layout.avail_idx(self.mem.batch(), order) {
+            Ok(idx) => Some(idx),
             Err(e) => {
                 self.error.get_or_insert(e);
                 None
@@ -98,8 +88,7 @@ impl Watch for RingWatch {
         // ask to be notified of anything after it. With EVENT_IDX this
         // stores `avail_event = seen`, else clears NO_NOTIFY; then
         // fence(SeqCst) and the re-check.
-        self.queue.set_next_avail(self.seen);
-        match self.queue.enable_notification(&*self.mem) {
+        match self.layout.enable_notification(self.mem.batch(), self.seen) {
             Ok(false) => SleepCheck::Sleep,
             Ok(true) => {
                 self.finish_sleep();
@@ -121,7 +110,10 @@ impl Watch for RingWatch {
     }
 
     fn finish_sleep(&mut self) {
-        if let Err(e) = self.queue.disable_notification(&*self.mem) {
+        if let Err(e) = self
+            .layout
+            .disable_notification(self.mem.batch(), self.seen)
+        {
             self.error.get_or_insert(e);
         }
     }
@@ -130,7 +122,7 @@ impl Watch for RingWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::Bytes;
+    use vm_memory::{Bytes, GuestAddress};
 
     const AVAIL: u64 = 0x1000;
     const USED: u64 = 0x2000;

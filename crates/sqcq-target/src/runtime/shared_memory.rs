@@ -145,12 +145,18 @@ mod tests {
         let first_map = Arc::clone(first.map());
         view.restore(first);
         let again = view.take();
-        assert!(Arc::ptr_eq(&first_map, again.map()), "no replacement, same map");
+        assert!(
+            Arc::ptr_eq(&first_map, again.map()),
+            "no replacement, same map"
+        );
         assert!(!view.take_changed());
         view.restore(again);
         shared.replace(map()).unwrap();
         let after = view.take();
-        assert!(!Arc::ptr_eq(&first_map, after.map()), "the replacement is seen");
+        assert!(
+            !Arc::ptr_eq(&first_map, after.map()),
+            "the replacement is seen"
+        );
         assert!(Arc::ptr_eq(after.map(), &shared.memory().into_inner()));
         assert!(view.take_changed(), "and told once");
         assert!(!view.take_changed());
@@ -163,7 +169,10 @@ mod tests {
         let mut view = shared.view();
         let kept = view.take();
         let next = view.take();
-        assert!(Arc::ptr_eq(kept.map(), next.map()), "loaded again, the same map");
+        assert!(
+            Arc::ptr_eq(kept.map(), next.map()),
+            "loaded again, the same map"
+        );
         assert!(!view.take_changed(), "not a change");
     }
 

@@ -2,7 +2,9 @@
 //! requests complete, the index is published once per batch, and the
 //! driver is notified at most once per batch.
 //!
-//! virtio-queue's `Queue::add_used` publishes the index on every call; a
+//! Part of the split ring (`runtime::split`). virtio-queue's
+//! `Queue::add_used`, which `split.rs`'s tests use as the oracle,
+//! publishes the index on every call; a
 //! worker that completes 32 requests in one pass would store the shared
 //! index 32 times and, without EVENT_IDX, could not tell whether one call
 //! covers them all. [`UsedRing`] keeps the private `next_used`, writes
@@ -195,7 +197,10 @@ mod tests {
         assert!(r.publish(m.batch()).unwrap());
         assert_eq!(used_idx(&m), 2);
         assert_eq!(element(m.map(), 1), (2, 20));
-        assert!(!r.publish(m.batch()).unwrap(), "an empty batch notifies nobody");
+        assert!(
+            !r.publish(m.batch()).unwrap(),
+            "an empty batch notifies nobody"
+        );
     }
 
     #[test]
@@ -214,7 +219,10 @@ mod tests {
         let used_event = GuestAddress(AVAIL + 4 + 2 * 4);
         m.map().write_obj(1u16, used_event).unwrap();
         r.push(m.batch(), 0, 0).unwrap();
-        assert!(!r.publish(m.batch()).unwrap(), "idx 1 does not pass used_event 1");
+        assert!(
+            !r.publish(m.batch()).unwrap(),
+            "idx 1 does not pass used_event 1"
+        );
         r.push(m.batch(), 1, 0).unwrap();
         r.push(m.batch(), 2, 0).unwrap();
         assert!(r.publish(m.batch()).unwrap(), "idx 3 passed used_event 1");
@@ -265,7 +273,10 @@ mod tests {
     #[test]
     fn bad_head_is_refused() {
         let (m, mut r) = setup(false);
-        assert!(matches!(r.push(m.batch(), 4, 0), Err(UsedError::BadHead { .. })));
+        assert!(matches!(
+            r.push(m.batch(), 4, 0),
+            Err(UsedError::BadHead { .. })
+        ));
         assert_eq!(r.pending(), 0);
     }
 }

@@ -17,18 +17,17 @@ use sqcq_protocol::{
     CqProducer, DoorbellLocation, RingAddrs, SqConsumer, Wake, doorbell_location, guest_doorbells,
 };
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use crate::guest_warn;
+use crate::runtime::batch::{Batch, Mapped};
 use crate::runtime::chain::{self, ChainBuffers};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest;
-use crate::runtime::batch::{Batch, Mapped};
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
-use crate::runtime::queue::{PollError, QueueError, RingConfig, open_ring};
-use crate::runtime::used::UsedRing;
+use crate::runtime::queue::{PollError, QueueError, RingConfig};
+use crate::runtime::split::{RingError, SplitRing};
 use crate::scsi::device::ScsiSession;
 use crate::transport::device_type::{LocalQueueFds, SessionCtx};
 use sqcq_wire::scsi::{
@@ -55,8 +54,7 @@ const MAX_PENDING_EVENTS: usize = 64;
 const CONTROL_BUDGET: u32 = 16;
 
 struct CtrlQueue {
-    queue: Queue,
-    used: UsedRing,
+    ring: SplitRing,
     kick: PeerEventFd,
     call: Option<PeerEventFd>,
     /// A notification fell due while there was no call eventfd (see
@@ -152,7 +150,8 @@ impl ControlPlane {
         fds: LocalQueueFds,
         doorbells: bool,
     ) -> Result<(), QueueError> {
-        let (queue, used) = open_ring(ring, mem)?;
+        let split = SplitRing::open(ring, Mapped::new(Arc::clone(mem)).batch())
+            .map_err(QueueError::Ring)?;
         let doorbells = if doorbells {
             let addrs = RingAddrs {
                 desc: ring.desc,
@@ -183,8 +182,7 @@ impl ControlPlane {
             EpollEvent::new(EventSet::IN, token),
         );
         self.queues[index] = Some(CtrlQueue {
-            queue,
-            used,
+            ring: split,
             kick,
             call,
             call_owed: false,
@@ -202,7 +200,7 @@ impl ControlPlane {
             q.kick.as_raw_fd(),
             EpollEvent::default(),
         );
-        Some(q.queue.next_avail())
+        Some(q.ring.next_avail())
     }
 
     pub(crate) fn set_call(&mut self, index: usize, call: Option<PeerEventFd>) {
@@ -236,13 +234,13 @@ impl ControlPlane {
 /// call descriptor that fails otherwise is dropped (the queue goes on, the
 /// driver polls or times out: control traffic is rare).
 fn publish(q: &mut CtrlQueue, mem: Batch<'_>) {
-    let published = q.used.pending() > 0;
-    let standard = matches!(q.used.publish(mem), Ok(true));
+    let published = q.ring.used().pending() > 0;
+    let standard = matches!(q.ring.used().publish(mem), Ok(true));
     // With doorbells: publish cq.idx too; fence 3 is inside `publish`.
     let owed = published
         && q.doorbells
             .and_then(|location| guest_doorbells(mem.map(), location).ok())
-            .is_some_and(|(_, cq)| CqProducer::new(cq).publish(q.used.next_used()) == Wake::Owed);
+            .is_some_and(|(_, cq)| CqProducer::new(cq).publish(q.ring.next_used()) == Wake::Owed);
     if standard || owed {
         signal(q);
     }
@@ -333,8 +331,8 @@ impl ScsiSession {
             return;
         };
         while let Some(mut event) = self.control.pending.front().copied() {
-            let chain = match q.queue.iter(&**mem.map()) {
-                Ok(mut it) => it.next(),
+            let chain = match q.ring.pop(mem) {
+                Ok(chain) => chain,
                 Err(e) => {
                     q.broken = true;
                     DeviceMetrics::bump(&self.info.metrics.broken_rings);
@@ -361,7 +359,7 @@ impl ScsiSession {
                 DeviceMetrics::bump(&self.info.metrics.bad_control);
                 guest_warn!(self.info.limiter, device = %self.info.name, "bad event buffer at head {head}");
             }
-            let _ = q.used.push(mem, head, len);
+            let _ = q.ring.used().push(mem, head, len);
         }
         publish(q, mem);
     }
@@ -376,43 +374,36 @@ impl ScsiSession {
         let mut budget = CONTROL_BUDGET;
         self.control.more = false;
         loop {
-            let chain = match self.control.queues[CONTROL_VQ].as_mut() {
-                Some(q) if q.broken => return,
-                Some(q) => match q.queue.iter(&**mem.map()) {
-                    Ok(mut it) => it.next(),
-                    Err(e) => {
-                        // Stop serving it: every later pass would find the
-                        // same (a reset gives the driver a new ring).
-                        q.broken = true;
-                        DeviceMetrics::bump(&self.info.metrics.broken_rings);
-                        guest_warn!(self.info.limiter, device = %self.info.name,
-                            "control queue: {e}: stopped, device needs reset");
-                        return;
-                    }
-                },
-                None => None,
+            let Some(q) = self.control.queues[CONTROL_VQ].as_mut() else {
+                return;
+            };
+            if q.broken {
+                return;
+            }
+            if budget == 0 {
+                // Back to the ring later: what is left stays available.
+                self.control.more = q.ring.has_available(mem).unwrap_or(false);
+                publish(q, mem);
+                return;
+            }
+            let chain = match q.ring.pop(mem) {
+                Ok(chain) => chain,
+                Err(e) => {
+                    // Stop serving it: every later pass would find the
+                    // same (a reset gives the driver a new ring).
+                    self.control_broken(&e);
+                    return;
+                }
             };
             let Some(chain) = chain else {
-                let Some(q) = self.control.queues[CONTROL_VQ].as_mut() else {
-                    return;
-                };
                 publish(q, mem);
                 // Re-enable notifications; a request that came meanwhile is
                 // served now, as it may not be kicked.
-                match q.queue.enable_notification(&**mem.map()) {
+                match q.ring.enable_notification(mem) {
                     Ok(true) => continue,
                     Ok(false) | Err(_) => return,
                 }
             };
-            if budget == 0 {
-                // Back to the ring later: this request stays available.
-                if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
-                    q.queue.go_to_previous_position();
-                    publish(q, mem);
-                }
-                self.control.more = true;
-                return;
-            }
             budget -= 1;
             let head = chain.head_index();
             let parsed = chain::parse(chain, mem, 8, &mut self.control.chain);
@@ -425,9 +416,20 @@ impl ScsiSession {
                 }
             };
             if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
-                let _ = q.used.push(mem, head, len);
+                let _ = q.ring.used().push(mem, head, len);
             }
         }
+    }
+
+    /// The control queue's ring is corrupt: it is not served again until
+    /// the driver resets it.
+    fn control_broken(&mut self, e: &RingError) {
+        if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
+            q.broken = true;
+        }
+        DeviceMetrics::bump(&self.info.metrics.broken_rings);
+        guest_warn!(self.info.limiter, device = %self.info.name,
+            "control queue: {e}: stopped, device needs reset");
     }
 
     fn control_response(&self, mem: Batch<'_>, bytes: &[u8]) -> u32 {

@@ -16,8 +16,8 @@ use tracing::{debug, warn};
 
 use crate::rate_limited;
 use crate::runtime::backstore;
-use crate::runtime::chain::ChainBuffers;
 use crate::runtime::batch::Batch;
+use crate::runtime::chain::ChainBuffers;
 use crate::runtime::queue::{
     MakeHandler, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit,
     wait_readable,

@@ -25,9 +25,9 @@ use sqcq_scsi::{
 };
 
 use crate::guest_warn;
+use crate::runtime::batch::Batch;
 use crate::runtime::chain::{HeadWalk, Segment};
 use crate::runtime::guest;
-use crate::runtime::batch::Batch;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{Accepted, Vring};
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
@@ -120,12 +120,7 @@ impl ScsiQueue {
     /// Handles one chain popped from the available ring: parse, execute
     /// (emulated commands complete at once, medium commands are submitted
     /// to the backstore and complete when reaped).
-    pub(crate) fn handle_chain(
-        &mut self,
-        ring: &mut Vring,
-        mem: Batch<'_>,
-        chain: HeadWalk<'_>,
-    ) {
+    pub(crate) fn handle_chain(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: HeadWalk<'_>) {
         let inflight = &self.inflight;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             inflight.is_busy(h)
@@ -303,13 +298,7 @@ impl ScsiQueue {
     /// Phase 2 for a medium command: checks its buffers against the
     /// transfer, takes an in-flight slot and queues the backstore
     /// operations. Phase 3 is [`complete_request`], once they are reaped.
-    fn submit_medium(
-        &mut self,
-        ring: &mut Vring,
-        mem: Batch<'_>,
-        cmd: &Command,
-        op: MediumOp<'_>,
-    ) {
+    fn submit_medium(&mut self, ring: &mut Vring, mem: Batch<'_>, cmd: &Command, op: MediumOp<'_>) {
         let Command {
             head,
             lun,

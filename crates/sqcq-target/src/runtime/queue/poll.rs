@@ -25,7 +25,6 @@ use sqcq_protocol::{
 };
 use thiserror::Error;
 use tracing::error;
-use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::{RingConfig, ServedQueue, SubmissionSource, Vring};
@@ -34,6 +33,7 @@ use crate::runtime::batch::Batch;
 use crate::runtime::guest::{self, GuestMem};
 use crate::runtime::metrics::QueueMode;
 use crate::runtime::ring_poll::RingWatch;
+use crate::runtime::split::RingError;
 
 type Cell = GuestDoorbell<GuestMem>;
 
@@ -51,7 +51,7 @@ pub enum PollError {
     Index(#[source] NonsenseIndex),
     /// The avail ring could not be read or its flags written.
     #[error("avail ring not accessible")]
-    Ring(#[source] virtio_queue::Error),
+    Ring(#[source] RingError),
     /// `fault_break` on the admin socket.
     #[error("nonsense SQ doorbell index (injected by the admin socket)")]
     Injected,
@@ -217,7 +217,7 @@ impl Vring {
         match QueuePoll::open(
             self.source,
             ring,
-            self.used.next_used(),
+            self.split.next_used(),
             map,
             spin,
             self.key.vq,
@@ -294,14 +294,14 @@ impl Vring {
         let Some(cq) = self.poll.as_mut().and_then(|p| p.cq.as_mut()) else {
             return false;
         };
-        match self.used.publish_index(mem) {
+        match self.split.used().publish_index(mem) {
             Ok(0) => {}
             // Fence 3 of the protocol is inside `publish`: `cq.idx`
             // store, fence(SeqCst), `cq.flags` load.
             Ok(batch) => {
-                let owed = cq.producer.publish(self.used.next_used()) == Wake::Owed;
+                let owed = cq.producer.publish(self.split.next_used()) == Wake::Owed;
                 if let Some(t) = self.tracking.as_mut() {
-                    t.published(batch, self.used.next_used());
+                    t.published(batch, self.split.next_used());
                 }
                 if let Some(p) = &self.poll {
                     p.log_doorbells();
@@ -365,7 +365,7 @@ impl Vring {
         if self.source == SubmissionSource::Doorbell && self.poll.is_some() {
             self.poll_broken(&PollError::Injected);
         } else {
-            self.ring_broken(&virtio_queue::Error::InvalidChain);
+            self.ring_broken(&"fault injected by the admin socket");
         }
     }
 
@@ -451,7 +451,7 @@ impl ServedQueue {
     fn on_index(&mut self, idx: u16) {
         let ring = &mut self.ring;
         if ring.source == SubmissionSource::Doorbell
-            && let Err(e) = check_index(idx, ring.queue.next_avail(), ring.queue.size())
+            && let Err(e) = check_index(idx, ring.split.next_avail(), ring.split.size())
         {
             ring.poll_broken(&PollError::Index(e));
             return;
