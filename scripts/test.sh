@@ -53,17 +53,17 @@ scripts/check-models.sh
 stage "cargo test (every peer installed above: none may be skipped)"
 SQCQ_REQUIRE_PEERS=1 cargo test --workspace
 stage "qtest: QEMU 7.2's own vhost-user-blk tests (qos-test) against sqcqd"
-cargo build --quiet -p sqcq-target --bin sqcqd
+cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 SQCQD=target/debug/sqcqd scripts/qtest.sh
 stage "asan: sqcq-backstore, sqcq-target and sqcq-driver tests under AddressSanitizer (target/asan)"
 SQCQ_REQUIRE_PEERS=1 scripts/asan.sh
 stage "soak: 3 minutes of kill -9, dropped frontends, moved queues, grown LUNs, reloads and hot-plug under verified load (target/soak/)"
-cargo build --quiet -p sqcq-target -p sqcq-bench
+cargo build --quiet -p sqcq-target -p sqcq-bench --features sqcq-target/fault-injection
 scripts/soak.sh --minutes 3
 stage "fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
 stage "guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
-cargo build --quiet -p sqcq-target --bin sqcqd
+cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 rm -f target/guest/measure.txt
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --measure --label classic
 stage "guest: VIRTIO_F_SQCQ_POLL in Linux (patches/linux) through QEMU (patches/qemu)"

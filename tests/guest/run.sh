@@ -499,6 +499,9 @@ sqcq_host_checks() {
         vring=$(grep -c "vhost vring error in virtqueue" "$work/$run.qemu.log" || true)
         if [[ "$reply" == ok*'"armed"'* ]] && [ "$vring" -gt 0 ]; then
             host_check "$run/queue_break" PASS "daemon: '$reply'; QEMU reported $vring vring error(s) (DEVICE_NEEDS_RESET)"
+        elif [[ "$reply" == *'no method'*fault_break* ]]; then
+            host_check "$run/queue_break" FAIL "sqcqd was built without fault injection" \
+                "(cargo build -p sqcq-target --features fault-injection): '$reply'"
         else
             host_check "$run/queue_break" FAIL "daemon: '${reply:-no reply}'; QEMU vring errors: $vring"
         fi

@@ -141,6 +141,7 @@ impl DeviceControl {
     /// Arms request queue `vq` (every running one if `None`) to break at
     /// its next request, as for a nonsense doorbell (fault injection, see
     /// [`crate::admin`]); returns the vring indices armed.
+    #[cfg(feature = "fault-injection")]
     pub fn break_queues(&self, vq: Option<u16>) -> Vec<u16> {
         let device = self.info.id;
         let mut broken = Vec::new();

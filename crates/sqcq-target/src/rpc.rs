@@ -485,28 +485,6 @@ pub static METHODS: &[Method] = &[
         },
     },
     Method {
-        name: "fault_break",
-        summary: "Fault injection: the request queue vq (every running one without vq) breaks at \
-                  its next request, as for a nonsense doorbell",
-        params: &[DEVICE, p("vq", "integer", false, "Virtqueue index")],
-        open: false,
-        handler: |ctx, params| {
-            let device = u32_param(params, "device")?;
-            let vq = match params.get("vq") {
-                None | Some(Value::Null) => None,
-                Some(_) => Some(u16_param(params, "vq")?),
-            };
-            let armed = ctx.registry.control(device)?.break_queues(vq);
-            if armed.is_empty() {
-                return Err(RpcError {
-                    code: NOT_FOUND,
-                    message: HotplugError::NoQueue.to_string(),
-                });
-            }
-            Ok(json!({ "armed": armed }))
-        },
-    },
-    Method {
         name: "config_reload",
         summary: "Read the configuration file again and apply what changed (what SIGHUP does)",
         params: &[],
@@ -514,6 +492,40 @@ pub static METHODS: &[Method] = &[
         handler: |ctx, _| to_value(&ctx.reload_announced()?),
     },
 ];
+
+/// Fault injection: only in builds with the `fault-injection` feature,
+/// which the tests and CI turn on and release builds leave off.
+#[cfg(feature = "fault-injection")]
+static FAULT_METHODS: &[Method] = &[Method {
+    name: "fault_break",
+    summary: "Fault injection: the request queue vq (every running one without vq) breaks at \
+                  its next request, as for a nonsense doorbell",
+    params: &[DEVICE, p("vq", "integer", false, "Virtqueue index")],
+    open: false,
+    handler: |ctx, params| {
+        let device = u32_param(params, "device")?;
+        let vq = match params.get("vq") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(u16_param(params, "vq")?),
+        };
+        let armed = ctx.registry.control(device)?.break_queues(vq);
+        if armed.is_empty() {
+            return Err(RpcError {
+                code: NOT_FOUND,
+                message: HotplugError::NoQueue.to_string(),
+            });
+        }
+        Ok(json!({ "armed": armed }))
+    },
+}];
+#[cfg(not(feature = "fault-injection"))]
+static FAULT_METHODS: &[Method] = &[];
+
+/// Every method of the API: [`METHODS`], and fault injection in builds
+/// that have it.
+pub fn methods() -> impl Iterator<Item = &'static Method> {
+    METHODS.iter().chain(FAULT_METHODS)
+}
 
 fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, RpcError> {
     serde_json::to_value(v).map_err(|e| RpcError {
@@ -554,10 +566,9 @@ fn size_param(params: &Map<String, Value>, key: &str) -> Result<u64, RpcError> {
     }
 }
 
-/// The OpenRPC document of [`METHODS`].
+/// The OpenRPC document of [`methods`].
 pub fn discover() -> Value {
-    let methods: Vec<Value> = METHODS
-        .iter()
+    let methods: Vec<Value> = methods()
         .map(|m| {
             let params: Vec<Value> = m
                 .params
@@ -648,7 +659,7 @@ fn request(ctx: &Context, req: &Value) -> Option<Value> {
             });
         }
     };
-    let result = match METHODS.iter().find(|m| m.name == name) {
+    let result = match methods().find(|m| m.name == name) {
         None => Err(RpcError {
             code: METHOD_NOT_FOUND,
             message: format!("no method {name:?} (rpc.discover lists them)"),
@@ -846,7 +857,7 @@ mod tests {
             .iter()
             .map(|m| m["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names.len(), METHODS.len());
+        assert_eq!(names.len(), methods().count());
         let mut unique = names.clone();
         unique.sort_unstable();
         unique.dedup();

@@ -16,7 +16,7 @@
 //! a `Batch` of them (`runtime::batch`), and every request in flight keeps
 //! the map its iovecs point into alive (`runtime::pins`).
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -32,13 +32,18 @@ use crate::runtime::batch::{Batch, Mapped};
 use crate::runtime::chain::{self, ChainBuffers, ChainError, HeadWalk};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::gather::Gather;
-use crate::runtime::metrics::{BatchFigures, DeviceMetrics, QueueMetrics};
+use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
 use crate::runtime::pass;
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::split::{HEADS_AHEAD, RingError, SplitRing};
 use crate::runtime::tracking::{Recovery, TrackedQueue};
 
+mod counters;
+mod notifiers;
 mod poll;
+
+use counters::Counters;
+use notifiers::{Called, Notifiers};
 
 pub use poll::PollError;
 pub(crate) use poll::QueuePoll;
@@ -274,45 +279,28 @@ pub struct StopReport {
     pub requests: u64,
 }
 
-/// The virtqueue part of a served queue, the same for every device type.
+/// The virtqueue part of a served queue, the same for every device type:
+/// the ring over the worker's view of guest memory, its notifiers and
+/// its counters, how it learns of submissions, and whether it broke.
 pub struct Vring {
     key: QueueKey,
     device: Arc<DeviceInfo>,
     mem: MemoryView,
     split: SplitRing,
-    kick: PeerEventFd,
-    call: Option<PeerEventFd>,
-    /// A notification fell due while there was no call eventfd: sent as
-    /// soon as one arrives. QEMU starts a ring with SET_VRING_KICK and only
-    /// then sends SET_VRING_CALL, so a request the driver makes available
-    /// right after DRIVER_OK can complete before the call fd is here.
-    call_owed: bool,
-    /// Fault injection (`fault_break`): the queue breaks when it next
-    /// finds a request, before taking it.
-    break_armed: bool,
-    err: Option<PeerEventFd>,
+    /// Whether to look again for more requests before taking a few.
+    gather: Gather,
+    /// The in-flight record, if the frontend keeps one.
+    tracking: Option<TrackedQueue>,
+    notifiers: Notifiers,
+    counters: Counters,
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
     poll: Option<Box<QueuePoll>>,
-    /// The in-flight record, if the frontend keeps one.
-    tracking: Option<TrackedQueue>,
     broken: bool,
-    requests: u64,
-    /// When each head in flight was taken (the pass clock, [`pass`]), by
-    /// head index.
-    taken_at: Box<[u64]>,
-    /// The pass time of the chains being taken now (read from the pass
-    /// clock once per batch, not per chain).
-    taking_at: u64,
-    /// Requests accepted and not completed, and the figure last shown in
-    /// the queue's metrics.
-    in_flight: u32,
-    in_flight_shown: u32,
-    /// What the requests completed since the last published batch add to
-    /// the queue's figures.
-    figures: BatchFigures,
-    /// Whether to look again for more requests before taking a few.
-    gather: Gather,
+    /// Fault injection (`fault_break`): the queue breaks when it next
+    /// finds a request, before taking it.
+    #[cfg(feature = "fault-injection")]
+    break_armed: bool,
 }
 
 impl std::fmt::Debug for Vring {
@@ -373,22 +361,15 @@ impl ServedQueue {
             device: s.device,
             mem,
             split,
-            kick: s.kick,
-            call: s.call,
-            call_owed: false,
-            break_armed: false,
-            err: s.err,
+            gather: Gather::default(),
+            tracking,
+            notifiers: Notifiers::new(s.kick, s.call, s.err),
+            counters: Counters::new(ring.size),
             source: s.source,
             poll: None,
-            tracking,
             broken: false,
-            requests: 0,
-            taken_at: vec![0; usize::from(ring.size)].into_boxed_slice(),
-            taking_at: 0,
-            in_flight: 0,
-            in_flight_shown: 0,
-            figures: BatchFigures::default(),
-            gather: Gather::default(),
+            #[cfg(feature = "fault-injection")]
+            break_armed: false,
         };
         if let Some(m) = ring_state.metrics() {
             m.started(ring_state.mode());
@@ -410,9 +391,9 @@ impl ServedQueue {
             return;
         }
         self.with_pass(|q, mem| {
-            q.ring.taking_at = pass::now();
+            q.ring.counters.start_batch();
             for &head in heads {
-                q.ring.requests += 1;
+                q.ring.counters.taken();
                 if let Some(m) = q.ring.metrics() {
                     m.resubmitted();
                 }
@@ -435,7 +416,7 @@ impl ServedQueue {
 
     /// The kick eventfd, for the worker's epoll set.
     pub fn kick_fd(&self) -> RawFd {
-        self.ring.kick.as_raw_fd()
+        self.ring.notifiers.kick_fd()
     }
 
     /// `(source, fd)` of every descriptor that signals backstore
@@ -463,6 +444,7 @@ impl ServedQueue {
     /// finds a request made available, leaving that request untaken, as
     /// for a doorbell value no correct driver writes. False if it is
     /// broken or armed already.
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn arm_break(&mut self) -> bool {
         if self.ring.broken || self.ring.break_armed {
             return false;
@@ -474,8 +456,7 @@ impl ServedQueue {
     /// Replaces the call eventfd (SET_VRING_CALL while running), and
     /// sends the notification owed since the queue had none.
     pub fn set_call(&mut self, call: Option<PeerEventFd>) {
-        self.ring.call = call;
-        if self.ring.call.is_some() && std::mem::take(&mut self.ring.call_owed) {
+        if self.ring.notifiers.set_call(call) {
             self.ring.signal_call();
         }
     }
@@ -483,11 +464,9 @@ impl ServedQueue {
     /// Replaces the error eventfd (SET_VRING_ERR while running); a queue
     /// that broke before it had one reports it now.
     pub fn set_err(&mut self, err: Option<PeerEventFd>) {
-        self.ring.err = err;
-        if self.ring.broken
-            && let Some(err) = &self.ring.err
-        {
-            let _ = err.signal();
+        self.ring.notifiers.set_err(err);
+        if self.ring.broken {
+            self.ring.notifiers.signal_err();
         }
     }
 
@@ -495,7 +474,7 @@ impl ServedQueue {
     pub fn on_kick(&mut self) {
         // Never blocks (see `PeerEventFd::drain`). The value only counts
         // kicks; the ring says what to do.
-        if let (Some(n), Some(m)) = (self.ring.kick.drain(), self.ring.metrics()) {
+        if let (Some(n), Some(m)) = (self.ring.notifiers.drain_kicks(), self.ring.metrics()) {
             m.kicked(n);
         }
         self.process();
@@ -612,6 +591,7 @@ impl ServedQueue {
     /// if the ring turned out corrupt.
     fn take_available(&mut self, mem: Batch<'_>) -> bool {
         let ring = &mut self.ring;
+        #[cfg(feature = "fault-injection")]
         if ring.break_armed {
             match ring.split.has_available(mem) {
                 Ok(false) => return true,
@@ -623,7 +603,7 @@ impl ServedQueue {
             }
             return false;
         }
-        ring.taking_at = pass::now();
+        ring.counters.start_batch();
         // `avail->idx` (Acquire, pairing with the driver's Release store),
         // then the entries up to it, each chain walked by `HeadWalk`.
         let layout = *ring.split.layout();
@@ -669,7 +649,7 @@ impl ServedQueue {
                         "head index {head} out of range: chain dropped");
                     continue;
                 }
-                ring.requests += 1;
+                ring.counters.taken();
                 if let Some(t) = ring.tracking.as_mut() {
                     // Before the request goes anywhere; a head recorded in
                     // flight already is a duplicate the handler ignores.
@@ -764,14 +744,15 @@ impl ServedQueue {
         }
         self.ring.publish(mem);
         self.ring.park_poll();
-        info!(device = %device.name, vq, requests = self.ring.requests, "queue stopped");
+        let requests = self.ring.counters.requests();
+        info!(device = %device.name, vq, requests, "queue stopped");
         self.ring.flush_poll_figures();
         if let Some(m) = self.ring.metrics() {
             m.stopped();
         }
         StopReport {
             next_avail: self.ring.split.next_avail(),
-            requests: self.ring.requests,
+            requests,
         }
     }
 }
@@ -819,10 +800,7 @@ impl Vring {
                 "head {head} made available while in flight: ignored");
             return Accepted::Duplicate;
         }
-        if let Some(t) = self.taken_at.get_mut(usize::from(head)) {
-            *t = self.taking_at;
-        }
-        self.in_flight = self.in_flight.wrapping_add(1);
+        self.counters.accepted(head);
         match parsed {
             Ok(()) => Accepted::Request(head),
             Err(e) => {
@@ -859,12 +837,7 @@ impl Vring {
     /// batch), and its service time in the queue's figures. A used ring
     /// that cannot be written is logged.
     pub fn complete(&mut self, mem: Batch<'_>, head: u16, len: u32) {
-        let taken = self.taken_at.get(usize::from(head)).copied();
-        let now = pass::now();
-        self.figures
-            .latency
-            .record(now.saturating_sub(taken.unwrap_or(now)));
-        self.in_flight = self.in_flight.saturating_sub(1);
+        self.counters.completed(head);
         match self.split.used().push(mem, head, len) {
             Ok(()) => {
                 if let Some(t) = self.tracking.as_mut() {
@@ -882,8 +855,7 @@ impl Vring {
     /// the driver and `written` bytes from the driver to the medium (reads
     /// and writes that succeeded).
     pub fn transferred(&mut self, read: u64, written: u64) {
-        self.figures.read_bytes = self.figures.read_bytes.wrapping_add(read);
-        self.figures.written_bytes = self.figures.written_bytes.wrapping_add(written);
+        self.counters.transferred(read, written);
     }
 
     /// The used index now covers `batch` more requests: their in-flight
@@ -902,21 +874,15 @@ impl Vring {
     /// Counts one published batch in the queue's metrics, with what its
     /// requests add, whichever way the queue is notified.
     fn count_batch(&mut self, batch: u16) {
-        if let Some(m) = self.device.metrics.queue(self.key.vq) {
-            m.batch(batch);
-            m.took_in(&mut self.figures);
-        }
+        self.counters
+            .published(self.device.metrics.queue(self.key.vq), batch);
     }
 
     /// Shows the requests in flight in the queue's metrics if that
     /// changed (once per publish: after every batch taken or reaped).
     fn show_in_flight(&mut self) {
-        if self.in_flight != self.in_flight_shown {
-            self.in_flight_shown = self.in_flight;
-            if let Some(m) = self.metrics() {
-                m.in_flight(self.in_flight);
-            }
-        }
+        self.counters
+            .show_in_flight(self.device.metrics.queue(self.key.vq));
     }
 
     /// Publishes completed requests and notifies the driver if it asked.
@@ -948,11 +914,10 @@ impl Vring {
     /// be written at all breaks the queue, since the driver would wait for
     /// completions forever.
     fn signal_call(&mut self) {
-        let Some(call) = &self.call else {
-            self.call_owed = !self.broken;
-            return;
+        let signal = match self.notifiers.call(!self.broken) {
+            Called::Signalled(signal) => signal,
+            Called::Owed | Called::Dropped => return,
         };
-        let signal = call.signal();
         if matches!(signal, Signal::Sent | Signal::Coalesced)
             && let Some(m) = self.metrics()
         {
@@ -964,7 +929,6 @@ impl Vring {
             Signal::Failed(e) => {
                 guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                     "call eventfd cannot be written ({e}): queue stopped");
-                self.call = None;
                 self.mark_broken();
             }
             Signal::Stalled => {
@@ -972,7 +936,6 @@ impl Vring {
                 guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
                     "call eventfd blocked the worker (made blocking and full by the frontend): \
                      queue stopped");
-                self.call = None;
                 self.mark_broken();
             }
         }
@@ -993,10 +956,7 @@ impl Vring {
         if let Some(m) = self.metrics() {
             m.broke();
         }
-        // Whatever the error descriptor does, the queue is stopped already.
-        if let Some(err) = &self.err {
-            let _ = err.signal();
-        }
+        self.notifiers.signal_err();
     }
 }
 

@@ -108,6 +108,7 @@ pub enum WorkerCommand {
     /// Arm the running request queues of `device` (only vring `vq` if
     /// given) to break at their next request, as for a nonsense doorbell:
     /// fault injection.
+    #[cfg(feature = "fault-injection")]
     Break {
         /// The device.
         device: u32,
@@ -725,6 +726,7 @@ impl Worker {
                 WorkerCommand::Refresh { device, reply } => {
                     let _ = reply.send(self.refresh(device));
                 }
+                #[cfg(feature = "fault-injection")]
                 WorkerCommand::Break { device, vq, reply } => {
                     let broken = self
                         .queues

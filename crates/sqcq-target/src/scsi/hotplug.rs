@@ -84,6 +84,7 @@ pub enum HotplugError {
     #[error("device {0} has no LUNs (it is not a SCSI device)")]
     NotScsi(u32),
     /// `fault_break` found no running request queue to arm.
+    #[cfg(feature = "fault-injection")]
     #[error("no running request queue matches (or it is armed or broken already)")]
     NoQueue,
 }

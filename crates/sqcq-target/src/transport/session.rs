@@ -135,9 +135,10 @@ pub enum Running {
     Control,
 }
 
-/// What the frontend told us about one vring.
+/// What the frontend told us about one vring (its setup messages), and
+/// where it runs; the running ring is `runtime::queue::Vring`.
 #[derive(Debug)]
-pub struct Vring {
+pub struct VringSetup {
     /// Queue size (0: not set).
     pub size: u16,
     /// Descriptor table, available ring, used ring (guest physical).
@@ -156,9 +157,9 @@ pub struct Vring {
     pub running: Running,
 }
 
-impl Vring {
+impl VringSetup {
     fn new() -> Self {
-        Vring {
+        VringSetup {
             size: 0,
             addrs: None,
             base: 0,
@@ -190,7 +191,7 @@ pub struct Session {
     pub(crate) regions: Vec<GuardedRegion>,
     /// Regions of replaced tables, unmapped once nothing uses them.
     pub(crate) retired: Vec<GuardedRegion>,
-    pub(crate) vrings: Vec<Vring>,
+    pub(crate) vrings: Vec<VringSetup>,
     /// The backend channel, once the frontend gave one.
     pub(crate) backend_channel: Option<BackendChannel>,
     /// A duplicate of the descriptor the message being handled carries,
@@ -226,7 +227,7 @@ impl Session {
         let local = dev.device.local_queues();
         let max_vrings = local + usize::from(dev.device.max_request_queues());
         let vrings = (0..local + usize::from(dev.params.num_queues))
-            .map(|_| Vring::new())
+            .map(|_| VringSetup::new())
             .collect();
         Ok(Session {
             device,
@@ -402,12 +403,12 @@ impl Session {
     }
 
     /// The vring `index`, created on demand up to the limit.
-    pub(crate) fn vring(&mut self, index: usize) -> Option<&mut Vring> {
+    pub(crate) fn vring(&mut self, index: usize) -> Option<&mut VringSetup> {
         if index >= self.max_vrings {
             return None;
         }
         while self.vrings.len() <= index {
-            self.vrings.push(Vring::new());
+            self.vrings.push(VringSetup::new());
         }
         self.vrings.get_mut(index)
     }
@@ -749,9 +750,9 @@ impl Session {
         }
         for v in &mut self.vrings {
             let err = v.err.take();
-            *v = Vring {
+            *v = VringSetup {
                 err,
-                ..Vring::new()
+                ..VringSetup::new()
             };
         }
         self.device.reset();
@@ -835,7 +836,7 @@ fn config_changed(channel: Option<&BackendChannel>, info: &DeviceInfo) -> bool {
 /// Waits until every worker serving a queue of the device has finished
 /// the ring operation it was in ([`WorkerCommand::Barrier`]); false if
 /// one did not answer within [`QUEUE_STOP_TIMEOUT`].
-fn workers_caught_up(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+fn workers_caught_up(pool: &WorkerPool, vrings: &[VringSetup], info: &DeviceInfo) -> bool {
     let deadline = pool.deadline(QUEUE_STOP_TIMEOUT);
     serving_workers(vrings).into_iter().all(|w| {
         let call = |reply| WorkerCommand::Barrier { reply };
@@ -846,7 +847,7 @@ fn workers_caught_up(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> 
 }
 
 /// The workers serving a queue of the device, each once.
-fn serving_workers(vrings: &[Vring]) -> Vec<usize> {
+fn serving_workers(vrings: &[VringSetup]) -> Vec<usize> {
     let mut workers: Vec<usize> = vrings
         .iter()
         .filter_map(|v| match v.running {
@@ -862,7 +863,7 @@ fn serving_workers(vrings: &[Vring]) -> Vec<usize> {
 /// Waits until every request of the device in flight now completed, on
 /// every worker serving one of its queues, or [`QUEUE_STOP_TIMEOUT`]
 /// passed; returns whether they all did.
-fn drain_requests(pool: &WorkerPool, vrings: &[Vring], info: &DeviceInfo) -> bool {
+fn drain_requests(pool: &WorkerPool, vrings: &[VringSetup], info: &DeviceInfo) -> bool {
     let workers = serving_workers(vrings);
     let device = info.id;
     let deadline = pool.deadline(QUEUE_STOP_TIMEOUT);

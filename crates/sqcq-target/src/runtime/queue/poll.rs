@@ -53,6 +53,7 @@ pub enum PollError {
     #[error("avail ring not accessible")]
     Ring(#[source] RingError),
     /// `fault_break` on the admin socket.
+    #[cfg(feature = "fault-injection")]
     #[error("nonsense SQ doorbell index (injected by the admin socket)")]
     Injected,
 }
@@ -361,6 +362,7 @@ impl Vring {
     /// Fault injection, when an armed queue finds a request: breaks it as
     /// a nonsense SQ doorbell index (poll mode with doorbells) or a corrupt
     /// ring would.
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn break_injected(&mut self) {
         if self.source == SubmissionSource::Doorbell && self.poll.is_some() {
             self.poll_broken(&PollError::Injected);
