@@ -9,7 +9,10 @@ which: every `use` of the crate's own items (`crate::`, `super::`,
 `self::`, a child module or a name imported earlier) and every such path
 written in the code, each resolved through the `use` and `pub use`
 declarations it goes through (a re-export counts as the module that
-defines the item) to the module that defines it.
+defines the item) to the module that defines it. Methods added to the
+type of another module (`impl Type { ... }`, not `impl Trait for Type`)
+also make that module depend on the one that adds them: it is one type
+split in two.
 
 A cycle is reported between sibling modules: `a` depends on `b` when
 anything in `a` or below it names something in `b` or below it. A parent
@@ -29,8 +32,10 @@ the allow-list (lines `ROOT PARENT::{a, b, ...}` as printed; `#` starts a
 comment); allow-list lines no longer needed are reported.
 
 Known limits: macros are not expanded (paths inside `macro_rules!` bodies
-are read as written), and a name brought in by a glob import is found
-only when the globbed module defines or imports it by name.
+are read as written); a name brought in by a glob import is found only
+when the globbed module defines or imports it by name; a method call
+(`x.f()`) is not resolved, so a module calling a trait method of another
+module's type depends on it only through the names it imports.
 """
 
 import argparse
@@ -116,6 +121,7 @@ class Module:
         self.globs = []  # [(segments, base Module)]
         self.items = set()
         self.refs = []  # (segments, base Module, line, test)
+        self.impls = []  # inherent impls: (type segments, line, test)
 
 
 class Crate:
@@ -236,6 +242,8 @@ class Parser:
                     self.crate.parse_file(child, file, mod_rs)
                 i = j + 3
                 continue
+            if value == "impl":
+                self.inherent_impl(module, j, end, test)
             if value == "use":
                 stop = j
                 while stop < end and t[stop][1] != ";":
@@ -253,6 +261,28 @@ class Parser:
             stop = max(min(item_end(t, j), end), i + 1)
             self.paths(module, j, stop, test)
             i = stop
+
+    def inherent_impl(self, module, i, end, test):
+        """Records the type of `impl Type {` (not `impl Trait for Type`)."""
+        t = self.t
+        j, angle = i + 1, 0
+        segments = []
+        while j < end:
+            value = t[j][1]
+            if value == "<":
+                angle += 1
+            elif value == ">" and angle:
+                angle -= 1
+            elif angle == 0:
+                if value in ("{", "where"):
+                    break
+                if value == "for":
+                    return
+                if t[j][0] == "ident" and (not segments or t[j - 1][0] == "path_sep"):
+                    segments.append(value)
+            j += 1
+        if segments:
+            module.impls.append((segments, t[i][2], test))
 
     def paths(self, module, start, end, test):
         i = start
@@ -441,6 +471,27 @@ def edges_of(crate, with_tests, workspace):
             edge = (source[: common + 1], target[: common + 1])
             where = f"{module.file.relative_to(workspace)}:{line} {'::'.join(source) or 'crate'} -> {'::'.join(target)}"
             edges.setdefault(edge, []).append(where)
+        # Methods added to a type of another module: that module, whose
+        # type they extend, depends on them too.
+        for segments, line, test in module.impls:
+            if test and not with_tests:
+                continue
+            found = resolver.resolve(segments, module, set())
+            if not found:
+                continue
+            home = found[0].path
+            source = module.path
+            common = 0
+            while common < min(len(source), len(home)) and source[common] == home[common]:
+                common += 1
+            if common in (len(source), len(home)):
+                continue
+            edge = (home[: common + 1], source[: common + 1])
+            where = (
+                f"{module.file.relative_to(workspace)}:{line} {'::'.join(home) or 'crate'} -> "
+                f"{'::'.join(source)} (impl {'::'.join(segments)} here)"
+            )
+            edges.setdefault(edge, []).append(where)
     return edges
 
 
@@ -522,7 +573,8 @@ def members(description):
 # code; a re-export followed to the module defining the item; a parent
 # and its child; `super::` from an inline module; comments, strings and a
 # `pub(in ...)` visibility that name modules without using them; a
-# cycle only through `#[cfg(test)]` code.
+# cycle only through `#[cfg(test)]` code; methods added to another
+# module's type (a cycle) and a trait implemented for it (none).
 SELF_TEST = {
     "crates/x/Cargo.toml": "",
     "crates/x/src/lib.rs": """
@@ -531,6 +583,9 @@ mod b;
 mod c;
 pub mod d;
 mod e;
+mod f;
+mod g;
+mod h;
 pub use d::Thing;
 #[cfg(test)]
 mod fixtures;
@@ -571,6 +626,20 @@ const R: &str = r#"crate::b::B "quoted""#;
 const C: char = '"';
 fn g<'a>(x: &'a str) -> &'a str { x }
 """,
+    "crates/x/src/f.rs": """
+pub struct F;
+""",
+    "crates/x/src/g.rs": """
+use crate::f::F;
+impl<'a> F {
+    pub fn new() -> Self { F }
+}
+""",
+    "crates/x/src/h.rs": """
+impl Default for crate::f::F {
+    fn default() -> Self { crate::f::F }
+}
+""",
     "crates/x/src/fixtures.rs": """
 pub use crate::a::A;
 """,
@@ -586,8 +655,8 @@ def self_test():
             (workspace / name).write_text(text, encoding="utf-8")
         failed = 0
         for with_tests, expected in (
-            (False, {"crate::{a, b}", "crate::{c, d}"}),
-            (True, {"crate::{a, b, fixtures}", "crate::{c, d}"}),
+            (False, {"crate::{a, b}", "crate::{c, d}", "crate::{f, g}"}),
+            (True, {"crate::{a, b, fixtures}", "crate::{c, d}", "crate::{f, g}"}),
         ):
             got = {description for _, description, _, _ in find(workspace, with_tests)}
             if got != expected:
