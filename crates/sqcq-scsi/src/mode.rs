@@ -1,10 +1,11 @@
 //! MODE SENSE and MODE SELECT (SPC-4): the caching, control
 //! and informational exceptions control pages. Only WCE is changeable.
 
-use crate::cdb::{PageControl, top_bit};
+use crate::cdb::PageControl;
 use crate::config::LuConfig;
 use crate::error::ScsiError;
 use crate::resp::Response;
+use crate::sense::top_bit;
 
 const CACHING: u8 = 0x08;
 const CONTROL: u8 = 0x0a;
