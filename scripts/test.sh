@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The project's test command (README, `.ci/run`): formatting, lints, the
-# proofs (loom with each fence removed, spin on the Promela models), every
-# unit and integration test, QEMU's own vhost-user-blk tests (qos-test)
+# The project's test command (README, `.ci/run`): formatting, no new
+# import cycle between a crate's modules, lints, the proofs (loom with
+# each fence removed, spin on the Promela models), every unit and
+# integration test, QEMU's own vhost-user-blk tests (qos-test)
 # against sqcqd, the unsafe-heavy crates' tests under AddressSanitizer, a
 # 3-minute soak (scripts/soak.sh), every fuzz target for a while, and Linux
 # guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
@@ -41,6 +42,9 @@ done <<<"$ceph_env"
 
 stage "cargo fmt --check"
 cargo fmt --all --check
+stage "module cycles: no import cycle between the modules of a crate beyond scripts/module-cycles.allow"
+scripts/module-cycles.py --self-test
+scripts/module-cycles.py --check scripts/module-cycles.allow
 stage "sqcq-protocol builds without std"
 cargo build --quiet -p sqcq-protocol --no-default-features
 stage "cargo clippy --all-targets -- -D warnings"

@@ -12,6 +12,8 @@
 //! a workers axis (`--workers 1,2`, or the `--scaling` preset) it adds the
 //! IOPS per worker count as ratios against the first, and its chart.
 
+mod format;
+mod machine;
 mod matrix;
 mod plot;
 mod report;
@@ -182,7 +184,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut machine = report::Machine::read();
+    let mut machine = machine::Machine::read();
     let results = match matrix::run_all(&bench, &plan) {
         Ok(r) => r,
         Err(e) => {
@@ -190,7 +192,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    machine.load_average_end = Some(report::load_average());
+    machine.load_average_end = Some(machine::load_average());
     print!("{}", report::render(&plan, &results, &machine));
     if let Err(e) = report::write_outputs(&args.out, &plan, &results, &machine) {
         eprintln!("sqcq-compare: cannot write results: {e}");

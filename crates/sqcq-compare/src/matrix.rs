@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::run::{self, Case, Cell, Figures, RunError, Watched};
+use crate::run::{self, Case, Cell, Figures, RunError, Settings, Watched};
 
 /// What to run.
 #[derive(Clone, Debug, Serialize)]
@@ -81,6 +81,18 @@ pub enum PlanError {
 }
 
 impl Plan {
+    /// What each of its runs passes to the bench beside the case.
+    pub fn settings(&self) -> Settings<'_> {
+        Settings {
+            bs: &self.bs,
+            runtime: self.runtime,
+            ramp: self.ramp,
+            rbd: self.rbd.as_deref(),
+            target_cpus: self.target_cpus.as_deref(),
+            watch: &self.watch,
+        }
+    }
+
     /// Whether the workers axis has more than one point.
     pub fn sweeps_workers(&self) -> bool {
         self.workers.len() > 1
@@ -218,6 +230,13 @@ pub struct Outcome {
     pub raw: Option<serde_json::Value>,
 }
 
+/// The outcome of `cell` in `mode`.
+pub fn find<'a>(results: &'a [Outcome], cell: &Cell, mode: &str) -> Option<&'a Outcome> {
+    results
+        .iter()
+        .find(|o| o.case.cell == *cell && o.case.mode == mode)
+}
+
 /// The cases of one group in the order they run: repeat by repeat, each
 /// worker count, each mode.
 pub fn schedule(group: &[Cell], modes: &[String], repeat: u32) -> Vec<Case> {
@@ -255,7 +274,7 @@ pub fn run_all(bench: &Path, plan: &Plan) -> Result<Vec<Outcome>, RunError> {
             let i = n % per_repeat;
             done += 1;
             eprint!("\r[{done}/{total}] {} {:<12}", case.cell.label(), case.mode);
-            match run::run_once(bench, case, plan) {
+            match run::run_once(bench, case, &plan.settings()) {
                 Ok(r) => runs[i].push(r),
                 Err(RunError::Failed { status, stderr }) => {
                     eprintln!("\n  failed: {status}: {stderr}");

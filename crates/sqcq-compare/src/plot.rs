@@ -3,8 +3,9 @@
 
 use std::fmt::Write as _;
 
-use crate::matrix::{Outcome, Plan};
-use crate::report::{self, Machine};
+use crate::format::thousands;
+use crate::machine::Machine;
+use crate::matrix::{Outcome, Plan, find};
 use crate::run::Cell;
 use crate::scaling::Series;
 
@@ -27,7 +28,7 @@ pub fn iops_svg(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
         .iter()
         .map(|cell| {
             let iops = |m: &str| {
-                report::find(results, cell, m)
+                find(results, cell, m)
                     .and_then(|o| o.median.as_ref())
                     .map(|f| f.iops)
             };
@@ -256,7 +257,7 @@ pub fn workers_svg(plan: &Plan, series: &[Series], machine: &Machine) -> String 
                 let _ = write!(
                     s,
                     r#"<circle cx="{px:.1}" cy="{ry:.1}" r="3.5" fill="{color}"><title>{mode} W{w}: {} IOPS, {r:.2}x</title></circle>"#,
-                    report::thousands(p.iops)
+                    thousands(p.iops)
                 );
             }
             let _ = write!(

@@ -1,96 +1,15 @@
-//! The RFC-style tables, the machine description, and the output files.
+//! The RFC-style tables and the output files.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
 
-use crate::matrix::{Outcome, Plan};
+use crate::format::thousands;
+use crate::machine::Machine;
+use crate::matrix::{Outcome, Plan, find};
 use crate::run::{Cell, Figures};
 use crate::{plot, scaling};
-
-/// What the figures were measured on, and what else was running.
-#[derive(Clone, Debug, Serialize)]
-pub struct Machine {
-    /// CPU model.
-    pub cpu: String,
-    /// The machine's CPUs (this process may be pinned to fewer).
-    pub cpus: usize,
-    /// Kernel release.
-    pub kernel: String,
-    /// /proc/loadavg before the first run: what else the machine was
-    /// doing.
-    pub load_average: String,
-    /// /proc/loadavg after the last run (the benchmark's own load
-    /// included).
-    pub load_average_end: Option<String>,
-}
-
-/// /proc/loadavg now (empty if unreadable).
-pub fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
-
-impl Machine {
-    /// Reads /proc (before the runs: the load average is the start's).
-    pub fn read() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu = cpuinfo
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("model name")
-                    .and_then(|r| r.split(':').nth(1))
-            })
-            .unwrap_or("unknown")
-            .trim()
-            .to_string();
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-        // /proc/cpuinfo lists every CPU, also those a `taskset` keeps
-        // this process off.
-        let cpus = cpuinfo
-            .lines()
-            .filter(|l| l.starts_with("processor"))
-            .count()
-            .max(1);
-        Machine {
-            cpu,
-            cpus,
-            kernel,
-            load_average: load_average(),
-            load_average_end: None,
-        }
-    }
-}
-
-/// The outcome of `cell` in `mode`.
-pub fn find<'a>(results: &'a [Outcome], cell: &Cell, mode: &str) -> Option<&'a Outcome> {
-    results
-        .iter()
-        .find(|o| o.case.cell == *cell && o.case.mode == mode)
-}
-
-/// `v` rounded, with thousands separators.
-pub fn thousands(v: f64) -> String {
-    let n = v.round();
-    if !n.is_finite() {
-        return "-".into();
-    }
-    let digits = format!("{n:.0}");
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 /// One table: a row per cell, a column per mode, `show` formatting each.
 fn table(
@@ -389,12 +308,5 @@ mod tests {
             ..plan
         };
         assert_eq!(against_peers(&alone, &results), "");
-    }
-
-    #[test]
-    fn thousands_separators() {
-        assert_eq!(thousands(1234567.4), "1,234,567");
-        assert_eq!(thousands(999.0), "999");
-        assert_eq!(thousands(f64::NAN), "-");
     }
 }

@@ -2,12 +2,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
-
-use crate::matrix::Plan;
 
 /// Why a run produced no figures.
 #[derive(Debug, Error)]
@@ -192,8 +191,29 @@ impl Watched {
     }
 }
 
+/// What every run of a plan shares: the bench's options beside the case.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings<'a> {
+    /// Block size.
+    pub bs: &'a str,
+    /// Measured time.
+    pub runtime: Duration,
+    /// Warm-up.
+    pub ramp: Duration,
+    /// The RBD image the target serves (the bench's `--target-rbd`).
+    pub rbd: Option<&'a str>,
+    /// CPUs of the target (the bench's `--target-cpus`).
+    pub target_cpus: Option<&'a str>,
+    /// Other processes whose CPU time per I/O the run measures.
+    pub watch: &'a [Watched],
+}
+
 /// Runs `sqcq-bench` once and extracts the figures.
-pub fn run_once(bench: &Path, case: &Case, plan: &Plan) -> Result<(Figures, Value), RunError> {
+pub fn run_once(
+    bench: &Path,
+    case: &Case,
+    plan: &Settings<'_>,
+) -> Result<(Figures, Value), RunError> {
     let cell = &case.cell;
     let mut cmd = Command::new(bench);
     if let Some(workers) = cell.workers {
@@ -202,16 +222,16 @@ pub fn run_once(bench: &Path, case: &Case, plan: &Plan) -> Result<(Figures, Valu
     if cell.device_count > 1 {
         cmd.args(["--devices", &cell.device_count.to_string()]);
     }
-    if let Some(rbd) = &plan.rbd {
+    if let Some(rbd) = plan.rbd {
         cmd.args(["--target-rbd", rbd]);
     }
-    if let Some(cpus) = &plan.target_cpus {
+    if let Some(cpus) = plan.target_cpus {
         cmd.args(["--target-cpus", cpus]);
     }
     let before: Vec<Option<u64>> = plan.watch.iter().map(Watched::cpu_ns).collect();
     let output = cmd
         .args(["--device-type", &cell.device, "--target", &cell.target])
-        .args(["--rw", &cell.rw, "--bs", &plan.bs])
+        .args(["--rw", &cell.rw, "--bs", plan.bs])
         .args([
             "--mode",
             &case.mode,

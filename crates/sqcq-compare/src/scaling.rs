@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::matrix::{Outcome, Plan};
-use crate::report::{find, thousands};
+use crate::format::thousands;
+use crate::matrix::{Outcome, Plan, find};
 use crate::run::Cell;
 
 /// One mode at one worker count: the median run's figures.

@@ -42,8 +42,8 @@ use sqcq_protocol::{
 };
 
 use crate::poll_stats::{PollStats, StatsCell};
-use crate::sqcq::now_ns;
 use crate::vring::SplitQueue;
+use sqcq_protocol::clock::now_ns;
 use sqcq_protocol::yielder::Yielder;
 
 /// Polls of the used ring between two checks of the deadline and the

@@ -1,37 +1,48 @@
-//! READ CAPACITY(10) and (16) (SBC-3).
+//! The capacity: READ CAPACITY(10) and (16) (SBC-3), and the range check
+//! every medium command makes against it.
 
-use crate::lun::LogicalUnit;
+use crate::config::LuConfig;
+use crate::error::ScsiError;
 use crate::resp::Response;
 
-impl LogicalUnit {
-    fn last_lba(&self) -> u64 {
-        // The capacity is at least one block (config::check_capacity).
-        self.blocks().saturating_sub(1)
+/// LBA OUT OF RANGE unless `lba` is within the capacity and `lba + blocks`
+/// does not pass its end (without overflow).
+pub(crate) fn check_range(lba: u64, blocks: u64, capacity: u64) -> Result<(), ScsiError> {
+    match lba.checked_add(blocks) {
+        Some(end) if lba < capacity && end <= capacity => Ok(()),
+        _ => Err(ScsiError::LbaOutOfRange { lba, blocks }),
     }
+}
 
-    pub(crate) fn read_capacity_10(&self, r: &mut Response<'_>) {
-        // A last LBA that does not fit 32 bits reads FFFFFFFFh: the
-        // initiator must use READ CAPACITY(16).
-        r.be32(u32::try_from(self.last_lba()).unwrap_or(u32::MAX));
-        r.be32(self.config.block_size);
-    }
+fn last_lba(capacity: u64) -> u64 {
+    // The capacity is at least one block (config::check_capacity).
+    capacity.saturating_sub(1)
+}
 
-    pub(crate) fn read_capacity_16(&self, r: &mut Response<'_>) {
-        r.be64(self.last_lba());
-        r.be32(self.config.block_size);
-        r.u8(0x00); // no protection information
-        r.u8(self.config.physical_block_exponent & 0x0f);
-        let mut b14 = 0;
-        if let Some(p) = self.config.provisioning {
-            b14 |= 0x80; // LBPME
-            if p.unmapped_reads_zero {
-                b14 |= 0x40; // LBPRZ
-            }
+/// READ CAPACITY(10) data of a unit of `capacity` blocks.
+pub(crate) fn read_capacity_10(config: &LuConfig, capacity: u64, r: &mut Response<'_>) {
+    // A last LBA that does not fit 32 bits reads FFFFFFFFh: the
+    // initiator must use READ CAPACITY(16).
+    r.be32(u32::try_from(last_lba(capacity)).unwrap_or(u32::MAX));
+    r.be32(config.block_size);
+}
+
+/// READ CAPACITY(16) data of a unit of `capacity` blocks.
+pub(crate) fn read_capacity_16(config: &LuConfig, capacity: u64, r: &mut Response<'_>) {
+    r.be64(last_lba(capacity));
+    r.be32(config.block_size);
+    r.u8(0x00); // no protection information
+    r.u8(config.physical_block_exponent & 0x0f);
+    let mut b14 = 0;
+    if let Some(p) = config.provisioning {
+        b14 |= 0x80; // LBPME
+        if p.unmapped_reads_zero {
+            b14 |= 0x40; // LBPRZ
         }
-        r.u8(b14); // lowest aligned LBA is 0
-        r.u8(0x00);
-        r.zeros(16);
     }
+    r.u8(b14); // lowest aligned LBA is 0
+    r.u8(0x00);
+    r.zeros(16);
 }
 
 #[cfg(test)]

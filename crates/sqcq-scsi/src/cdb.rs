@@ -4,6 +4,7 @@
 
 use crate::error::ScsiError;
 use crate::pr::{PrInAction, PrOutAction};
+use crate::sense::top_bit;
 use crate::usage::{self, Lookup, op};
 
 /// MODE SENSE page control (SPC-4).
@@ -209,11 +210,6 @@ impl Fields<'_> {
     fn be64(&self, at: usize) -> u64 {
         u64::from_be_bytes(self.be(at))
     }
-}
-
-/// The most significant set bit of a non-zero byte.
-pub(crate) fn top_bit(b: u8) -> u8 {
-    (0..8u8).rev().find(|i| b & (1 << i) != 0).unwrap_or(0)
 }
 
 /// Byte offsets are small; saturate rather than cast.

@@ -337,10 +337,3 @@ fn persistent_reserve_out_fields() {
     let e = Command::parse(&[0x5f, 0x07, 0, 0, 0, 0, 0, 0, 24, 0]).unwrap_err();
     assert_eq!(field(e), Some(FieldPointer::cdb(1, Some(4))));
 }
-
-#[test]
-fn top_bit_of_bytes() {
-    assert_eq!(top_bit(0x01), 0);
-    assert_eq!(top_bit(0x80), 7);
-    assert_eq!(top_bit(0x24), 5);
-}

@@ -1,8 +1,7 @@
 //! Standard INQUIRY data (SPC-4), for a logical unit and for a LUN
 //! that does not exist.
 
-use crate::config::padded;
-use crate::lun::LogicalUnit;
+use crate::config::{LuConfig, padded};
 use crate::resp::Response;
 
 /// Vendor identification of every logical unit.
@@ -15,26 +14,25 @@ const STANDARD_LEN: u8 = 74;
 /// Version descriptors: SAM-5, SPC-4, SBC-3 (no version claimed).
 const VERSION_DESCRIPTORS: [u16; 3] = [0x00a0, 0x0460, 0x04c0];
 
-impl LogicalUnit {
-    pub(crate) fn standard_inquiry(&self, r: &mut Response<'_>) {
-        r.u8(0x00); // peripheral qualifier 000b, direct access block device
-        r.u8(0x00); // not removable
-        r.u8(0x06); // VERSION: SPC-4
-        r.u8(0x12); // HISUP, RESPONSE DATA FORMAT 2
-        r.u8(STANDARD_LEN - 5); // ADDITIONAL LENGTH
-        r.u8(0x10); // TPGS 01b: implicit ALUA
-        r.u8(0x00);
-        r.u8(0x02); // CMDQUE
-        r.put(&padded::<8>(VENDOR));
-        r.put(&padded::<16>(&self.config.product));
-        r.put(&padded::<4>(&self.config.revision));
-        r.zeros(20); // vendor specific
-        r.zeros(2); // clocking, QAS, IUS; reserved
-        for v in VERSION_DESCRIPTORS {
-            r.be16(v);
-        }
-        r.zeros(16 - 2 * VERSION_DESCRIPTORS.len());
+/// Standard INQUIRY data of the unit `config` describes.
+pub(crate) fn standard(config: &LuConfig, r: &mut Response<'_>) {
+    r.u8(0x00); // peripheral qualifier 000b, direct access block device
+    r.u8(0x00); // not removable
+    r.u8(0x06); // VERSION: SPC-4
+    r.u8(0x12); // HISUP, RESPONSE DATA FORMAT 2
+    r.u8(STANDARD_LEN - 5); // ADDITIONAL LENGTH
+    r.u8(0x10); // TPGS 01b: implicit ALUA
+    r.u8(0x00);
+    r.u8(0x02); // CMDQUE
+    r.put(&padded::<8>(VENDOR));
+    r.put(&padded::<16>(&config.product));
+    r.put(&padded::<4>(&config.revision));
+    r.zeros(20); // vendor specific
+    r.zeros(2); // clocking, QAS, IUS; reserved
+    for v in VERSION_DESCRIPTORS {
+        r.be16(v);
     }
+    r.zeros(16 - 2 * VERSION_DESCRIPTORS.len());
 }
 
 /// Standard INQUIRY data for a LUN with no logical unit: peripheral

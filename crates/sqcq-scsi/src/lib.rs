@@ -11,10 +11,12 @@
 //!
 //! Module map: `cdb` (parsing) over `usage` (the table of supported
 //! commands and their CDB usage masks); `sense` and `error`; `lun` (the
-//! logical unit and the dispatch); `medium` and `unmap` (the medium path);
-//! `inquiry`, `vpd`, `capacity`, `mode`, `rsoc`, `alua` (response data);
-//! `pr` (persistent reservations); `ua` (unit attentions); `luns` (REPORT
-//! LUNS and absent LUNs); `config`.
+//! logical unit and the dispatch) over everything else; `completion`
+//! (what a command comes back with); `medium` and `unmap` (the medium
+//! path); `inquiry`, `vpd`, `capacity`, `mode`, `rsoc`, `alua` (response
+//! data, each a function of the unit's configuration and the state it is
+//! given, none knowing the unit itself); `pr` (persistent reservations);
+//! `ua` (unit attentions); `luns` (REPORT LUNS and absent LUNs); `config`.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -22,6 +24,7 @@
 mod alua;
 mod capacity;
 mod cdb;
+mod completion;
 mod config;
 mod error;
 mod inquiry;
@@ -42,12 +45,12 @@ mod vpd;
 mod test_util;
 
 pub use cdb::{Command, PageControl};
+pub use completion::{Completion, MediumOp, ReportLunsRequest};
 pub use config::{ConfigError, LuConfig, Provisioning};
 pub use error::ScsiError;
 pub use inquiry::VENDOR;
-pub use lun::{Completion, LogicalUnit};
-pub use luns::{MAX_LUN, ReportLunsRequest, encode_lun, execute_absent, report_luns};
-pub use medium::MediumOp;
+pub use lun::LogicalUnit;
+pub use luns::{MAX_LUN, encode_lun, execute_absent, report_luns};
 pub use pr::{MAX_REGISTRANTS, PrInAction, PrOutAction, PrType};
 pub use sense::{
     FIXED_SENSE_LEN, FieldPointer, MAX_DESCRIPTOR_SENSE_LEN, Sense, SenseFormat, SenseKey, Status,

@@ -16,33 +16,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::cdb::Command;
+use crate::completion::{Completion, ReportLunsRequest};
 use crate::config::{ConfigError, LuConfig, check_capacity};
 use crate::error::ScsiError;
-use crate::luns::ReportLunsRequest;
-use crate::medium::MediumOp;
+use crate::medium::{Medium, WriteSame};
+use crate::mode::{Parameters, SenseRequest};
 use crate::pr::{Access, OutRequest, Reservations};
 use crate::resp::Response;
 use crate::sense::{Sense, SenseFormat};
 use crate::ua::{NexusId, UnitAttention, UnitAttentions};
 use crate::usage::op;
-
-/// How a command completed successfully.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Completion<'d> {
-    /// GOOD status, no data.
-    Good,
-    /// GOOD status; the first `len` bytes of the data-in scratch buffer go
-    /// to the initiator (already truncated to the allocation length).
-    Data {
-        /// Bytes of data-in.
-        len: usize,
-    },
-    /// The worker executes this on the backstore; GOOD if it succeeds.
-    Medium(MediumOp<'d>),
-    /// REPORT LUNS: the daemon, which knows the LUNs, answers with
-    /// [`crate::report_luns`].
-    ReportLuns(ReportLunsRequest),
-}
 
 #[derive(Debug, Default)]
 pub(crate) struct Admin {
@@ -115,7 +98,7 @@ impl LogicalUnit {
         self.write_cache.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn set_write_cache(&self, on: bool) {
+    fn set_write_cache(&self, on: bool) {
         self.write_cache.store(on, Ordering::Relaxed);
     }
 
@@ -244,28 +227,48 @@ impl LogicalUnit {
     ) -> Result<Completion<'d>, ScsiError> {
         use Command as C;
         let mut r = Response::new(data_in);
+        let medium = || Medium {
+            config: &self.config,
+            capacity: self.blocks(),
+        };
         let len = match cmd {
             C::Read {
                 lba,
                 blocks,
                 length_at,
-            } => return self.read(lba, blocks, length_at),
+            } => return medium().read(lba, blocks, length_at),
             C::Write {
                 lba,
                 blocks,
                 fua,
                 length_at,
-            } => return self.write(lba, blocks, fua, length_at),
-            C::Verify { lba, blocks } => return self.verify(lba, blocks),
-            C::SynchronizeCache { lba, blocks } => return self.synchronize_cache(lba, blocks),
+            } => {
+                // Durable before completing when the write cache is off.
+                let fua = fua || !self.write_cache_enabled();
+                return medium().write(lba, blocks, fua, length_at);
+            }
+            C::Verify { lba, blocks } => return medium().verify(lba, blocks),
+            C::SynchronizeCache { lba, blocks } => {
+                return medium().synchronize_cache(lba, blocks);
+            }
             C::WriteSame {
                 lba,
                 blocks,
                 unmap,
                 ndob,
                 length_at,
-            } => return self.write_same(lba, blocks, unmap, ndob, length_at, data_out),
-            C::Unmap { param_len } => return self.unmap(param_len, data_out),
+            } => {
+                let req = WriteSame {
+                    lba,
+                    blocks,
+                    unmap,
+                    ndob,
+                    fua: !self.write_cache_enabled(),
+                    length_at,
+                };
+                return medium().write_same(req, data_out);
+            }
+            C::Unmap { param_len } => return medium().unmap(param_len, data_out),
             C::TestUnitReady | C::StartStopUnit { .. } => return Ok(Completion::Good),
             C::RequestSense {
                 descriptor,
@@ -290,18 +293,18 @@ impl LogicalUnit {
                 alloc_len,
             } => {
                 if evpd {
-                    self.vpd_page(page, &mut r)?;
+                    crate::vpd::page(&self.config, page, &mut r)?;
                 } else {
-                    self.standard_inquiry(&mut r);
+                    crate::inquiry::standard(&self.config, &mut r);
                 }
                 r.finish(usize::from(alloc_len))
             }
             C::ReadCapacity10 => {
-                self.read_capacity_10(&mut r);
+                crate::capacity::read_capacity_10(&self.config, self.blocks(), &mut r);
                 r.finish(8)
             }
             C::ReadCapacity16 { alloc_len } => {
-                self.read_capacity_16(&mut r);
+                crate::capacity::read_capacity_16(&self.config, self.blocks(), &mut r);
                 r.finish(usize::try_from(alloc_len).unwrap_or(usize::MAX))
             }
             C::ModeSense {
@@ -313,7 +316,7 @@ impl LogicalUnit {
                 subpage,
                 alloc_len,
             } => {
-                let req = crate::mode::SenseRequest {
+                let req = SenseRequest {
                     long,
                     dbd,
                     llbaa,
@@ -321,11 +324,19 @@ impl LogicalUnit {
                     page,
                     subpage,
                 };
-                self.mode_sense(req, &mut r)?;
+                self.mode_parameters().sense(req, &mut r)?;
                 r.finish(usize::from(alloc_len))
             }
             C::ModeSelect { long, param_len } => {
-                self.mode_select(nexus, long, param_len, data_out)?;
+                let wce = self.mode_parameters().select(long, param_len, data_out)?;
+                if let Some(wce) = wce {
+                    self.with_admin(|a| {
+                        if wce != self.write_cache_enabled() {
+                            self.set_write_cache(wce);
+                            a.ua.establish_all(UnitAttention::ModeParametersChanged, Some(nexus));
+                        }
+                    });
+                }
                 return Ok(Completion::Good);
             }
             C::PersistentReserveIn { action, alloc_len } => {
@@ -382,6 +393,15 @@ impl LogicalUnit {
             }
         };
         Ok(Completion::Data { len })
+    }
+
+    /// What the mode pages report now.
+    fn mode_parameters(&self) -> Parameters<'_> {
+        Parameters {
+            config: &self.config,
+            blocks: self.blocks(),
+            write_cache: self.write_cache_enabled(),
+        }
     }
 
     /// Whether `nexus` may have a unit attention pending (false positives

@@ -3,23 +3,13 @@
 //! logical unit.
 
 use crate::cdb::Command;
+use crate::completion::{Completion, ReportLunsRequest};
 use crate::error::ScsiError;
-use crate::lun::Completion;
 use crate::resp::{Response, len32};
 use crate::sense::{Sense, SenseFormat, SenseKey};
 
 /// Largest LUN that single-level addressing can carry (flat space, 14 bits).
 pub const MAX_LUN: u16 = 0x3fff;
-
-/// A REPORT LUNS command, validated, to be answered with [`report_luns`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReportLunsRequest {
-    /// SELECT REPORT: 00h and 02h list the logical units, 01h only the
-    /// well-known ones (there are none).
-    pub select_report: u8,
-    /// Allocation length (at least 4).
-    pub alloc_len: u32,
-}
 
 /// The 8-byte single-level LUN of SAM-5: peripheral device addressing
 /// below 256, flat space addressing up to [`MAX_LUN`].

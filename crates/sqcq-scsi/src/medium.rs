@@ -1,104 +1,41 @@
 //! Medium access commands (SBC-3): READ, WRITE, VERIFY, SYNCHRONIZE CACHE,
 //! WRITE SAME and UNMAP become a [`MediumOp`] that the worker executes
-//! against the backstore. Data never pass through here. This path reads
-//! atomics only and takes no lock.
+//! against the backstore. Data never pass through here. This path takes
+//! no lock: the logical unit reads its capacity (an atomic) for each
+//! command and hands it in with its configuration ([`Medium`]).
 
+use crate::capacity::check_range;
+use crate::completion::{Completion, MediumOp};
+use crate::config::LuConfig;
 use crate::error::ScsiError;
-use crate::lun::{Completion, LogicalUnit};
-use crate::unmap::{self, UnmapList};
+use crate::unmap;
 
-/// What the worker must do on the backstore. Ranges are checked against
-/// the capacity and the limits; byte offsets and lengths cannot overflow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MediumOp<'d> {
-    /// Read `bytes` at `offset` into the data-in buffer.
-    Read {
-        /// First LBA.
-        lba: u64,
-        /// Blocks to read (at least 1).
-        blocks: u32,
-        /// Byte offset in the backstore.
-        offset: u64,
-        /// Expected data-in length.
-        bytes: u64,
-    },
-    /// Write `bytes` from the data-out buffer at `offset`.
-    Write {
-        /// First LBA.
-        lba: u64,
-        /// Blocks to write (at least 1).
-        blocks: u32,
-        /// Byte offset in the backstore.
-        offset: u64,
-        /// Expected data-out length.
-        bytes: u64,
-        /// Make the data durable before completing (FUA, FUA_NV, or the
-        /// write cache is disabled).
-        fua: bool,
-    },
-    /// Make the range durable (SYNCHRONIZE CACHE).
-    Flush {
-        /// First LBA.
-        lba: u64,
-        /// Number of blocks (at least 1; a CDB value of 0 was resolved to
-        /// the end of the medium).
-        blocks: u64,
-    },
-    /// Deallocate the ranges.
-    Unmap(UnmapList<'d>),
-    /// Write `pattern` (one block) to every block of the range, or zeros
-    /// when `pattern` is `None` (NDOB); `unmap` allows deallocating
-    /// instead when the result reads the same.
-    WriteSame {
-        /// First LBA.
-        lba: u64,
-        /// Number of blocks (at least 1).
-        blocks: u32,
-        /// Byte offset in the backstore.
-        offset: u64,
-        /// The blocks may be deallocated (only set when the logical unit
-        /// is thin provisioned).
-        unmap: bool,
-        /// Make the data durable before completing (write cache disabled).
-        fua: bool,
-        /// The block to replicate, exactly one block long.
-        pattern: Option<&'d [u8]>,
-    },
+/// What a medium command is checked against: the unit's configuration
+/// and its capacity when the command arrived.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Medium<'a> {
+    pub(crate) config: &'a LuConfig,
+    pub(crate) capacity: u64,
 }
 
-impl MediumOp<'_> {
-    /// Bytes the worker transfers to the initiator.
-    pub fn data_in_len(&self) -> u64 {
-        match *self {
-            Self::Read { bytes, .. } => bytes,
-            _ => 0,
-        }
-    }
-
-    /// Bytes the worker takes from the initiator's data-out buffer.
-    pub fn data_out_len(&self) -> u64 {
-        match *self {
-            Self::Write { bytes, .. } => bytes,
-            _ => 0,
-        }
-    }
+/// A WRITE SAME command's fields, and whether it must be durable before
+/// completing (the write cache is disabled).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WriteSame {
+    pub(crate) lba: u64,
+    pub(crate) blocks: u32,
+    pub(crate) unmap: bool,
+    pub(crate) ndob: bool,
+    pub(crate) fua: bool,
+    pub(crate) length_at: u8,
 }
 
-/// LBA OUT OF RANGE unless `lba` is within the capacity and `lba + blocks`
-/// does not pass its end (without overflow).
-pub(crate) fn check_range(lba: u64, blocks: u64, capacity: u64) -> Result<(), ScsiError> {
-    match lba.checked_add(blocks) {
-        Some(end) if lba < capacity && end <= capacity => Ok(()),
-        _ => Err(ScsiError::LbaOutOfRange { lba, blocks }),
-    }
-}
-
-impl LogicalUnit {
+impl Medium<'_> {
     fn transfer(&self, lba: u64, blocks: u32, length_at: u8) -> Result<(u64, u64), ScsiError> {
         if blocks > self.config.max_transfer_blocks {
             return Err(ScsiError::cdb_field(u16::from(length_at), Some(7)));
         }
-        check_range(lba, u64::from(blocks), self.blocks())?;
+        check_range(lba, u64::from(blocks), self.capacity)?;
         let bs = u64::from(self.config.block_size);
         // Cannot overflow: lba < capacity and capacity × block size fits u64.
         Ok((lba.saturating_mul(bs), u64::from(blocks) * bs))
@@ -131,6 +68,8 @@ impl LogicalUnit {
         }))
     }
 
+    /// WRITE; `fua`: durable before completing (FUA, FUA_NV, or the
+    /// write cache is disabled).
     pub(crate) fn write(
         &self,
         lba: u64,
@@ -148,14 +87,14 @@ impl LogicalUnit {
             blocks,
             offset,
             bytes,
-            fua: fua || !self.write_cache_enabled(),
+            fua,
         }))
     }
 
     /// VERIFY with BYTCHK = 0: the range is checked, nothing is read.
     pub(crate) fn verify(&self, lba: u64, blocks: u32) -> Result<Completion<'static>, ScsiError> {
         if blocks != 0 {
-            check_range(lba, u64::from(blocks), self.blocks())?;
+            check_range(lba, u64::from(blocks), self.capacity)?;
         }
         Ok(Completion::Good)
     }
@@ -165,7 +104,7 @@ impl LogicalUnit {
         lba: u64,
         blocks: u32,
     ) -> Result<Completion<'static>, ScsiError> {
-        let capacity = self.blocks();
+        let capacity = self.capacity;
         let blocks = match blocks {
             // Zero: from `lba` through the last block (SBC-3).
             0 => capacity.saturating_sub(lba),
@@ -177,19 +116,23 @@ impl LogicalUnit {
 
     pub(crate) fn write_same<'d>(
         &self,
-        lba: u64,
-        blocks: u32,
-        unmap: bool,
-        ndob: bool,
-        length_at: u8,
+        req: WriteSame,
         data_out: &'d [u8],
     ) -> Result<Completion<'d>, ScsiError> {
+        let WriteSame {
+            lba,
+            blocks,
+            unmap,
+            ndob,
+            fua,
+            length_at,
+        } = req;
         self.writable()?;
         // WSNZ = 1 in the block limits page: zero blocks is invalid.
         if blocks == 0 || blocks > self.config.max_write_same_blocks {
             return Err(ScsiError::cdb_field(u16::from(length_at), Some(7)));
         }
-        check_range(lba, u64::from(blocks), self.blocks())?;
+        check_range(lba, u64::from(blocks), self.capacity)?;
         let bs = u64::from(self.config.block_size);
         let pattern = if ndob {
             None
@@ -205,7 +148,7 @@ impl LogicalUnit {
             blocks,
             offset: lba.saturating_mul(bs),
             unmap: unmap && self.config.provisioning.is_some(),
-            fua: !self.write_cache_enabled(),
+            fua,
             pattern,
         }))
     }
@@ -224,7 +167,7 @@ impl LogicalUnit {
         let list = unmap::parse(
             param_len,
             data_out,
-            self.blocks(),
+            self.capacity,
             self.config.block_size,
             &limits,
         )?;

@@ -1,11 +1,11 @@
 //! MODE SENSE and MODE SELECT (SPC-4): the caching, control
 //! and informational exceptions control pages. Only WCE is changeable.
 
-use crate::cdb::{PageControl, top_bit};
+use crate::cdb::PageControl;
+use crate::config::LuConfig;
 use crate::error::ScsiError;
-use crate::lun::LogicalUnit;
 use crate::resp::Response;
-use crate::ua::{NexusId, UnitAttention};
+use crate::sense::top_bit;
 
 const CACHING: u8 = 0x08;
 const CONTROL: u8 = 0x0a;
@@ -84,14 +84,18 @@ fn page(code: u8, control: PageControl, current_wce: bool, default_wce: bool) ->
     Page { bytes: p, len }
 }
 
-impl LogicalUnit {
+/// What the mode pages of a unit report: its configuration (the
+/// defaults), its capacity (the block descriptor) and its current WCE.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Parameters<'a> {
+    pub(crate) config: &'a LuConfig,
+    pub(crate) blocks: u64,
+    pub(crate) write_cache: bool,
+}
+
+impl Parameters<'_> {
     fn page(&self, code: u8, control: PageControl) -> Page {
-        page(
-            code,
-            control,
-            self.write_cache_enabled(),
-            self.config.write_cache,
-        )
+        page(code, control, self.write_cache, self.config.write_cache)
     }
 
     fn device_specific(&self) -> u8 {
@@ -99,11 +103,8 @@ impl LogicalUnit {
         (if self.config.read_only { 0x80 } else { 0 }) | 0x10
     }
 
-    pub(crate) fn mode_sense(
-        &self,
-        req: SenseRequest,
-        r: &mut Response<'_>,
-    ) -> Result<(), ScsiError> {
+    /// MODE SENSE(6) or (10).
+    pub(crate) fn sense(&self, req: SenseRequest, r: &mut Response<'_>) -> Result<(), ScsiError> {
         if req.control == PageControl::Saved {
             return Err(ScsiError::SavingParametersNotSupported);
         }
@@ -138,7 +139,7 @@ impl LogicalUnit {
             r.u8(self.device_specific());
             r.u8(bd_len);
         }
-        let blocks = self.blocks();
+        let blocks = self.blocks;
         match bd_len {
             8 => {
                 r.be32(u32::try_from(blocks).unwrap_or(u32::MAX));
@@ -166,18 +167,20 @@ impl LogicalUnit {
         Ok(())
     }
 
-    pub(crate) fn mode_select(
+    /// Checks the parameter list of MODE SELECT(6) or (10); returns the
+    /// WCE it asks for, if it sent the caching page (the caller changes
+    /// it: nothing else is changeable).
+    pub(crate) fn select(
         &self,
-        nexus: NexusId,
         long: bool,
         param_len: u16,
         data_out: &[u8],
-    ) -> Result<(), ScsiError> {
+    ) -> Result<Option<bool>, ScsiError> {
         let data = data_out
             .get(..usize::from(param_len))
             .ok_or(ScsiError::ParameterListLength)?;
         if data.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let header = if long { 8 } else { 4 };
         let hdr = data.get(..header).ok_or(ScsiError::ParameterListLength)?;
@@ -200,16 +203,7 @@ impl LogicalUnit {
                 .ok_or(ScsiError::ParameterListLength)?;
             self.check_block_descriptor(bd, header, long_lba)?;
         }
-        let wce = self.check_pages(data, header + bd_len)?;
-        if let Some(wce) = wce {
-            self.with_admin(|a| {
-                if wce != self.write_cache_enabled() {
-                    self.set_write_cache(wce);
-                    a.ua.establish_all(UnitAttention::ModeParametersChanged, Some(nexus));
-                }
-            });
-        }
-        Ok(())
+        self.check_pages(data, header + bd_len)
     }
 
     /// The block descriptor may only restate the geometry (a block count of
@@ -221,7 +215,7 @@ impl LogicalUnit {
         long_lba: bool,
     ) -> Result<(), ScsiError> {
         let at16 = |i: usize| u16::try_from(at + i).unwrap_or(u16::MAX);
-        let blocks = self.blocks();
+        let blocks = self.blocks;
         let (count_ok, size) = if long_lba {
             let mut n = [0u8; 8];
             n.copy_from_slice(&bd[0..8]);

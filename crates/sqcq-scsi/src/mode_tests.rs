@@ -1,6 +1,5 @@
+use crate::completion::{Completion, MediumOp};
 use crate::error::ScsiError;
-use crate::lun::Completion;
-use crate::medium::MediumOp;
 use crate::test_util::{A, B, execute, execute_data, execute_out, lu, lu_with};
 use crate::ua::UnitAttention;
 

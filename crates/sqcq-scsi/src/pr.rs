@@ -269,7 +269,7 @@ impl Reservations {
         if flags & 0xf2 != 0 {
             return Err(ScsiError::parameter_field(
                 20,
-                Some(crate::cdb::top_bit(flags & 0xf2)),
+                Some(crate::sense::top_bit(flags & 0xf2)),
             ));
         }
         if flags & 0x08 != 0 {

@@ -79,6 +79,12 @@ pub struct FieldPointer {
     pub bit: Option<u8>,
 }
 
+/// The most significant set bit of a non-zero byte: the bit a field
+/// pointer names when the set bits of a byte are wrong.
+pub(crate) fn top_bit(b: u8) -> u8 {
+    (0..8u8).rev().find(|i| b & (1 << i) != 0).unwrap_or(0)
+}
+
 impl FieldPointer {
     /// A pointer into the CDB.
     pub const fn cdb(byte: u16, bit: Option<u8>) -> Self {
@@ -231,6 +237,13 @@ impl Sense {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_bit_of_bytes() {
+        assert_eq!(top_bit(0x01), 0);
+        assert_eq!(top_bit(0x80), 7);
+        assert_eq!(top_bit(0x24), 5);
+    }
 
     #[test]
     fn fixed_invalid_field_in_cdb_without_pointer() {

@@ -1,8 +1,9 @@
 //! Shared helpers for the unit tests.
 
+use crate::completion::Completion;
 use crate::config::{LuConfig, Provisioning};
 use crate::error::ScsiError;
-use crate::lun::{Completion, LogicalUnit};
+use crate::lun::LogicalUnit;
 use crate::ua::NexusId;
 
 pub(crate) const A: NexusId = NexusId(1);

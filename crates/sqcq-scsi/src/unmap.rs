@@ -1,9 +1,9 @@
 //! The UNMAP parameter list (SBC-3): validated once, then handed to
 //! the worker as an iterator over ranges that borrows the parameter data.
 
+use crate::capacity::check_range;
 use crate::config::Provisioning;
 use crate::error::ScsiError;
-use crate::medium::check_range;
 
 /// Header bytes before the first block descriptor.
 const HEADER: usize = 8;

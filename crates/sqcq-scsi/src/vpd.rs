@@ -2,10 +2,9 @@
 //! serial number, device identification, block limits, block device
 //! characteristics, logical block provisioning.
 
-use crate::config::padded;
+use crate::config::{LuConfig, padded};
 use crate::error::ScsiError;
 use crate::inquiry::VENDOR;
-use crate::lun::LogicalUnit;
 use crate::resp::{Response, len16};
 
 /// Supported pages, in ascending order.
@@ -25,96 +24,93 @@ fn hex(v: u64) -> [u8; 16] {
     out
 }
 
-impl LogicalUnit {
-    /// Writes VPD page `page`: a 4-byte header (device type, page code,
-    /// page length) and the page.
-    pub(crate) fn vpd_page(&self, page: u8, r: &mut Response<'_>) -> Result<(), ScsiError> {
-        if !PAGES.contains(&page) {
-            return Err(ScsiError::cdb_field(2, Some(7)));
-        }
-        r.u8(0x00); // peripheral qualifier 000b, direct access block device
-        r.u8(page);
-        r.be16(0); // page length, patched below
-        let start = r.len();
-        match page {
-            0x00 => r.put(&PAGES),
-            0x80 => r.put(self.config.serial.as_bytes()),
-            0x83 => self.device_identification(r),
-            0xb0 => self.block_limits(r),
-            0xb1 => {
-                r.be16(0x0001); // MEDIUM ROTATION RATE: non-rotating medium
-                r.zeros(58);
-            }
-            _ => self.logical_block_provisioning(r),
-        }
-        let len = len16(r.len() - start);
-        r.set(2, &len.to_be_bytes());
-        Ok(())
+/// Writes VPD page `page` of the unit `config` describes: a 4-byte
+/// header (device type, page code, page length) and the page.
+pub(crate) fn page(config: &LuConfig, page: u8, r: &mut Response<'_>) -> Result<(), ScsiError> {
+    if !PAGES.contains(&page) {
+        return Err(ScsiError::cdb_field(2, Some(7)));
     }
+    r.u8(0x00); // peripheral qualifier 000b, direct access block device
+    r.u8(page);
+    r.be16(0); // page length, patched below
+    let start = r.len();
+    match page {
+        0x00 => r.put(&PAGES),
+        0x80 => r.put(config.serial.as_bytes()),
+        0x83 => device_identification(config, r),
+        0xb0 => block_limits(config, r),
+        0xb1 => {
+            r.be16(0x0001); // MEDIUM ROTATION RATE: non-rotating medium
+            r.zeros(58);
+        }
+        _ => logical_block_provisioning(config, r),
+    }
+    let len = len16(r.len() - start);
+    r.set(2, &len.to_be_bytes());
+    Ok(())
+}
 
-    fn device_identification(&self, r: &mut Response<'_>) {
-        // NAA IEEE Registered (type 5): binary, LU association, NAA type.
-        r.put(&[0x01, 0x03, 0x00, 0x08]);
-        r.be64(self.config.wwn);
-        // T10 vendor ID: ASCII, LU association, vendor then serial (or the
-        // WWN in hex when there is no serial).
-        let wwn_hex = hex(self.config.wwn);
-        let id = if self.config.serial.is_empty() {
-            &wwn_hex[..]
-        } else {
-            self.config.serial.as_bytes()
-        };
-        let len = u8::try_from(8 + id.len()).unwrap_or(u8::MAX);
-        r.put(&[0x02, 0x01, 0x00, len]);
-        r.put(&padded::<8>(VENDOR));
-        r.put(id);
-        // Relative target port: binary, target port association, type 4.
-        r.put(&[0x01, 0x14, 0x00, 0x04, 0x00, 0x00]);
-        r.be16(RELATIVE_TARGET_PORT);
-        // Target port group: binary, target port association, type 5.
-        r.put(&[0x01, 0x15, 0x00, 0x04, 0x00, 0x00]);
-        r.be16(TARGET_PORT_GROUP);
-    }
+fn device_identification(config: &LuConfig, r: &mut Response<'_>) {
+    // NAA IEEE Registered (type 5): binary, LU association, NAA type.
+    r.put(&[0x01, 0x03, 0x00, 0x08]);
+    r.be64(config.wwn);
+    // T10 vendor ID: ASCII, LU association, vendor then serial (or the
+    // WWN in hex when there is no serial).
+    let wwn_hex = hex(config.wwn);
+    let id = if config.serial.is_empty() {
+        &wwn_hex[..]
+    } else {
+        config.serial.as_bytes()
+    };
+    let len = u8::try_from(8 + id.len()).unwrap_or(u8::MAX);
+    r.put(&[0x02, 0x01, 0x00, len]);
+    r.put(&padded::<8>(VENDOR));
+    r.put(id);
+    // Relative target port: binary, target port association, type 4.
+    r.put(&[0x01, 0x14, 0x00, 0x04, 0x00, 0x00]);
+    r.be16(RELATIVE_TARGET_PORT);
+    // Target port group: binary, target port association, type 5.
+    r.put(&[0x01, 0x15, 0x00, 0x04, 0x00, 0x00]);
+    r.be16(TARGET_PORT_GROUP);
+}
 
-    fn block_limits(&self, r: &mut Response<'_>) {
-        let c = &self.config;
-        r.u8(0x01); // WSNZ: WRITE SAME of zero blocks is rejected
-        r.u8(0x00); // MAXIMUM COMPARE AND WRITE LENGTH: not supported
-        r.be16(c.optimal_granularity_blocks);
-        r.be32(c.max_transfer_blocks);
-        r.be32(c.optimal_transfer_blocks);
-        r.be32(0); // MAXIMUM PREFETCH LENGTH
-        match c.provisioning {
-            Some(p) => {
-                r.be32(p.max_unmap_blocks);
-                r.be32(p.max_unmap_descriptors);
-                r.be32(p.unmap_granularity_blocks);
-                // UGAVALID with alignment 0 when a granularity is given.
-                r.be32(if p.unmap_granularity_blocks != 0 {
-                    0x8000_0000
-                } else {
-                    0
-                });
-            }
-            None => r.zeros(16),
+fn block_limits(c: &LuConfig, r: &mut Response<'_>) {
+    r.u8(0x01); // WSNZ: WRITE SAME of zero blocks is rejected
+    r.u8(0x00); // MAXIMUM COMPARE AND WRITE LENGTH: not supported
+    r.be16(c.optimal_granularity_blocks);
+    r.be32(c.max_transfer_blocks);
+    r.be32(c.optimal_transfer_blocks);
+    r.be32(0); // MAXIMUM PREFETCH LENGTH
+    match c.provisioning {
+        Some(p) => {
+            r.be32(p.max_unmap_blocks);
+            r.be32(p.max_unmap_descriptors);
+            r.be32(p.unmap_granularity_blocks);
+            // UGAVALID with alignment 0 when a granularity is given.
+            r.be32(if p.unmap_granularity_blocks != 0 {
+                0x8000_0000
+            } else {
+                0
+            });
         }
-        r.be64(u64::from(c.max_write_same_blocks));
-        r.zeros(20); // atomic transfer limits: not supported
+        None => r.zeros(16),
     }
+    r.be64(u64::from(c.max_write_same_blocks));
+    r.zeros(20); // atomic transfer limits: not supported
+}
 
-    fn logical_block_provisioning(&self, r: &mut Response<'_>) {
-        r.u8(0x00); // THRESHOLD EXPONENT
-        match self.config.provisioning {
-            Some(p) => {
-                // LBPU, LBPWS, LBPWS10, and LBPRZ when unmapped blocks read
-                // as zeros.
-                r.u8(0xe0 | if p.unmapped_reads_zero { 0x04 } else { 0 });
-                r.u8(0x02); // PROVISIONING TYPE: thin
-            }
-            None => r.zeros(2),
+fn logical_block_provisioning(config: &LuConfig, r: &mut Response<'_>) {
+    r.u8(0x00); // THRESHOLD EXPONENT
+    match config.provisioning {
+        Some(p) => {
+            // LBPU, LBPWS, LBPWS10, and LBPRZ when unmapped blocks read
+            // as zeros.
+            r.u8(0xe0 | if p.unmapped_reads_zero { 0x04 } else { 0 });
+            r.u8(0x02); // PROVISIONING TYPE: thin
         }
-        r.u8(0x00);
+        None => r.zeros(2),
     }
+    r.u8(0x00);
 }
 
 #[cfg(test)]

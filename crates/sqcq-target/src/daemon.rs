@@ -16,10 +16,11 @@ use crate::runtime::worker::WorkerPool;
 use crate::prometheus::{MetricsListen, MetricsServer, Scrape};
 use crate::registry::{Origin, Registry, RegistryError, ReloadReport, StartError};
 use crate::rpc::{ConfigSource, Context};
+use crate::sandbox::{SandboxError, SeccompMode};
 use crate::scsi::device::ScsiDevice;
 use crate::service::activation::{ActivationError, PassedSockets};
 use crate::transport::device::DeviceShared;
-use crate::transport::listen::{ListenError, SocketSource};
+use crate::transport::listen::{ListenError, SocketSource, StaleProbe};
 
 /// How long [`Daemon::shutdown`] gives requests in flight to complete.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -66,6 +67,9 @@ pub struct Daemon {
     ctx: Arc<Context>,
     admin: Option<AdminServer>,
     metrics: Option<MetricsServer>,
+    /// Whether the daemon's sockets may probe a socket file they find:
+    /// shared by every one of them, forbidden by [`Daemon::apply_sandbox`].
+    stale: StaleProbe,
 }
 
 impl Daemon {
@@ -103,7 +107,8 @@ impl Daemon {
             })?,
         );
         info!(workers = config.workers, "worker pool started");
-        let sockets = SocketSource::new(config.service.socket_ownership, passed);
+        let stale = StaleProbe::default();
+        let sockets = SocketSource::new(config.service.socket_ownership, passed, stale.clone());
         let registry = Arc::new(Registry::new(Arc::clone(&pool)).with_sockets(sockets));
         registry.set_settings(config);
         registry
@@ -119,6 +124,7 @@ impl Daemon {
             ctx,
             admin: None,
             metrics: None,
+            stale,
         };
         for d in &config.devices {
             if let Err(e) = daemon.registry.create(d.clone(), Origin::Config) {
@@ -139,6 +145,7 @@ impl Daemon {
                     .map(|fd| (path.clone(), fd))
                     .into_iter()
                     .collect(),
+                daemon.stale.clone(),
             );
             let socket = match admin.listen(path) {
                 Ok(s) => s,
@@ -193,13 +200,21 @@ impl Daemon {
                 .collect();
             Scrape::collect(&devices, registry.pool().stats()).render(out);
         };
-        MetricsServer::spawn(listen, Arc::new(render))
+        MetricsServer::spawn(listen, Arc::new(render), &self.stale)
     }
 
     /// Where the Prometheus endpoint listens, if there is one (with the
     /// port chosen when port 0 was asked).
     pub fn metrics_endpoint(&self) -> Option<&MetricsListen> {
         self.metrics.as_ref().map(MetricsServer::endpoint)
+    }
+
+    /// Applies the seccomp filter of `mode` to every thread (nothing for
+    /// [`SeccompMode::Off`]); from then on the daemon's sockets refuse a
+    /// socket file they find at their path instead of probing it with
+    /// `connect`, which the filter forbids.
+    pub fn apply_sandbox(&self, mode: SeccompMode) -> Result<(), SandboxError> {
+        crate::sandbox::apply(mode, &self.stale)
     }
 
     /// The devices and workers, for changes at run time.

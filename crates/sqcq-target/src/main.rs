@@ -103,7 +103,7 @@ fn main() -> ExitCode {
     // Every configured socket listens and every configured thread runs:
     // from here on the daemon serves, and changes only through its
     // management API.
-    if let Err(e) = sqcq_target::sandbox::apply(config.seccomp) {
+    if let Err(e) = daemon.apply_sandbox(config.seccomp) {
         daemon.shutdown();
         return failed(&notifier, ExitCode::FAILURE, &error_chain(&e));
     }

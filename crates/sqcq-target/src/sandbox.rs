@@ -31,6 +31,8 @@ use seccompiler::{
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::transport::listen::StaleProbe;
+
 /// What the filter does with a system call it does not allow.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -256,20 +258,10 @@ pub fn clone3_filter() -> Result<BpfProgram, SandboxError> {
     BpfProgram::try_from(filter).map_err(SandboxError::Build)
 }
 
-/// Set once a filter is applied. Relaxed: it guards no data; it is read
-/// by threads acting on management requests, which come over sockets
-/// long after the start, and a stale `false` would only try a call the
-/// filter then refuses.
-static ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether the filter is applied (what the daemon may still do depends
-/// on it).
-pub fn active() -> bool {
-    ACTIVE.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Applies the filters of `mode` to every thread of the process.
-pub fn apply(mode: SeccompMode) -> Result<(), SandboxError> {
+/// Applies the filters of `mode` to every thread of the process, after
+/// forbidding `stale` (socket files found when binding are no longer
+/// probed with `connect`, which the filter refuses).
+pub fn apply(mode: SeccompMode, stale: &StaleProbe) -> Result<(), SandboxError> {
     match filter(mode)? {
         Some(program) => {
             let clone3 = clone3_filter()?;
@@ -278,7 +270,7 @@ pub fn apply(mode: SeccompMode) -> Result<(), SandboxError> {
             let _ = sqcq_protocol::clock::source();
             // Before the filter: from its first instant, nothing may try
             // what it forbids.
-            ACTIVE.store(true, std::sync::atomic::Ordering::Relaxed);
+            stale.forbid();
             seccompiler::apply_filter_all_threads(&clone3).map_err(SandboxError::Apply)?;
             seccompiler::apply_filter_all_threads(&program).map_err(SandboxError::Apply)
         }
@@ -376,7 +368,7 @@ mod tests {
         use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
         let listen = MetricsListen::Tcp("127.0.0.1:0".parse().unwrap());
-        let (listener, endpoint) = server::Listener::bind(&listen).unwrap();
+        let (listener, endpoint) = server::Listener::bind(&listen, &StaleProbe::default()).unwrap();
         let MetricsListen::Tcp(addr) = endpoint else {
             unreachable!()
         };
@@ -466,7 +458,7 @@ mod tests {
             states.extend(NotifyState::monotonic_usec_now().ok());
             let sent = notifier.notify(&states).map_err(|e| e.to_string());
             drop(pidfile);
-            let bound = ListeningSocket::bind(&path, &ownership)
+            let bound = ListeningSocket::bind(&path, &ownership, &StaleProbe::default())
                 .map(|_socket| {
                     let m = std::fs::symlink_metadata(&path).unwrap();
                     (m.mode() & 0o7777, m.gid())

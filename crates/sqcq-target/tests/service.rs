@@ -8,7 +8,7 @@
 mod common;
 
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{SocketAddr, UnixDatagram, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -483,6 +483,54 @@ fn a_socket_made_at_run_time_under_the_filter_gets_the_ownership() {
         "the filter let it live"
     );
     let d = inquiry_through(&socket);
+    sigterm_exits_zero(&mut child);
+    drop(d);
+}
+
+/// Under the seccomp filter (kill), which forbids `connect`, a socket file
+/// at the path of a device created through the management API is refused
+/// without being probed, stale or not, and left in place; the daemon lives
+/// on. Before the filter (at start-up) a stale one is replaced.
+#[test]
+fn under_the_filter_a_socket_file_at_a_new_devices_path_is_refused_unprobed() {
+    let dir = TempDir::new("svc-stale");
+    let mut notify = NotifySocket::path(&dir.path("notify"));
+    let admin = dir.path("sqcqd.admin");
+    let first = dir.path("first.sock");
+    drop(std::os::unix::net::UnixListener::bind(&first).unwrap());
+    let mut cmd = Command::new(SQCQD);
+    cmd.env("NOTIFY_SOCKET", &notify.address)
+        .args(["--seccomp", "kill", "--socket-path"])
+        .arg(&first)
+        .args(["--lun", "kind=null,size=1M"])
+        .arg("--admin-socket")
+        .arg(&admin);
+    let (mut child, _guard) = spawn(&mut cmd, &dir.path("sqcqd.log"));
+    notify.wait_for("READY=1");
+
+    let later = dir.path("later.sock");
+    drop(std::os::unix::net::UnixListener::bind(&later).unwrap());
+    let (status, err) = run(
+        Command::new(SQCQD)
+            .args(["rpc", "--admin-socket"])
+            .arg(&admin)
+            .arg("device_create")
+            .arg(format!("socket-path={}", later.display()))
+            .arg("lun:=[\"kind=null,size=1M\"]"),
+        &dir.path("rpc.log"),
+    );
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("the sandbox forbids checking whether it is stale"),
+        "{err}"
+    );
+    let m = std::fs::symlink_metadata(&later).unwrap();
+    assert!(m.file_type().is_socket(), "the socket file stays");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the filter let it live"
+    );
+    let d = inquiry_through(&first);
     sigterm_exits_zero(&mut child);
     drop(d);
 }

@@ -73,10 +73,3 @@ pub fn parked_queue(
     let notifier = Box::new(notifier::ParkedNotifier::new(sq, cq));
     Ok(Virtqueue::with_notifier(index, ring, notifier, events))
 }
-
-/// Nanoseconds since the first call: the clock of every poller here (the
-/// TSC where the kernel trusts it, [`sqcq_protocol::clock`]).
-#[inline]
-pub(crate) fn now_ns() -> u64 {
-    sqcq_protocol::clock::now_ns()
-}

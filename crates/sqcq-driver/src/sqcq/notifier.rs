@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use sqcq_protocol::clock::now_ns;
 use sqcq_protocol::{
     CqConsumer, DoorbellCell, Poll, Poller, QueueStats, SleepCheck, SpinPolicy, SqProducer, Wake,
 };
 
 use super::bell::{CqBell, GuestBell, QueueShared, SqBell};
-use super::now_ns;
 use crate::notify::{
     DoorbellState, IdleState, Notifier, NotifyError, NotifyMode, QueueEvents, UsedCount, pace,
 };

@@ -25,11 +25,11 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::bell::{CqBell, DoorbellError, QueueShared, ThreadState, queue_doorbells};
 use super::notifier::DoorbellNotifier;
-use super::now_ns;
 use crate::memory::DriverMemory;
 use crate::notify::{Notifier, QueueEvents};
 use crate::poll_stats::PollStats;
 use crate::vring::SplitQueue;
+use sqcq_protocol::clock::now_ns;
 use sqcq_protocol::yielder::Yielder;
 
 /// Polls between two stores of the statistics while spinning.

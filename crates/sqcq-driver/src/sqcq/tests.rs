@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use sqcq_protocol::clock::now_ns;
 use sqcq_protocol::{
     CqProducer, Poll, Poller, RingAddrs, SleepCheck, SpinConfig, SpinPolicy, SqConsumer, Wake,
     doorbell_location, guest_doorbells,

@@ -37,7 +37,7 @@ use crate::service::pollset::PollSet;
 
 use super::MetricsListen;
 use super::text::CONTENT_TYPE;
-use crate::transport::listen::{ListeningSocket, SocketOwnership};
+use crate::transport::listen::{ListeningSocket, SocketOwnership, StaleProbe};
 
 /// Connections served at once (each holds at most [`MAX_REQUEST`] bytes
 /// of request, or one answer).
@@ -71,9 +71,13 @@ pub(crate) enum Listener {
 }
 
 impl Listener {
-    /// Binds `listen`; a Unix socket gets mode 0600. Returns the listener
-    /// and where it listens (the port chosen for port 0).
-    pub(crate) fn bind(listen: &MetricsListen) -> io::Result<(Self, MetricsListen)> {
+    /// Binds `listen`; a Unix socket gets mode 0600 (a socket file at its
+    /// path probed as `stale` allows). Returns the listener and where it
+    /// listens (the port chosen for port 0).
+    pub(crate) fn bind(
+        listen: &MetricsListen,
+        stale: &StaleProbe,
+    ) -> io::Result<(Self, MetricsListen)> {
         let (listener, endpoint) = match listen {
             MetricsListen::Tcp(addr) => {
                 let l = TcpListener::bind(addr)?;
@@ -85,7 +89,7 @@ impl Listener {
                     mode: Some(0o600),
                     ..SocketOwnership::default()
                 };
-                let s = ListeningSocket::bind(path, &private).map_err(io::Error::other)?;
+                let s = ListeningSocket::bind(path, &private, stale).map_err(io::Error::other)?;
                 (Listener::Unix(s), listen.clone())
             }
         };
@@ -156,9 +160,10 @@ impl Stream {
 }
 
 impl MetricsServer {
-    /// Binds `listen` and serves it with `render` until shut down.
-    pub fn spawn(listen: &MetricsListen, render: Render) -> io::Result<Self> {
-        let (listener, endpoint) = Listener::bind(listen)?;
+    /// Binds `listen` (see [`Listener::bind`] for `stale`) and serves it
+    /// with `render` until shut down.
+    pub fn spawn(listen: &MetricsListen, render: Render, stale: &StaleProbe) -> io::Result<Self> {
+        let (listener, endpoint) = Listener::bind(listen, stale)?;
         if let MetricsListen::Tcp(addr) = endpoint
             && !addr.ip().is_loopback()
         {

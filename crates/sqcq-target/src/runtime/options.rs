@@ -44,10 +44,15 @@ pub struct PollOptions {
     pub spin: SpinConfig,
     /// How long a queue stop (GET_VRING_BASE, a disconnect) waits for
     /// the requests in flight before it cancels them
-    /// (`runtime::worker`'s `QUEUE_STOP_TIMEOUT` by default; tests
-    /// shorten it).
+    /// ([`QUEUE_STOP_TIMEOUT`] by default; tests shorten it).
     pub stop_timeout: Duration,
 }
+
+/// How long stopping a queue waits for its requests in flight before it
+/// cancels them (the SCSI command timeout of Linux guests); the default
+/// of [`PollOptions::stop_timeout`], and the bound of the worker pool's
+/// own calls (retiring a worker, moving a queue).
+pub const QUEUE_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for PollOptions {
     fn default() -> Self {
@@ -58,7 +63,7 @@ impl Default for PollOptions {
             stats_interval: Some(Duration::from_secs(DEFAULT_STATS_INTERVAL)),
             stats_file: None,
             spin: SpinConfig::default(),
-            stop_timeout: crate::runtime::worker::QUEUE_STOP_TIMEOUT,
+            stop_timeout: QUEUE_STOP_TIMEOUT,
         }
     }
 }

@@ -31,6 +31,9 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::runtime::eventfd::PeerEventFd;
 use crate::runtime::options::PollOptions;
+/// The bound of the pool's calls that stop or move queues, which callers
+/// of [`WorkerPool::call`] use too.
+pub use crate::runtime::options::QUEUE_STOP_TIMEOUT;
 use crate::runtime::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
 use crate::runtime::stats::{StatsBoard, StatsTicker};
 
@@ -139,11 +142,6 @@ pub enum WorkerCommand {
         deadline: Instant,
     },
 }
-
-/// How long stopping a queue waits for its requests in flight before it
-/// cancels them (the SCSI command timeout of Linux guests); the default
-/// of `PollOptions::stop_timeout`.
-pub const QUEUE_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A command could not be answered.
 #[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]

@@ -16,6 +16,10 @@
 //! manager ([`ListeningSocket::adopt`]) is used as it was made, and its
 //! file is left in place when the daemon ends: it is the service
 //! manager's.
+//!
+//! Whether a socket file found at the path may be probed with `connect` is
+//! the caller's to say ([`StaleProbe`]): the daemon forbids it before its
+//! seccomp filter, which refuses `connect`, is applied.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -25,6 +29,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use thiserror::Error;
 use tracing::{info, warn};
@@ -179,6 +185,35 @@ impl SocketOwnership {
     }
 }
 
+/// Whether [`ListeningSocket::bind`] may `connect` to a socket file it
+/// finds at its path, to tell a stale one (replaced) from a live one (in
+/// use). Under the daemon's seccomp filter, which refuses `connect`, it
+/// may not, and such a file is refused unprobed ([`ListenError::Exists`]).
+///
+/// One value per daemon, cloned into every [`SocketSource`], all clones
+/// seeing [`forbid`](Self::forbid): the filter comes after the configured
+/// sockets are bound, and devices created later bind under it.
+#[derive(Clone, Debug, Default)]
+pub struct StaleProbe {
+    forbidden: Arc<AtomicBool>,
+}
+
+impl StaleProbe {
+    /// From now on no clone probes. Relaxed here and in
+    /// [`allowed`](Self::allowed): the flag guards no data; it is set
+    /// before the filter is applied and read by threads acting on
+    /// management requests, which come over sockets long after, and a
+    /// stale `true` would only try a call the filter then refuses.
+    pub fn forbid(&self) {
+        self.forbidden.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a socket file found at a path may be probed.
+    pub fn allowed(&self) -> bool {
+        !self.forbidden.load(Ordering::Relaxed)
+    }
+}
+
 /// Where sockets come from: the one the service manager passed in for a
 /// path (kept for as long as the daemon runs, each use a duplicate), else
 /// a new one bound with the configured ownership.
@@ -186,12 +221,22 @@ impl SocketOwnership {
 pub struct SocketSource {
     ownership: SocketOwnership,
     passed: BTreeMap<PathBuf, OwnedFd>,
+    probe: StaleProbe,
 }
 
 impl SocketSource {
-    /// Binds with `ownership`, except the paths of `passed`.
-    pub fn new(ownership: SocketOwnership, passed: BTreeMap<PathBuf, OwnedFd>) -> Self {
-        SocketSource { ownership, passed }
+    /// Binds with `ownership`, probing a socket file found at a path only
+    /// while `probe` allows it, except the paths of `passed`.
+    pub fn new(
+        ownership: SocketOwnership,
+        passed: BTreeMap<PathBuf, OwnedFd>,
+        probe: StaleProbe,
+    ) -> Self {
+        SocketSource {
+            ownership,
+            passed,
+            probe,
+        }
     }
 
     /// The socket at `path`: the passed one, adopted, or a new one.
@@ -204,7 +249,7 @@ impl SocketSource {
                 })?;
                 ListeningSocket::adopt(fd, path)
             }
-            None => ListeningSocket::bind(path, &self.ownership),
+            None => ListeningSocket::bind(path, &self.ownership, &self.probe),
         }
     }
 }
@@ -221,9 +266,14 @@ pub struct ListeningSocket {
 }
 
 impl ListeningSocket {
-    /// Binds `path`, replacing only a stale socket, and gives it the
-    /// owner, group and mode of `ownership` before it listens.
-    pub fn bind(path: &Path, ownership: &SocketOwnership) -> Result<Self, ListenError> {
+    /// Binds `path`, replacing only a stale socket (none while `probe`
+    /// forbids finding out), and gives it the owner, group and mode of
+    /// `ownership` before it listens.
+    pub fn bind(
+        path: &Path,
+        ownership: &SocketOwnership,
+        probe: &StaleProbe,
+    ) -> Result<Self, ListenError> {
         let io_err = |source| ListenError::Io {
             path: path.to_owned(),
             source,
@@ -234,7 +284,7 @@ impl ListeningSocket {
             }
             // Under the seccomp filter, which forbids `connect`, an
             // existing socket cannot be told stale from live: refused.
-            Ok(_) if crate::sandbox::active() => {
+            Ok(_) if !probe.allowed() => {
                 return Err(ListenError::Exists(path.to_owned()));
             }
             Ok(_) => match UnixStream::connect(path) {
@@ -432,7 +482,8 @@ mod tests {
         let d = dir("file");
         let p = d.join("disk.img");
         std::fs::write(&p, b"precious").unwrap();
-        let e = ListeningSocket::bind(&p, &SocketOwnership::default()).unwrap_err();
+        let e = ListeningSocket::bind(&p, &SocketOwnership::default(), &StaleProbe::default())
+            .unwrap_err();
         assert!(matches!(e, ListenError::NotASocket(_)), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), b"precious");
         std::fs::remove_dir_all(d).unwrap();
@@ -442,18 +493,53 @@ mod tests {
     fn a_live_socket_is_in_use_and_a_stale_one_is_replaced() {
         let d = dir("live");
         let p = d.join("s.sock");
-        let first = ListeningSocket::bind(&p, &SocketOwnership::default()).unwrap();
-        let e = ListeningSocket::bind(&p, &SocketOwnership::default()).unwrap_err();
+        let first =
+            ListeningSocket::bind(&p, &SocketOwnership::default(), &StaleProbe::default()).unwrap();
+        let e = ListeningSocket::bind(&p, &SocketOwnership::default(), &StaleProbe::default())
+            .unwrap_err();
         assert!(matches!(e, ListenError::InUse(_)), "{e}");
         drop(first);
         assert!(!p.exists(), "removed on drop");
         // A killed daemon leaves its socket file behind.
         let stale = UnixListener::bind(d.join("other.sock")).unwrap();
         drop(stale);
-        let second =
-            ListeningSocket::bind(&d.join("other.sock"), &SocketOwnership::default()).unwrap();
+        let second = ListeningSocket::bind(
+            &d.join("other.sock"),
+            &SocketOwnership::default(),
+            &StaleProbe::default(),
+        )
+        .unwrap();
         drop(second);
         assert!(!d.join("other.sock").exists(), "removed on drop");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    /// Once the probe is forbidden (the daemon's seccomp filter refuses
+    /// `connect`), a socket file at the path is refused without a
+    /// `connect`, stale or not, and left in place; what comes through a
+    /// [`SocketSource`] made with a clone is refused alike.
+    #[test]
+    fn a_forbidden_probe_refuses_a_socket_file_and_leaves_it() {
+        let d = dir("forbidden");
+        let p = d.join("stale.sock");
+        drop(UnixListener::bind(&p).unwrap());
+        let probe = StaleProbe::default();
+        let source = SocketSource::new(SocketOwnership::default(), BTreeMap::new(), probe.clone());
+        probe.forbid();
+        let e = ListeningSocket::bind(&p, &SocketOwnership::default(), &probe).unwrap_err();
+        assert!(matches!(e, ListenError::Exists(_)), "{e}");
+        let e = source.listen(&p).unwrap_err();
+        assert!(matches!(e, ListenError::Exists(_)), "{e}");
+        assert!(
+            std::fs::symlink_metadata(&p)
+                .unwrap()
+                .file_type()
+                .is_socket(),
+            "the socket file stays"
+        );
+        let fresh = d.join("fresh.sock");
+        drop(source.listen(&fresh).unwrap());
+        assert!(!fresh.exists(), "a free path is bound, removed on drop");
         std::fs::remove_dir_all(d).unwrap();
     }
 
@@ -461,7 +547,8 @@ mod tests {
     fn drop_leaves_a_file_that_replaced_the_socket() {
         let d = dir("replaced");
         let p = d.join("s.sock");
-        let s = ListeningSocket::bind(&p, &SocketOwnership::default()).unwrap();
+        let s =
+            ListeningSocket::bind(&p, &SocketOwnership::default(), &StaleProbe::default()).unwrap();
         std::fs::remove_file(&p).unwrap();
         std::fs::write(&p, b"someone else's").unwrap();
         drop(s);
@@ -489,7 +576,7 @@ mod tests {
             uid,
             gid: Some(gid),
         };
-        let s = ListeningSocket::bind(&p, &ownership).unwrap();
+        let s = ListeningSocket::bind(&p, &ownership, &StaleProbe::default()).unwrap();
         let m = std::fs::symlink_metadata(&p).unwrap();
         assert!(m.file_type().is_socket());
         assert_eq!(m.mode() & 0o7777, 0o640);
@@ -522,6 +609,7 @@ mod tests {
                 uid: Some(0),
                 ..SocketOwnership::default()
             },
+            &StaleProbe::default(),
         )
         .unwrap_err();
         assert!(matches!(e, ListenError::Ownership { .. }), "{e}");
