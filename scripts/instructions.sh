@@ -38,7 +38,8 @@ count() {
         "$BIN/sqcqd" --socket-path "$sock" --device-type "$dev" \
         --lun kind=null,size=1G >"$work/sqcqd.log" 2>&1 &
     local pid=$!
-    for _ in $(seq 600); do [ -S "$sock" ] && break; sleep 0.1; done
+    # Listening once it says so (the socket file exists a moment before).
+    for _ in $(seq 600); do grep -q "listening on" "$work/sqcqd.log" && break; sleep 0.1; done
     "$BIN/sqcq-bench" --socket "$sock" --device-type "$dev" --rw randread --bs 4k \
         --iodepth "$qd" --mode notify --size $((ios * 4096)) \
         --output-format json >"$work/bench.json" 2>"$work/bench.log" ||

@@ -33,12 +33,12 @@ use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::runtime::backstore;
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
-use crate::runtime::guest;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::pins::{MapPin, MapPins};
 use crate::runtime::queue::{
     Accepted, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
 };
+use crate::runtime::stream;
 use crate::{guest_warn, rate_limited};
 
 /// What a request in flight keeps until it completes.
@@ -184,7 +184,7 @@ impl BlkQueue {
         let mut b = [0u8; HEADER_SIZE];
         if c.readable_len < HEADER_SIZE as u64
             || c.writable_len < STATUS_SIZE as u64
-            || guest::read_at(mem, &c.readable, 0, &mut b).is_err()
+            || stream::read_at(mem, &c.readable, 0, &mut b).is_err()
         {
             return Err(Refusal::NoHeader);
         }
@@ -236,7 +236,7 @@ impl BlkQueue {
                     return Err(Refusal::Bad("less than one range"));
                 }
                 let mut b = [0u8; SEGMENT_SIZE];
-                guest::read_at(mem, &c.readable, HEADER_SIZE as u64, &mut b)
+                stream::read_at(mem, &c.readable, HEADER_SIZE as u64, &mut b)
                     .map_err(|_| Refusal::Bad("range unreadable"))?;
                 let seg = Segment::decode(&b);
                 let discard = hdr.kind == RequestType::Discard;
@@ -289,7 +289,7 @@ impl BlkQueue {
                 let n = usize::try_from(room)
                     .unwrap_or(usize::MAX)
                     .min(self.disk.id.len());
-                let ok = guest::write_at(mem, &self.chain.writable, 0, &self.disk.id[..n]).is_ok();
+                let ok = stream::write_at(mem, &self.chain.writable, 0, &self.disk.id[..n]).is_ok();
                 let (status, n) = if ok {
                     (Status::Ok, n)
                 } else {
@@ -314,9 +314,9 @@ impl BlkQueue {
         let c = &self.chain;
         let mapped = match op {
             IoOp::Read { .. } => {
-                guest::iovecs(mem, &c.writable, 0, u64::from(data_in), &mut slot.iov)
+                stream::iovecs(mem, &c.writable, 0, u64::from(data_in), &mut slot.iov)
             }
-            IoOp::Write { .. } => guest::iovecs(
+            IoOp::Write { .. } => stream::iovecs(
                 mem,
                 &c.readable,
                 HEADER_SIZE as u64,
@@ -362,7 +362,7 @@ impl BlkQueue {
                 return;
             }
             // What a read wrote through the iovecs, whatever its result.
-            guest::mark_written(mem, &slot.writable, 0, u64::from(slot.data_in));
+            stream::mark_written(mem, &slot.writable, 0, u64::from(slot.data_in));
             let (status, data_in) = match result {
                 Ok(_) => {
                     ring.transferred(u64::from(slot.data_in), slot.data_out);
@@ -401,7 +401,7 @@ fn finish(
     let Some(at) = writable_len.checked_sub(STATUS_SIZE as u64) else {
         return 0;
     };
-    if guest::write_at(mem, writable, at, &[status as u8]).is_err() {
+    if stream::write_at(mem, writable, at, &[status as u8]).is_err() {
         return 0;
     }
     data_in.saturating_add(1)

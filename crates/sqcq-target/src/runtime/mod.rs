@@ -2,7 +2,8 @@
 //! device behind it. A pool of worker threads (`worker`) owns the served
 //! queues (`queue`): the split ring (`split`; virtio-queue is its test
 //! oracle), checked descriptor chains (`chain`) over guest memory
-//! (`guest`) accessed through one per-pass value (`batch`), used-ring
+//! (`guest`) accessed through one per-pass value (`batch`) as byte
+//! streams (`stream`), used-ring
 //! batching (`used`) and batch gathering (`gather`), the kick, ring-poll and SQ-doorbell sources with
 //! the workers' spin loop (`poll`, `ring_poll`), eventfds that never
 //! block (`eventfd`, `stall`), CPU binding (`cpu`), which worker serves
@@ -32,6 +33,7 @@ pub(crate) mod split;
 pub(crate) mod stall;
 pub(crate) mod stats;
 pub(crate) mod stoppable;
+pub(crate) mod stream;
 pub(crate) mod tracking;
 pub(crate) mod used;
 pub(crate) mod worker;

@@ -35,6 +35,7 @@ use crate::runtime::gather::Gather;
 use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
 use crate::runtime::pass;
 use crate::runtime::ratelimit::RateLimiter;
+pub use crate::runtime::split::RingConfig;
 use crate::runtime::split::{HEADS_AHEAD, RingError, SplitRing};
 use crate::runtime::tracking::{Recovery, TrackedQueue};
 
@@ -75,23 +76,6 @@ pub enum SubmissionSource {
     /// VIRTIO_F_SQCQ_POLL: the SQ doorbell is polled, completions are
     /// announced through the CQ doorbell.
     Doorbell,
-}
-
-/// Ring addresses and state handed over by the control thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RingConfig {
-    /// Queue size.
-    pub size: u16,
-    /// Descriptor table (guest physical).
-    pub desc: u64,
-    /// Available ring (guest physical).
-    pub avail: u64,
-    /// Used ring (guest physical).
-    pub used: u64,
-    /// Next available index to process.
-    pub next_avail: u16,
-    /// VIRTIO_RING_F_EVENT_IDX negotiated.
-    pub event_idx: bool,
 }
 
 /// The device a queue belongs to, as the runtime knows it: its number, a

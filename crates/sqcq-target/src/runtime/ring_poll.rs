@@ -19,8 +19,7 @@ use sqcq_protocol::{SleepCheck, Watch};
 
 use crate::runtime::batch::Mapped;
 use crate::runtime::guest::GuestMem;
-use crate::runtime::queue::RingConfig;
-use crate::runtime::split::{RingError, RingLayout};
+use crate::runtime::split::{RingConfig, RingError, RingLayout};
 
 /// Watches a split ring's avail index.
 #[derive(Debug)]

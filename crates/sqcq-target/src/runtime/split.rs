@@ -26,8 +26,24 @@ use vm_memory::{GuestAddress, GuestMemoryError};
 
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::HeadWalk;
-use crate::runtime::queue::RingConfig;
 use crate::runtime::used::{UsedError, UsedRing};
+
+/// Ring addresses and state handed over by the control thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingConfig {
+    /// Queue size.
+    pub size: u16,
+    /// Descriptor table (guest physical).
+    pub desc: u64,
+    /// Available ring (guest physical).
+    pub avail: u64,
+    /// Used ring (guest physical).
+    pub used: u64,
+    /// Next available index to process.
+    pub next_avail: u16,
+    /// VIRTIO_RING_F_EVENT_IDX negotiated.
+    pub event_idx: bool,
+}
 
 /// VRING_USED_F_NO_NOTIFY.
 const USED_F_NO_NOTIFY: u16 = 1;

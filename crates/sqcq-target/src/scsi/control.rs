@@ -23,11 +23,11 @@ use crate::guest_warn;
 use crate::runtime::batch::{Batch, Mapped};
 use crate::runtime::chain::{self, ChainBuffers};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
-use crate::runtime::guest;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{PollError, QueueError, RingConfig};
 use crate::runtime::split::{RingError, SplitRing};
+use crate::runtime::stream;
 use crate::scsi::device::ScsiSession;
 use crate::transport::device_type::{LocalQueueFds, SessionCtx};
 use sqcq_wire::scsi::{
@@ -350,7 +350,7 @@ impl ScsiSession {
                 if self.control.missed {
                     event.event |= EVT_EVENTS_MISSED;
                 }
-                if guest::write_at(mem, &self.control.chain.writable, 0, &event.encode()).is_ok() {
+                if stream::write_at(mem, &self.control.chain.writable, 0, &event.encode()).is_ok() {
                     self.control.pending.pop_front();
                     self.control.missed = false;
                     len = EVENT_INFO_SIZE;
@@ -435,7 +435,7 @@ impl ScsiSession {
     fn control_response(&self, mem: Batch<'_>, bytes: &[u8]) -> u32 {
         let c = &self.control.chain;
         if c.writable_len >= bytes.len() as u64
-            && guest::write_at(mem, &c.writable, 0, bytes).is_ok()
+            && stream::write_at(mem, &c.writable, 0, bytes).is_ok()
         {
             u32::try_from(bytes.len()).unwrap_or(0)
         } else {
@@ -447,13 +447,13 @@ impl ScsiSession {
     fn control_request(&mut self, ctx: &SessionCtx<'_>, mem: Batch<'_>) -> u32 {
         let readable = self.control.chain.readable.clone();
         let mut kind = [0u8; 4];
-        if guest::read_at(mem, &readable, 0, &mut kind).is_err() {
+        if stream::read_at(mem, &readable, 0, &mut kind).is_err() {
             return self.bad_control(mem, "short control request");
         }
         match ctrl_type(&kind) {
             CTRL_TMF => {
                 let mut buf = [0u8; TMF_REQ_SIZE];
-                if guest::read_at(mem, &readable, 0, &mut buf).is_err() {
+                if stream::read_at(mem, &readable, 0, &mut buf).is_err() {
                     return self.bad_control(mem, "short TMF request");
                 }
                 let response = self.task_management(ctx, &TmfReq::decode(&buf));
@@ -461,7 +461,7 @@ impl ScsiSession {
             }
             CTRL_AN_QUERY | CTRL_AN_SUBSCRIBE => {
                 let mut buf = [0u8; AN_REQ_SIZE];
-                if guest::read_at(mem, &readable, 0, &mut buf).is_err() {
+                if stream::read_at(mem, &readable, 0, &mut buf).is_err() {
                     return self.bad_control(mem, "short AN request");
                 }
                 let req = AnReq::decode(&buf);

@@ -27,9 +27,9 @@ use sqcq_scsi::{
 use crate::guest_warn;
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::{HeadWalk, Segment};
-use crate::runtime::guest;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{Accepted, Vring};
+use crate::runtime::stream;
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
 use crate::scsi::queue::{LunQueue, ScsiQueue};
 use sqcq_wire::scsi::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
@@ -61,9 +61,9 @@ pub(crate) fn write_response(
         .min(usize::try_from(room).unwrap_or(usize::MAX));
     let sense = &sense[..n];
     resp.sense_len = u32::try_from(n).unwrap_or(u32::MAX);
-    guest::write_bytes_at(mem, writable, 0, &resp.encode()).ok()?;
+    stream::write_bytes_at(mem, writable, 0, &resp.encode()).ok()?;
     if !sense.is_empty() {
-        guest::write_at(mem, writable, fixed, sense).ok()?;
+        stream::write_at(mem, writable, fixed, sense).ok()?;
     }
     Some(writable_len.min(fixed + sense_size as u64))
 }
@@ -153,7 +153,7 @@ impl ScsiQueue {
         let d = ring.device();
         let hdr_len = header.len() as u64;
         if self.chain.readable_len < hdr_len
-            || guest::read_at(mem, &self.chain.readable, 0, header).is_err()
+            || stream::read_at(mem, &self.chain.readable, 0, header).is_err()
         {
             DeviceMetrics::bump(&d.metrics.short_headers);
             guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
@@ -198,7 +198,7 @@ impl ScsiQueue {
             n_out = usize::try_from(cmd.data_out_len)
                 .unwrap_or(usize::MAX)
                 .min(data_out.len());
-            if guest::read_at(
+            if stream::read_at(
                 mem,
                 &self.chain.readable,
                 cmd.hdr_len,
@@ -241,7 +241,7 @@ impl ScsiQueue {
         if let Some(len) = data_len {
             let n = (len as u64).min(cmd.data_in_len);
             let data = &data_in[..usize::try_from(n).unwrap_or(0)];
-            let copied = guest::write_at(mem, &self.chain.writable, resp_len, data).is_ok();
+            let copied = stream::write_at(mem, &self.chain.writable, resp_len, data).is_ok();
             let n = if copied { n } else { 0 };
             let resp = CmdResp::completed(Status::Good.code(), saturating_u32(cmd.data_in_len - n));
             self.respond_now(ring, mem, cmd.head, resp, &[], n);
@@ -342,7 +342,7 @@ impl ScsiQueue {
                 } else {
                     (&self.chain.readable, hdr_len)
                 };
-                if guest::iovecs(mem, segs, at, bytes, &mut slot.iov).is_err() {
+                if stream::iovecs(mem, segs, at, bytes, &mut slot.iov).is_err() {
                     slot.error = Some(ScsiError::InternalTargetFailure);
                 } else {
                     let io_op = match op {
@@ -490,7 +490,7 @@ fn complete_request(
     if slot.kind == OpKind::Read {
         // What the backstore wrote through the iovecs, whatever its
         // result (a failed read may have written part).
-        guest::mark_written(mem, &slot.writable, slot.resp_len, slot.transfer);
+        stream::mark_written(mem, &slot.writable, slot.resp_len, slot.transfer);
     }
     let writable_len: u64 = slot.writable.iter().map(|s| u64::from(s.len)).sum();
     if slot.error.is_none() {
