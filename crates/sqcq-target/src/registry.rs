@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak, mpsc};
 
 use serde::Serialize;
@@ -21,7 +22,7 @@ use crate::runtime::metrics::QueueSnapshot;
 use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::hotplug::HotplugError;
-use crate::scsi::target::{Target, TargetError, wwn_seed};
+use crate::scsi::target::{LunEntry, Target, TargetError, wwn_seed};
 use crate::spec::OpenError;
 use crate::transport::device::{DeviceHandle, DeviceParams, DeviceShared, ManageError};
 use crate::transport::device_type::VirtioDevice;
@@ -80,6 +81,10 @@ pub enum RegistryError {
     /// A queue could not move (it runs where it ran).
     #[error(transparent)]
     Move(MoveError),
+    /// The daemon is shutting down: no device is created any more (one
+    /// whose backstores were opening is undone).
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
     /// An RBD LUN in a daemon under `--seccomp`: librados opens network
     /// sockets to the cluster at any time, which the filter refuses.
     #[error(
@@ -280,7 +285,20 @@ pub struct Registry {
     /// Where device sockets come from.
     sockets: SocketSource,
     devices: Mutex<BTreeMap<u32, Entry>>,
-    /// Held for the whole of every change, so changes never interleave.
+    /// Devices whose backstores are opening (`create`): their numbers and
+    /// socket paths, which no other device may take meanwhile. Taken
+    /// inside `devices`' lock, never the other way round.
+    creating: Mutex<BTreeMap<u32, PathBuf>>,
+    /// `(device, lun)` of the LUNs whose backstores are opening
+    /// (`lun_add`), likewise.
+    adding: Mutex<BTreeMap<(u32, u16), ()>>,
+    /// Set by [`Registry::shutdown`] under `devices`' lock: a device
+    /// created after it is stopped at once, never left behind.
+    closed: AtomicBool,
+    /// Held for the whole of every change, so changes never interleave,
+    /// but for the opening of backstores by `create` and `lun_add`, which
+    /// may take as long as a Ceph cluster's connect time-out: other
+    /// changes go on meanwhile.
     changes: Mutex<()>,
     /// Where backstores report a size changed in the storage (an RBD
     /// image resized in the cluster): `(device, lun, bytes)`, applied by
@@ -317,6 +335,9 @@ impl Registry {
             settings: Mutex::new(None),
             sockets: SocketSource::default(),
             devices: Mutex::new(BTreeMap::new()),
+            creating: Mutex::new(BTreeMap::new()),
+            adding: Mutex::new(BTreeMap::new()),
+            closed: AtomicBool::new(false),
             changes: Mutex::new(()),
             resizes: Mutex::new(None),
         }
@@ -424,35 +445,75 @@ impl Registry {
     }
 
     /// Creates the device `config` describes under the lowest free
-    /// number, and starts listening on its socket.
+    /// number, and starts listening on its socket. Its backstores open
+    /// outside the lock of changes: other changes, and reads, go on
+    /// meanwhile; its number and socket path are reserved until then.
     pub fn create(&self, config: DeviceConfig, origin: Origin) -> Result<u32, RegistryError> {
+        let (reserved, config) = {
+            let _change = self.change();
+            self.reserve(config)?
+        };
+        let built = build(reserved.key, &config)?;
         let _change = self.change();
-        self.create_locked(config, origin)
+        self.finish_create(&reserved, built, config, origin)
     }
 
-    fn create_locked(
+    /// [`Self::create`] within a change (a reload): the backstores open
+    /// under its lock.
+    fn create_locked(&self, config: DeviceConfig, origin: Origin) -> Result<u32, RegistryError> {
+        let (reserved, config) = self.reserve(config)?;
+        let built = build(reserved.key, &config)?;
+        self.finish_create(&reserved, built, config, origin)
+    }
+
+    /// Checks `config` and reserves the lowest free number and its socket
+    /// path for it.
+    fn reserve(
         &self,
+        config: DeviceConfig,
+    ) -> Result<(DeviceReserved<'_>, DeviceConfig), RegistryError> {
+        config.validate(|w| self.pool.exists(w))?;
+        self.check_sandbox(&config.luns)?;
+        let devices = self.lock();
+        let mut creating = plain(self.creating.lock());
+        // Relaxed: written and read under `devices`' lock.
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(RegistryError::ShuttingDown);
+        }
+        if devices.len() + creating.len() >= MAX_DEVICES {
+            return Err(RegistryError::Full);
+        }
+        let path = &config.socket_path;
+        if let Some(other) = (devices.iter())
+            .find(|(_, e)| e.config.socket_path == *path)
+            .map(|(id, _)| *id)
+            .or_else(|| creating.iter().find(|(_, p)| *p == path).map(|(id, _)| *id))
+        {
+            return Err(RegistryError::SocketInUse(config.socket_path, other));
+        }
+        let id = (0..=u32::MAX)
+            .find(|i| !devices.contains_key(i) && !creating.contains_key(i))
+            .unwrap_or(u32::MAX);
+        creating.insert(id, config.socket_path.clone());
+        let reserved = Reserved {
+            table: &self.creating,
+            key: id,
+        };
+        Ok((reserved, config))
+    }
+
+    /// Starts the device `build` made for `reserved` and enters it in
+    /// the table (within a change).
+    fn finish_create(
+        &self,
+        reserved: &DeviceReserved<'_>,
+        (device, kind): Built,
         mut config: DeviceConfig,
         origin: Origin,
     ) -> Result<u32, RegistryError> {
+        let id = reserved.key;
+        // A worker its queue map names may have been freed meanwhile.
         config.validate(|w| self.pool.exists(w))?;
-        self.check_sandbox(&config.luns)?;
-        let id = {
-            let devices = self.lock();
-            if devices.len() >= MAX_DEVICES {
-                return Err(RegistryError::Full);
-            }
-            if let Some((other, _)) = devices
-                .iter()
-                .find(|(_, e)| e.config.socket_path == config.socket_path)
-            {
-                return Err(RegistryError::SocketInUse(config.socket_path, *other));
-            }
-            (0..=u32::MAX)
-                .find(|i| !devices.contains_key(i))
-                .unwrap_or(u32::MAX)
-        };
-        let (device, kind) = build(id, &config)?;
         // The LUN numbers the target gave (a spec without `lun` is
         // numbered by its position, as `Target::build` does): what a
         // reload compares.
@@ -466,6 +527,10 @@ impl Registry {
             queue_size: config.queue_size,
             queue_map: config.queue_map.clone(),
         };
+        // Relaxed: see `closed`; checked again under the lock below.
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(RegistryError::ShuttingDown);
+        }
         let socket = self
             .sockets
             .listen(&config.socket_path)
@@ -476,15 +541,21 @@ impl Registry {
                 source,
             })?;
         self.watch_sizes(id, &kind, None);
-        self.lock().insert(
-            id,
-            Entry {
-                handle,
-                kind,
-                origin,
-                config,
-            },
-        );
+        let entry = Entry {
+            handle,
+            kind,
+            origin,
+            config,
+        };
+        let mut devices = self.lock();
+        if self.closed.load(Ordering::Relaxed) {
+            // The daemon began shutting down while the device started:
+            // stop it, as `shutdown` stopped the others.
+            drop(devices);
+            entry.handle.shutdown();
+            return Err(RegistryError::ShuttingDown);
+        }
+        devices.insert(id, entry);
         Ok(id)
     }
 
@@ -537,16 +608,61 @@ impl Registry {
         }
     }
 
-    /// Adds a LUN to SCSI device `id` (`spec.lun` is required).
+    /// Adds a LUN to SCSI device `id` (`spec.lun` is required). Its
+    /// backstore opens outside the lock of changes, as in
+    /// [`Self::create`]; the LUN number is reserved until then.
     pub fn lun_add(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
+        let (_reserved, control) = {
+            let _change = self.change();
+            self.reserve_lun(id, spec)?
+        };
+        let entry = control.open_lun(spec)?;
         let _change = self.change();
-        self.lun_add_locked(id, spec)
+        self.finish_lun_add(id, spec, &control, entry)
     }
 
     fn lun_add_locked(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
+        let (_reserved, control) = self.reserve_lun(id, spec)?;
+        let entry = control.open_lun(spec)?;
+        self.finish_lun_add(id, spec, &control, entry)
+    }
+
+    /// Reserves `spec.lun` of device `id` while its backstore opens.
+    fn reserve_lun(
+        &self,
+        id: u32,
+        spec: &LunSpec,
+    ) -> Result<(LunReserved<'_>, DeviceControl), RegistryError> {
         self.check_sandbox(std::slice::from_ref(spec))?;
         let control = self.control(id)?;
-        let lun = control.add_lun(spec)?;
+        control.scsi()?;
+        let lun = spec.lun.ok_or(HotplugError::BadLun)?;
+        if plain(self.adding.lock()).insert((id, lun), ()).is_some() {
+            return Err(HotplugError::Exists(lun).into());
+        }
+        let reserved = Reserved {
+            table: &self.adding,
+            key: (id, lun),
+        };
+        Ok((reserved, control))
+    }
+
+    /// Adds the LUN opened for device `id` as `opened` knew it (within a
+    /// change).
+    fn finish_lun_add(
+        &self,
+        id: u32,
+        spec: &LunSpec,
+        opened: &DeviceControl,
+        entry: LunEntry,
+    ) -> Result<u16, RegistryError> {
+        // The device may have been deleted while the backstore opened,
+        // and its number taken again.
+        let control = self.control(id)?;
+        if !Arc::ptr_eq(&control.info, &opened.info) {
+            return Err(RegistryError::NoDevice(id));
+        }
+        let lun = control.install_lun(entry)?;
         self.watch_sizes(id, &control.kind, Some(lun));
         self.update_config(id, |c| {
             let mut spec = spec.clone();
@@ -950,12 +1066,39 @@ impl Registry {
         }
     }
 
-    /// Stops every device (each after its requests in flight).
+    /// Stops every device (each after its requests in flight), once the
+    /// change running, if any, is done; a device whose backstores are
+    /// opening meanwhile is stopped as soon as it starts, and none is
+    /// created afterwards.
     pub fn shutdown(&self) {
-        let devices = std::mem::take(&mut *self.lock());
+        let _change = self.change();
+        let devices = {
+            let mut devices = self.lock();
+            // Relaxed: read under the same lock.
+            self.closed.store(true, Ordering::Relaxed);
+            std::mem::take(&mut *devices)
+        };
         for (_, e) in devices {
             e.handle.shutdown();
         }
+    }
+}
+
+/// A device number or a LUN reserved while its backstores open: free
+/// again when dropped (created, or failed).
+struct Reserved<'a, K: Ord, V> {
+    table: &'a Mutex<BTreeMap<K, V>>,
+    key: K,
+}
+
+/// A device number (and its socket path) reserved by `create`.
+type DeviceReserved<'a> = Reserved<'a, u32, PathBuf>;
+/// `(device, lun)` reserved by `lun_add`.
+type LunReserved<'a> = Reserved<'a, (u32, u16), ()>;
+
+impl<K: Ord, V> Drop for Reserved<'_, K, V> {
+    fn drop(&mut self) {
+        plain(self.table.lock()).remove(&self.key);
     }
 }
 
@@ -1032,5 +1175,61 @@ fn status(id: u32, e: &Entry) -> DeviceStatus {
                 worker: shared.placement.running(rq),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PollOptions, QueueMap};
+
+    #[test]
+    fn a_device_whose_backstores_open_across_a_shutdown_is_not_left_behind() {
+        let options = PollOptions {
+            stats_interval: None,
+            ..PollOptions::default()
+        };
+        let pool = Arc::new(WorkerPool::new(1, options).unwrap());
+        let registry = Registry::new(Arc::clone(&pool));
+        let dir = std::env::temp_dir().join(format!("sqcq-registry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("blk.sock");
+        let config = DeviceConfig {
+            device_type: DeviceType::Blk,
+            socket_path: socket.clone(),
+            luns: vec![LunSpec {
+                size: Some(1 << 20),
+                ..LunSpec::new(BackstoreKind::Ram)
+            }],
+            num_queues: 1,
+            queue_size: 64,
+            queue_map: QueueMap::default(),
+        };
+        // What `create` does, with the shutdown while the backstore opens.
+        let (reserved, config) = registry.reserve(config.clone()).unwrap();
+        assert!(
+            matches!(
+                registry.reserve(config.clone()),
+                Err(RegistryError::SocketInUse(_, 0))
+            ),
+            "the socket path is reserved"
+        );
+        let built = build(reserved.key, &config).unwrap();
+        registry.shutdown();
+        let finished = registry.finish_create(&reserved, built, config.clone(), Origin::Api);
+        assert!(
+            matches!(finished, Err(RegistryError::ShuttingDown)),
+            "{finished:?}"
+        );
+        drop(reserved);
+        assert!(registry.ids().is_empty(), "no device left behind");
+        assert!(!socket.exists(), "nor its socket");
+        assert!(plain(registry.creating.lock()).is_empty());
+        assert!(matches!(
+            registry.create(config, Origin::Api),
+            Err(RegistryError::ShuttingDown)
+        ));
+        pool.shutdown();
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
