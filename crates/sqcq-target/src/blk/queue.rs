@@ -459,10 +459,13 @@ impl RequestHandler for BlkQueue {
 
     fn has_deferred(&self) -> bool {
         // The retry of a commit the backstore refused.
-        self.pending.retry_due(Instant::now())
+        self.pending.retrying() && self.pending.retry_due(Instant::now())
     }
 
     fn commit_retry_in(&self) -> Option<Duration> {
+        if !self.pending.retrying() {
+            return None;
+        }
         self.pending.retry_in(Instant::now())
     }
 

@@ -98,6 +98,12 @@ impl Pending {
         self.queued
     }
 
+    /// Whether a refused commit waits to be tried again (without reading
+    /// the clock: the request path asks this first).
+    pub(crate) fn retrying(&self) -> bool {
+        self.retry.is_some()
+    }
+
     /// Whether a retry of a refused commit is due at `now`.
     pub(crate) fn retry_due(&self, now: Instant) -> bool {
         self.retry.is_some_and(|r| now >= r.at)

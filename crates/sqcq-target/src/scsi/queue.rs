@@ -137,6 +137,12 @@ impl ScsiQueue {
         })
     }
 
+    /// Whether a LUN's backstore refused a commit that waits to be tried
+    /// again.
+    fn retrying(&self) -> bool {
+        self.luns.iter().any(|l| l.pending.retrying())
+    }
+
     fn reap_all(&mut self, ring: &mut Vring, mem: &GuestMem) {
         for lun in 0..self.luns.len() {
             self.reap(ring, lun, mem);
@@ -190,11 +196,17 @@ impl RequestHandler for ScsiQueue {
     fn has_deferred(&self) -> bool {
         // The next slice of a long command, or the retry of a commit the
         // backstore refused.
-        let now = Instant::now();
-        self.has_slices_pending() || self.luns.iter().any(|l| l.pending.retry_due(now))
+        self.has_slices_pending()
+            || self.retrying() && {
+                let now = Instant::now();
+                self.luns.iter().any(|l| l.pending.retry_due(now))
+            }
     }
 
     fn commit_retry_in(&self) -> Option<Duration> {
+        if !self.retrying() {
+            return None;
+        }
         let now = Instant::now();
         self.luns
             .iter()
