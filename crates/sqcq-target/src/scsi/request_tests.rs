@@ -14,26 +14,28 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use crate::runtime::backstore::FIRST_RETRY;
 use crate::runtime::backstore::tests::{FlakyBackstore, FlakyQueue};
 use crate::runtime::guest::GuestMem;
-use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
+use crate::runtime::queue::{
+    MakeHandler, QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource,
+};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::queue::make_handler;
 use crate::transport::device::DeviceShared;
 
 const NEXT: u16 = 1;
-const WRITE: u16 = 2;
+pub(crate) const WRITE: u16 = 2;
 const REQ: u32 = 51;
 const RESP: u32 = 108;
 const SIZE: u16 = 16;
 
-struct Fixture {
-    mem: GuestMem,
-    queue: ServedQueue,
+pub(crate) struct Fixture {
+    pub(crate) mem: GuestMem,
+    pub(crate) queue: ServedQueue,
     ring: RingConfig,
     next_desc: u16,
     next_buf: u64,
 }
 
-fn device() -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
+pub(crate) fn device() -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
     crate::fuzzing::device(SIZE)
 }
 
@@ -49,6 +51,12 @@ impl Fixture {
     }
 
     fn over(logged: bool, (dev, scsi): (Arc<DeviceShared>, Arc<ScsiDevice>)) -> Self {
+        // A nexus the unit does not know has no unit attention.
+        Self::with_handler(logged, &dev, make_handler(scsi, NexusId(1), 32, 96, 0))
+    }
+
+    /// A fixture whose queue `handler` serves, for the device `dev`.
+    pub(crate) fn with_handler(logged: bool, dev: &DeviceShared, handler: MakeHandler) -> Self {
         let mem = crate::runtime::guest::memory_over(&[(GuestAddress(0), 0x40_0000)], logged);
         let vq = MockSplitQueue::new(&mem, SIZE);
         let ring = RingConfig {
@@ -69,8 +77,7 @@ impl Fixture {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
-            // A nexus the unit does not know has no unit attention.
-            handler: make_handler(scsi, NexusId(1), 32, 96, 0),
+            handler,
             tracking: None,
         })
         .unwrap();
@@ -83,7 +90,7 @@ impl Fixture {
         }
     }
 
-    fn buf(&mut self, data: &[u8], len: u32) -> u64 {
+    pub(crate) fn buf(&mut self, data: &[u8], len: u32) -> u64 {
         let at = self.next_buf;
         self.next_buf += u64::from(len).next_multiple_of(0x100);
         let mut v = data.to_vec();
@@ -103,13 +110,13 @@ impl Fixture {
         self.mem.read_obj(GuestAddress(elem + 4)).unwrap()
     }
 
-    fn used_idx(&self) -> u16 {
+    pub(crate) fn used_idx(&self) -> u16 {
         self.mem.read_obj(GuestAddress(self.ring.used + 2)).unwrap()
     }
 
     /// Adds one chain of (addr, len, flags) to the available ring;
     /// returns the available index before it.
-    fn make_available(&mut self, bufs: &[(u64, u32, u16)]) -> u16 {
+    pub(crate) fn make_available(&mut self, bufs: &[(u64, u32, u16)]) -> u16 {
         let first = self.next_desc;
         for (k, &(addr, len, flags)) in bufs.iter().enumerate() {
             let i = first + k as u16;
