@@ -81,8 +81,8 @@ pub enum RegistryError {
     /// A queue could not move (it runs where it ran).
     #[error(transparent)]
     Move(MoveError),
-    /// The daemon is shutting down: no device is created any more (one
-    /// whose backstores were opening is undone).
+    /// The daemon is shutting down: no change is made any more (a device
+    /// whose backstores were opening is not created).
     #[error("the daemon is shutting down")]
     ShuttingDown,
     /// An RBD LUN in a daemon under `--seccomp`: librados opens network
@@ -292,8 +292,9 @@ pub struct Registry {
     /// `(device, lun)` of the LUNs whose backstores are opening
     /// (`lun_add`), likewise.
     adding: Mutex<BTreeMap<(u32, u16), ()>>,
-    /// Set by [`Registry::shutdown`] under `devices`' lock: a device
-    /// created after it is stopped at once, never left behind.
+    /// Set by [`Registry::shutdown`] under the lock of changes: no change
+    /// begins after it (a device whose backstores opened across it is
+    /// not created).
     closed: AtomicBool,
     /// Held for the whole of every change, so changes never interleave,
     /// but for the opening of backstores by `create` and `lun_add`, which
@@ -439,6 +440,18 @@ impl Registry {
         plain(self.changes.lock())
     }
 
+    /// The lock of changes, for a change asked for (through the API or a
+    /// reload): refused once the daemon is shutting down, so that none
+    /// runs beside or after [`Self::shutdown`].
+    fn begin_change(&self) -> Result<MutexGuard<'_, ()>, RegistryError> {
+        let change = self.change();
+        // Relaxed: stored under this lock too (`shutdown`).
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(RegistryError::ShuttingDown);
+        }
+        Ok(change)
+    }
+
     /// The worker pool.
     pub fn pool(&self) -> &Arc<WorkerPool> {
         &self.pool
@@ -450,11 +463,11 @@ impl Registry {
     /// meanwhile; its number and socket path are reserved until then.
     pub fn create(&self, config: DeviceConfig, origin: Origin) -> Result<u32, RegistryError> {
         let (reserved, config) = {
-            let _change = self.change();
+            let _change = self.begin_change()?;
             self.reserve(config)?
         };
         let built = build(reserved.key, &config)?;
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.finish_create(&reserved, built, config, origin)
     }
 
@@ -476,10 +489,6 @@ impl Registry {
         self.check_sandbox(&config.luns)?;
         let devices = self.lock();
         let mut creating = plain(self.creating.lock());
-        // Relaxed: written and read under `devices`' lock.
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(RegistryError::ShuttingDown);
-        }
         if devices.len() + creating.len() >= MAX_DEVICES {
             return Err(RegistryError::Full);
         }
@@ -527,10 +536,6 @@ impl Registry {
             queue_size: config.queue_size,
             queue_map: config.queue_map.clone(),
         };
-        // Relaxed: see `closed`; checked again under the lock below.
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(RegistryError::ShuttingDown);
-        }
         let socket = self
             .sockets
             .listen(&config.socket_path)
@@ -547,22 +552,14 @@ impl Registry {
             origin,
             config,
         };
-        let mut devices = self.lock();
-        if self.closed.load(Ordering::Relaxed) {
-            // The daemon began shutting down while the device started:
-            // stop it, as `shutdown` stopped the others.
-            drop(devices);
-            entry.handle.shutdown();
-            return Err(RegistryError::ShuttingDown);
-        }
-        devices.insert(id, entry);
+        self.lock().insert(id, entry);
         Ok(id)
     }
 
     /// Deletes device `id`: stops accepting, ends the connection after the
     /// requests in flight completed (as at shutdown), removes the socket.
     pub fn delete(&self, id: u32) -> Result<(), RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.delete_locked(id)
     }
 
@@ -613,11 +610,11 @@ impl Registry {
     /// [`Self::create`]; the LUN number is reserved until then.
     pub fn lun_add(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
         let (_reserved, control) = {
-            let _change = self.change();
+            let _change = self.begin_change()?;
             self.reserve_lun(id, spec)?
         };
         let entry = control.open_lun(spec)?;
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.finish_lun_add(id, spec, &control, entry)
     }
 
@@ -675,7 +672,7 @@ impl Registry {
     /// Removes `lun` of SCSI device `id` once its requests in flight
     /// completed.
     pub fn lun_remove(&self, id: u32, lun: u16) -> Result<(), RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.lun_remove_locked(id, lun)
     }
 
@@ -688,7 +685,7 @@ impl Registry {
     /// Changes the capacity of `lun` of device `id` (a blk device's disk
     /// is LUN 0) to `bytes`; returns the new number of blocks.
     pub fn lun_resize(&self, id: u32, lun: u16, bytes: u64) -> Result<u64, RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.lun_resize_locked(id, lun, bytes)
     }
 
@@ -718,7 +715,7 @@ impl Registry {
         rq: u16,
         worker: Option<usize>,
     ) -> Result<Option<(u16, usize, usize)>, RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.attach_locked(id, rq, worker)
     }
 
@@ -773,14 +770,14 @@ impl Registry {
 
     /// Starts a worker (VHOST_NEW_WORKER); returns its number.
     pub fn worker_create(&self, cpu: Option<usize>) -> Result<usize, RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         Ok(self.pool.create(cpu)?)
     }
 
     /// Ends worker `w` (VHOST_FREE_WORKER): refused while a queue is
     /// assigned to it or runs on it.
     pub fn worker_free(&self, w: usize) -> Result<(), RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.worker_free_locked(w)
     }
 
@@ -850,8 +847,14 @@ impl Registry {
     /// is everything outside the devices and the worker count: each is
     /// reported as an error.
     pub fn reload(&self, new: &DaemonConfig) -> ReloadReport {
-        let _change = self.change();
         let mut report = ReloadReport::default();
+        let _change = match self.begin_change() {
+            Ok(c) => c,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                return report;
+            }
+        };
         let started = plain(self.settings.lock()).clone();
         if started.is_some_and(|s| s != fixed(new)) {
             let s = "poll, seccomp, admin socket or service options changed: restart the daemon to apply".to_owned();
@@ -1067,17 +1070,14 @@ impl Registry {
     }
 
     /// Stops every device (each after its requests in flight), once the
-    /// change running, if any, is done; a device whose backstores are
-    /// opening meanwhile is stopped as soon as it starts, and none is
-    /// created afterwards.
+    /// change running, if any, is done; no change is made afterwards (a
+    /// device or LUN whose backstores are opening meanwhile is not
+    /// created).
     pub fn shutdown(&self) {
         let _change = self.change();
-        let devices = {
-            let mut devices = self.lock();
-            // Relaxed: read under the same lock.
-            self.closed.store(true, Ordering::Relaxed);
-            std::mem::take(&mut *devices)
-        };
+        // Relaxed: read under the lock of changes (`begin_change`).
+        self.closed.store(true, Ordering::Relaxed);
+        let devices = std::mem::take(&mut *self.lock());
         for (_, e) in devices {
             e.handle.shutdown();
         }
@@ -1206,7 +1206,10 @@ mod tests {
             queue_map: QueueMap::default(),
         };
         // What `create` does, with the shutdown while the backstore opens.
-        let (reserved, config) = registry.reserve(config.clone()).unwrap();
+        let (reserved, config) = {
+            let _change = registry.begin_change().unwrap();
+            registry.reserve(config).unwrap()
+        };
         assert!(
             matches!(
                 registry.reserve(config.clone()),
@@ -1216,17 +1219,20 @@ mod tests {
         );
         let built = build(reserved.key, &config).unwrap();
         registry.shutdown();
-        let finished = registry.finish_create(&reserved, built, config.clone(), Origin::Api);
         assert!(
-            matches!(finished, Err(RegistryError::ShuttingDown)),
-            "{finished:?}"
+            matches!(registry.begin_change(), Err(RegistryError::ShuttingDown)),
+            "the device is not started"
         );
-        drop(reserved);
+        drop((built, reserved));
         assert!(registry.ids().is_empty(), "no device left behind");
         assert!(!socket.exists(), "nor its socket");
         assert!(plain(registry.creating.lock()).is_empty());
         assert!(matches!(
             registry.create(config, Origin::Api),
+            Err(RegistryError::ShuttingDown)
+        ));
+        assert!(matches!(
+            registry.worker_create(None),
             Err(RegistryError::ShuttingDown)
         ));
         pool.shutdown();
