@@ -1183,20 +1183,18 @@ mod tests {
     use super::*;
     use crate::config::{PollOptions, QueueMap};
 
-    #[test]
-    fn a_device_whose_backstores_open_across_a_shutdown_is_not_left_behind() {
+    fn registry(name: &str) -> (Registry, Arc<WorkerPool>, PathBuf, DeviceConfig) {
         let options = PollOptions {
             stats_interval: None,
             ..PollOptions::default()
         };
         let pool = Arc::new(WorkerPool::new(1, options).unwrap());
         let registry = Registry::new(Arc::clone(&pool));
-        let dir = std::env::temp_dir().join(format!("sqcq-registry-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("sqcq-registry-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("blk.sock");
         let config = DeviceConfig {
             device_type: DeviceType::Blk,
-            socket_path: socket.clone(),
+            socket_path: dir.join("blk.sock"),
             luns: vec![LunSpec {
                 size: Some(1 << 20),
                 ..LunSpec::new(BackstoreKind::Ram)
@@ -1205,6 +1203,57 @@ mod tests {
             queue_size: 64,
             queue_map: QueueMap::default(),
         };
+        (registry, pool, dir, config)
+    }
+
+    #[test]
+    fn a_reload_while_a_device_opens_leaves_it_to_its_create() {
+        let (registry, pool, dir, config) = registry("reload");
+        let (reserved, api) = {
+            let _change = registry.begin_change().unwrap();
+            registry.reserve(config.clone()).unwrap()
+        };
+        let built = build(reserved.key, &api).unwrap();
+        // The file names the same socket: the reload neither creates it
+        // twice nor waits for the open.
+        let file = DaemonConfig {
+            workers: 1,
+            devices: vec![config],
+            poll: PollOptions::default(),
+            admin_socket: None,
+            seccomp: crate::sandbox::SeccompMode::Off,
+            service: crate::config::ServiceConfig::default(),
+        };
+        let report = registry.reload(&file);
+        assert!(
+            report
+                .errors
+                .iter()
+                .any(|e| e.contains("in use by device 0")),
+            "{report:?}"
+        );
+        assert!(registry.ids().is_empty());
+        // The create ends as usual, and the next reload adopts the device.
+        let id = {
+            let _change = registry.begin_change().unwrap();
+            registry
+                .finish_create(&reserved, built, api, Origin::Api)
+                .unwrap()
+        };
+        drop(reserved);
+        assert_eq!((id, registry.ids()), (0, vec![0]));
+        let report = registry.reload(&file);
+        assert!(report.errors.is_empty(), "{report:?}");
+        assert_eq!(registry.configs()[0].1, Origin::Config);
+        registry.shutdown();
+        pool.shutdown();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_device_whose_backstores_open_across_a_shutdown_is_not_left_behind() {
+        let (registry, pool, dir, config) = registry("shutdown");
+        let socket = config.socket_path.clone();
         // What `create` does, with the shutdown while the backstore opens.
         let (reserved, config) = {
             let _change = registry.begin_change().unwrap();
