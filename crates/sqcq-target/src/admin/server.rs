@@ -76,8 +76,8 @@ impl AdminServer {
     }
 
     /// Stops serving, closes every connection and removes the socket.
-    /// Requests running go on without a client (the registry undoes a
-    /// device created after its shutdown).
+    /// Requests running go on without a client: those that change
+    /// something are refused once the registry shut down.
     pub fn shutdown(mut self) {
         self.thread.stop();
     }
