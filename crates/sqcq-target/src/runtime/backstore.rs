@@ -18,12 +18,12 @@
 //! The decision is a pure function of the outcome and the clock, which
 //! the caller passes in; the tests drive it with a clock of their own.
 
-use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use sqcq_backstore::{BackstoreError, BackstoreQueue};
 
 use crate::rate_limited;
+use crate::runtime::error_chain;
 use crate::runtime::queue::Vring;
 
 /// The wait before the first retry of a refused commit.
@@ -115,12 +115,18 @@ impl Pending {
         self.retry.map(|r| r.at.saturating_duration_since(now))
     }
 
-    /// Sends what `io` has queued, unless a retry is not due yet at `now`.
-    pub(crate) fn commit(&mut self, io: &mut dyn BackstoreQueue, now: Instant) -> Commit {
+    /// Sends what `io` has queued, unless a retry is not due yet. The
+    /// clock is read only when a retry waits or the backstore refuses:
+    /// not on the request path.
+    pub(crate) fn commit(
+        &mut self,
+        io: &mut dyn BackstoreQueue,
+        clock: impl Fn() -> Instant,
+    ) -> Commit {
         if !self.queued {
             return Commit::Sent;
         }
-        if self.retry.is_some_and(|r| now < r.at) {
+        if self.retry.is_some_and(|r| clock() < r.at) {
             return Commit::Waiting;
         }
         let error = match io.commit() {
@@ -130,6 +136,7 @@ impl Pending {
             }
             Err(e) => e,
         };
+        let now = clock();
         let since = self.retry.map_or(now, |r| r.since);
         if is_transient(&error) && now.saturating_duration_since(since) < GIVE_UP_AFTER {
             let wait = self
@@ -154,17 +161,15 @@ impl Pending {
 pub(crate) fn commit(pending: &mut Pending, io: &mut dyn BackstoreQueue, ring: &Vring, lun: u16) {
     let d = ring.device();
     let vq = ring.key().vq;
-    match pending.commit(io, Instant::now()) {
+    match pending.commit(io, Instant::now) {
         Commit::Sent | Commit::Waiting => {}
         Commit::Retrying { error, wait } => {
             rate_limited!(warn, d.backstore_limiter, device = %d.name, vq, lun,
-                "backstore refused a commit: {error}: {:?}: retrying in {wait:?}",
-                error.source());
+                "backstore refused a commit: {}: retrying in {wait:?}", error_chain(&error));
         }
         Commit::Failed { error, withdrawn } => {
             rate_limited!(error, d.backstore_limiter, device = %d.name, vq, lun,
-                "backstore commit failed: {error}: {:?}: {withdrawn} requests failed",
-                error.source());
+                "backstore commit failed: {}: {withdrawn} requests failed", error_chain(&error));
         }
     }
 }
@@ -325,12 +330,12 @@ pub(crate) mod tests {
         let mut waits = Vec::new();
         let mut now = t0;
         loop {
-            match p.commit(&mut io, now) {
+            match p.commit(&mut io, || now) {
                 Commit::Retrying { wait, .. } => {
                     assert!(!p.retry_due(now), "not due at once");
                     assert_eq!(p.retry_in(now), Some(wait), "the worker sleeps");
                     assert!(
-                        matches!(p.commit(&mut io, now), Commit::Waiting),
+                        matches!(p.commit(&mut io, || now), Commit::Waiting),
                         "no attempt before it is due"
                     );
                     waits.push(wait);
@@ -351,7 +356,7 @@ pub(crate) mod tests {
         io.failures = 1;
         queue(&mut io, &mut p, &[3]);
         assert!(matches!(
-            p.commit(&mut io, now),
+            p.commit(&mut io, || now),
             Commit::Retrying { wait, .. } if wait == FIRST_RETRY
         ));
     }
@@ -364,7 +369,7 @@ pub(crate) mod tests {
         let mut now = Instant::now();
         let mut last = Duration::ZERO;
         for _ in 0..12 {
-            let Commit::Retrying { wait, .. } = p.commit(&mut io, now) else {
+            let Commit::Retrying { wait, .. } = p.commit(&mut io, || now) else {
                 panic!("gave up too early");
             };
             assert!(wait > Duration::ZERO && wait <= MAX_RETRY);
@@ -381,7 +386,7 @@ pub(crate) mod tests {
         queue(&mut io, &mut p, &[5, 6, 7]);
         let now = Instant::now();
         assert!(matches!(
-            p.commit(&mut io, now),
+            p.commit(&mut io, || now),
             Commit::Failed { withdrawn: 3, .. }
         ));
         assert!(!p.is_queued());
@@ -389,7 +394,7 @@ pub(crate) mod tests {
         let mut seen = Vec::new();
         io.reap(&mut |tag, r| seen.push((tag, r.is_err())));
         assert_eq!(seen, [(5, true), (6, true), (7, true)]);
-        assert!(matches!(p.commit(&mut io, now), Commit::Sent));
+        assert!(matches!(p.commit(&mut io, || now), Commit::Sent));
         assert_eq!(io.commits, 1, "nothing queued: no call");
     }
 
@@ -401,7 +406,7 @@ pub(crate) mod tests {
         let t0 = Instant::now();
         let mut now = t0;
         let withdrawn = loop {
-            match p.commit(&mut io, now) {
+            match p.commit(&mut io, || now) {
                 Commit::Retrying { wait, .. } => now += wait,
                 Commit::Failed { withdrawn, .. } => break withdrawn,
                 other => panic!("{other:?}"),
