@@ -21,6 +21,7 @@ use io_uring::{IoUring, opcode, squeue, types};
 use crate::capacity::Capacity;
 use crate::lock::{ImageLock, LockError};
 use crate::slots::{ImmediateCompletions, Slots};
+use crate::sq_tail::SqTail;
 use crate::{
     Backstore, BackstoreError, BackstoreQueue, Completion, Geometry, IoOp, check_range, iov_len,
 };
@@ -296,12 +297,15 @@ impl Backstore for FileBackstore {
         ring.submitter()
             .register_eventfd(eventfd.as_raw_fd())
             .map_err(BackstoreError::Setup)?;
+        let sq = SqTail::new(&ring).map_err(BackstoreError::Setup)?;
         Ok(Box::new(FileQueue {
+            queued: Vec::with_capacity(ring.params().sq_entries() as usize),
             ring,
+            sq,
+            refused: libc::EIO,
             eventfd,
             slots: Slots::new(depth),
             immediate: ImmediateCompletions::new(depth),
-            unsubmitted: 0,
             capacity: self.capacity.clone(),
             read_only: self.geometry.read_only,
             buffered: Arc::clone(&self.buffered),
@@ -317,10 +321,17 @@ const CANCEL_TAG: u64 = u64::MAX;
 
 struct FileQueue {
     ring: IoUring,
+    /// The ring's submission queue head and tail, to take back entries.
+    sq: SqTail,
+    /// The `user_data` of the entries queued in the ring and not yet
+    /// consumed by the kernel, oldest first.
+    queued: Vec<u64>,
+    /// The error number of the last failed `io_uring_enter`: what the
+    /// requests [`BackstoreQueue::withdraw`] takes back fail with.
+    refused: i32,
     eventfd: OwnedFd,
     slots: Slots,
     immediate: ImmediateCompletions,
-    unsubmitted: u32,
     capacity: Capacity,
     read_only: bool,
     buffered: Arc<File>,
@@ -375,18 +386,49 @@ impl FileQueue {
         Ok(())
     }
 
+    /// Queues `entry` in the ring, sending what is queued first when the
+    /// ring is full.
     fn push(&mut self, entry: &squeue::Entry) -> Result<(), BackstoreError> {
-        if self.ring.submission().is_full() {
-            self.ring.submit().map_err(BackstoreError::Io)?;
-            self.unsubmitted = 0;
+        if self.ring.submission().is_full()
+            && let Err(e) = self.send()
+            && self.ring.submission().is_full()
+        {
+            return Err(e);
         }
         // SAFETY: the entry's buffers (iovec copy in `slots`, and the memory
         // the iovecs name, by `submit`'s contract) stay valid until its
-        // completion is reaped: the slot is released only in `reap`.
+        // completion is reaped: the slot is released only in `reap` (or in
+        // `withdraw`, which makes sure the kernel never reads the entry).
         unsafe { self.ring.submission().push(entry) }
             .map_err(|_| BackstoreError::QueueFull("submission queue full after submit"))?;
-        self.unsubmitted += 1;
+        self.queued.push(entry.get_user_data());
         Ok(())
+    }
+
+    /// One `io_uring_enter` for what is queued. The kernel may take fewer
+    /// entries than queued (it could not allocate for the rest, or one
+    /// failed to start and ended the batch with its completion); the rest
+    /// stay queued and this reports `EAGAIN`, so that the caller sends
+    /// them again rather than leaving them for a next batch that may never
+    /// come.
+    fn send(&mut self) -> Result<(), BackstoreError> {
+        match self.ring.submit() {
+            Ok(n) => {
+                self.queued.drain(..n.min(self.queued.len()));
+                if self.queued.is_empty() {
+                    Ok(())
+                } else {
+                    self.refused = libc::EAGAIN;
+                    Err(BackstoreError::Io(io::Error::from_raw_os_error(
+                        libc::EAGAIN,
+                    )))
+                }
+            }
+            Err(e) => {
+                self.refused = e.raw_os_error().unwrap_or(libc::EIO);
+                Err(BackstoreError::Io(e))
+            }
+        }
     }
 }
 
@@ -457,11 +499,38 @@ impl BackstoreQueue for FileQueue {
     }
 
     fn commit(&mut self) -> Result<(), BackstoreError> {
-        if self.unsubmitted > 0 {
-            self.ring.submit().map_err(BackstoreError::Io)?;
-            self.unsubmitted = 0;
+        if self.queued.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.send()
+    }
+
+    /// Stores the ring's tail back over the entries the kernel has not
+    /// consumed ([`SqTail`]), so that it never performs them, and
+    /// completes their requests with the error `io_uring_enter` last gave.
+    fn withdraw(&mut self) -> u32 {
+        let left = self
+            .sq
+            .unconsumed()
+            .min(self.queued.len().try_into().unwrap_or(u32::MAX));
+        self.sq.take_back(left);
+        let from = self.queued.len() - left as usize;
+        let mut n = 0;
+        for user_data in self.queued.drain(from..) {
+            // A cancel request names no slot: nothing to complete.
+            if let Some((tag, _)) = self.slots.release(user_data) {
+                let e = io::Error::from_raw_os_error(self.refused);
+                self.immediate.push_unbounded(tag, BackstoreError::Io(e));
+                n += 1;
+            }
+        }
+        // Those before were consumed: they complete through the ring.
+        self.queued.clear();
+        if n > 0 {
+            // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
+            unsafe { libc::write(self.eventfd.as_raw_fd(), (&1u64 as *const u64).cast(), 8) };
+        }
+        n
     }
 
     fn reap(&mut self, done: Completion<'_>) {

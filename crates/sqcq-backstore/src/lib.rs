@@ -33,6 +33,7 @@ mod ram;
 #[cfg(feature = "rbd")]
 mod rbd;
 mod slots;
+mod sq_tail;
 
 use std::os::fd::RawFd;
 
@@ -161,8 +162,21 @@ pub trait BackstoreQueue: Send {
         iov: &[libc::iovec],
     ) -> Result<(), BackstoreError>;
 
-    /// Sends every queued request, in at most one system call.
+    /// Sends every queued request, in at most one system call. On error
+    /// the requests not sent stay queued: a later `commit` sends them, or
+    /// [`withdraw`](Self::withdraw) gives up on them.
     fn commit(&mut self) -> Result<(), BackstoreError>;
+
+    /// Gives up on every request queued and not sent (after `commit`
+    /// failed and retrying is pointless): each completes through
+    /// [`reap`](Self::reap) with an error and is never performed, so its
+    /// memory is free once reaped. Requests sent already are not
+    /// affected. Returns how many were withdrawn. The default withdraws
+    /// nothing, for backstores that send each request in `submit` (their
+    /// `commit` cannot fail).
+    fn withdraw(&mut self) -> u32 {
+        0
+    }
 
     /// Hands every completion available now to `done`, without blocking.
     fn reap(&mut self, done: Completion<'_>);

@@ -67,6 +67,19 @@ impl ImmediateCompletions {
         Ok(())
     }
 
+    /// Records a request failed without being performed (see
+    /// [`BackstoreQueue::withdraw`]): it held a slot until now, so it is
+    /// within the queue's depth even when earlier completions fill
+    /// `depth`.
+    pub(crate) fn push_unbounded(&mut self, tag: u64, e: BackstoreError) {
+        self.errors.push_back(e);
+        self.done.push_back(Done {
+            tag,
+            len: 0,
+            failed: true,
+        });
+    }
+
     pub(crate) fn reap(&mut self, done: Completion<'_>) {
         while let Some(d) = self.done.pop_front() {
             let result = if d.failed {

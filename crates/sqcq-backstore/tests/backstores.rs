@@ -446,3 +446,36 @@ fn ram_discards_zero_exactly_their_range() {
         "after the range"
     );
 }
+
+#[test]
+fn a_withdrawn_file_request_fails_and_is_never_performed() {
+    let path = temp_path("withdraw");
+    std::fs::write(&path, vec![1u8; 16384]).unwrap();
+    let file = FileBackstore::open(&FileOptions::new(&path)).unwrap();
+    let mut q = file.open_queue(4).unwrap();
+    let mut out = Buf::new(8192);
+    out.bytes().fill(0xee);
+    // Queued, never sent: as after a commit that kept failing.
+    for (tag, offset) in [(3, 0), (4, 4096)] {
+        let op = IoOp::Write { offset, fua: false };
+        let iov = [out.iov(usize::try_from(offset).unwrap(), 4096)];
+        // SAFETY: `out` outlives the queue's use of it: the requests are
+        // withdrawn and reaped below.
+        unsafe { q.submit(tag, op, &iov) }.unwrap();
+    }
+    assert_eq!(q.withdraw(), 2);
+    let mut failed = Vec::new();
+    q.reap(&mut |tag, r| failed.push((tag, r.is_err())));
+    assert_eq!(failed, [(3, true), (4, true)], "each failed, once");
+    assert_eq!(q.in_flight(), 0);
+    assert_eq!(q.withdraw(), 0, "nothing left to withdraw");
+    // The next batch goes out alone: the withdrawn writes never happen.
+    let mut back = Buf::new(8192);
+    assert_eq!(
+        run(&mut *q, IoOp::Read { offset: 0 }, &[back.iov(0, 8192)]).unwrap(),
+        8192
+    );
+    assert!(back.bytes().iter().all(|&b| b == 1), "file untouched");
+    assert_eq!(std::fs::read(&path).unwrap(), vec![1u8; 16384]);
+    std::fs::remove_file(path).unwrap();
+}

@@ -45,6 +45,15 @@ const QUEUE_SIZE: u16 = 64;
 /// transport and the runtime see it, for tests and fuzzing.
 pub(crate) fn device(queue_size: u16) -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
     let backstore = Arc::new(RamBackstore::new(1 << 20, 512).expect("RAM backstore"));
+    device_over(queue_size, backstore)
+}
+
+/// The device of [`device`] over another 1 MiB backstore of 512-byte
+/// blocks.
+pub(crate) fn device_over(
+    queue_size: u16,
+    backstore: Arc<dyn sqcq_backstore::Backstore>,
+) -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
     let unit = LogicalUnit::new(LuConfig::new(512, 2048, 0x5001_4050_0000_0001)).expect("LU");
     let scsi = Arc::new(
         ScsiDevice::new(Target::from_entries(vec![LunEntry {

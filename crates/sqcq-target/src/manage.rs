@@ -13,7 +13,7 @@ use crate::runtime::queue::{DeviceInfo, QueueError};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 use crate::scsi::device::{EventReport, ScsiDevice};
 use crate::scsi::hotplug::{HotplugError, REASON_CAPACITY_CHANGED};
-use crate::scsi::target::{build_lun, wwn_seed};
+use crate::scsi::target::{LunEntry, build_lun, wwn_seed};
 use crate::spec::LunSpec;
 use sqcq_wire::scsi::{
     EVT_PARAM_CHANGE, EVT_RESET_REMOVED, EVT_RESET_RESCAN, EVT_TRANSPORT_RESET, Lun,
@@ -48,8 +48,16 @@ impl DeviceControl {
         }
     }
 
-    /// Adds the LUN `spec` describes (`spec.lun` is required).
+    /// Adds the LUN `spec` describes (`spec.lun` is required):
+    /// [`Self::open_lun`], then [`Self::install_lun`].
     pub fn add_lun(&self, spec: &LunSpec) -> Result<u16, HotplugError> {
+        self.install_lun(self.open_lun(spec)?)
+    }
+
+    /// Opens the backstore of the LUN `spec` describes (`spec.lun` is
+    /// required), which may take long (an RBD image: up to the cluster's
+    /// connect time-out), and changes nothing.
+    pub fn open_lun(&self, spec: &LunSpec) -> Result<LunEntry, HotplugError> {
         let lun = spec
             .lun
             .filter(|l| *l <= Lun::MAX_LUN)
@@ -58,7 +66,13 @@ impl DeviceControl {
         if dev.target.current().find(lun).is_some() {
             return Err(HotplugError::Exists(lun));
         }
-        let entry = build_lun(lun, spec, wwn_seed(&self.info.name)).map_err(HotplugError::Build)?;
+        build_lun(lun, spec, wwn_seed(&self.info.name)).map_err(HotplugError::Build)
+    }
+
+    /// Adds a LUN [`Self::open_lun`] opened to the device.
+    pub fn install_lun(&self, entry: LunEntry) -> Result<u16, HotplugError> {
+        let lun = entry.lun;
+        let dev = self.scsi()?;
         let geometry = entry.backstore.geometry();
         dev.target.install_added(entry)?;
         if let Err(e) = self.hand_over() {

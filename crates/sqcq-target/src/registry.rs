@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak, mpsc};
 
 use serde::Serialize;
@@ -21,7 +22,7 @@ use crate::runtime::metrics::QueueSnapshot;
 use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::hotplug::HotplugError;
-use crate::scsi::target::{Target, TargetError, wwn_seed};
+use crate::scsi::target::{LunEntry, Target, TargetError, wwn_seed};
 use crate::spec::OpenError;
 use crate::transport::device::{DeviceHandle, DeviceParams, DeviceShared, ManageError};
 use crate::transport::device_type::VirtioDevice;
@@ -80,6 +81,10 @@ pub enum RegistryError {
     /// A queue could not move (it runs where it ran).
     #[error(transparent)]
     Move(MoveError),
+    /// The daemon is shutting down: no change is made any more (a device
+    /// whose backstores were opening is not created).
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
     /// An RBD LUN in a daemon under `--seccomp`: librados opens network
     /// sockets to the cluster at any time, which the filter refuses.
     #[error(
@@ -280,7 +285,21 @@ pub struct Registry {
     /// Where device sockets come from.
     sockets: SocketSource,
     devices: Mutex<BTreeMap<u32, Entry>>,
-    /// Held for the whole of every change, so changes never interleave.
+    /// Devices whose backstores are opening (`create`): their numbers and
+    /// socket paths, which no other device may take meanwhile. Taken
+    /// inside `devices`' lock, never the other way round.
+    creating: Mutex<BTreeMap<u32, PathBuf>>,
+    /// `(device, lun)` of the LUNs whose backstores are opening
+    /// (`lun_add`), likewise.
+    adding: Mutex<BTreeMap<(u32, u16), ()>>,
+    /// Set by [`Registry::shutdown`] under the lock of changes: no change
+    /// begins after it (a device whose backstores opened across it is
+    /// not created).
+    closed: AtomicBool,
+    /// Held for the whole of every change, so changes never interleave,
+    /// but for the opening of backstores by `create` and `lun_add`, which
+    /// may take as long as a Ceph cluster's connect time-out: other
+    /// changes go on meanwhile.
     changes: Mutex<()>,
     /// Where backstores report a size changed in the storage (an RBD
     /// image resized in the cluster): `(device, lun, bytes)`, applied by
@@ -317,6 +336,9 @@ impl Registry {
             settings: Mutex::new(None),
             sockets: SocketSource::default(),
             devices: Mutex::new(BTreeMap::new()),
+            creating: Mutex::new(BTreeMap::new()),
+            adding: Mutex::new(BTreeMap::new()),
+            closed: AtomicBool::new(false),
             changes: Mutex::new(()),
             resizes: Mutex::new(None),
         }
@@ -418,41 +440,89 @@ impl Registry {
         plain(self.changes.lock())
     }
 
+    /// The lock of changes, for a change asked for (through the API or a
+    /// reload): refused once the daemon is shutting down, so that none
+    /// runs beside or after [`Self::shutdown`].
+    fn begin_change(&self) -> Result<MutexGuard<'_, ()>, RegistryError> {
+        let change = self.change();
+        // Relaxed: stored under this lock too (`shutdown`).
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(RegistryError::ShuttingDown);
+        }
+        Ok(change)
+    }
+
     /// The worker pool.
     pub fn pool(&self) -> &Arc<WorkerPool> {
         &self.pool
     }
 
     /// Creates the device `config` describes under the lowest free
-    /// number, and starts listening on its socket.
+    /// number, and starts listening on its socket. Its backstores open
+    /// outside the lock of changes: other changes, and reads, go on
+    /// meanwhile; its number and socket path are reserved until then.
     pub fn create(&self, config: DeviceConfig, origin: Origin) -> Result<u32, RegistryError> {
-        let _change = self.change();
-        self.create_locked(config, origin)
+        let (reserved, config) = {
+            let _change = self.begin_change()?;
+            self.reserve(config)?
+        };
+        let built = build(reserved.key, &config)?;
+        let _change = self.begin_change()?;
+        self.finish_create(&reserved, built, config, origin)
     }
 
-    fn create_locked(
+    /// [`Self::create`] within a change (a reload): the backstores open
+    /// under its lock.
+    fn create_locked(&self, config: DeviceConfig, origin: Origin) -> Result<u32, RegistryError> {
+        let (reserved, config) = self.reserve(config)?;
+        let built = build(reserved.key, &config)?;
+        self.finish_create(&reserved, built, config, origin)
+    }
+
+    /// Checks `config` and reserves the lowest free number and its socket
+    /// path for it.
+    fn reserve(
         &self,
+        config: DeviceConfig,
+    ) -> Result<(DeviceReserved<'_>, DeviceConfig), RegistryError> {
+        config.validate(|w| self.pool.exists(w))?;
+        self.check_sandbox(&config.luns)?;
+        let devices = self.lock();
+        let mut creating = plain(self.creating.lock());
+        if devices.len() + creating.len() >= MAX_DEVICES {
+            return Err(RegistryError::Full);
+        }
+        let path = &config.socket_path;
+        if let Some(other) = (devices.iter())
+            .find(|(_, e)| e.config.socket_path == *path)
+            .map(|(id, _)| *id)
+            .or_else(|| creating.iter().find(|(_, p)| *p == path).map(|(id, _)| *id))
+        {
+            return Err(RegistryError::SocketInUse(config.socket_path, other));
+        }
+        let id = (0..=u32::MAX)
+            .find(|i| !devices.contains_key(i) && !creating.contains_key(i))
+            .unwrap_or(u32::MAX);
+        creating.insert(id, config.socket_path.clone());
+        let reserved = Reserved {
+            table: &self.creating,
+            key: id,
+        };
+        Ok((reserved, config))
+    }
+
+    /// Starts the device `build` made for `reserved` and enters it in
+    /// the table (within a change).
+    fn finish_create(
+        &self,
+        reserved: &DeviceReserved<'_>,
+        (device, kind): Built,
         mut config: DeviceConfig,
         origin: Origin,
     ) -> Result<u32, RegistryError> {
+        let id = reserved.key;
+        // A worker its queue map names may have been freed meanwhile.
         config.validate(|w| self.pool.exists(w))?;
-        self.check_sandbox(&config.luns)?;
-        let id = {
-            let devices = self.lock();
-            if devices.len() >= MAX_DEVICES {
-                return Err(RegistryError::Full);
-            }
-            if let Some((other, _)) = devices
-                .iter()
-                .find(|(_, e)| e.config.socket_path == config.socket_path)
-            {
-                return Err(RegistryError::SocketInUse(config.socket_path, *other));
-            }
-            (0..=u32::MAX)
-                .find(|i| !devices.contains_key(i))
-                .unwrap_or(u32::MAX)
-        };
-        let (device, kind) = build(id, &config)?;
         // The LUN numbers the target gave (a spec without `lun` is
         // numbered by its position, as `Target::build` does): what a
         // reload compares.
@@ -476,22 +546,20 @@ impl Registry {
                 source,
             })?;
         self.watch_sizes(id, &kind, None);
-        self.lock().insert(
-            id,
-            Entry {
-                handle,
-                kind,
-                origin,
-                config,
-            },
-        );
+        let entry = Entry {
+            handle,
+            kind,
+            origin,
+            config,
+        };
+        self.lock().insert(id, entry);
         Ok(id)
     }
 
     /// Deletes device `id`: stops accepting, ends the connection after the
     /// requests in flight completed (as at shutdown), removes the socket.
     pub fn delete(&self, id: u32) -> Result<(), RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.delete_locked(id)
     }
 
@@ -537,16 +605,61 @@ impl Registry {
         }
     }
 
-    /// Adds a LUN to SCSI device `id` (`spec.lun` is required).
+    /// Adds a LUN to SCSI device `id` (`spec.lun` is required). Its
+    /// backstore opens outside the lock of changes, as in
+    /// [`Self::create`]; the LUN number is reserved until then.
     pub fn lun_add(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
-        let _change = self.change();
-        self.lun_add_locked(id, spec)
+        let (_reserved, control) = {
+            let _change = self.begin_change()?;
+            self.reserve_lun(id, spec)?
+        };
+        let entry = control.open_lun(spec)?;
+        let _change = self.begin_change()?;
+        self.finish_lun_add(id, spec, &control, entry)
     }
 
     fn lun_add_locked(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
+        let (_reserved, control) = self.reserve_lun(id, spec)?;
+        let entry = control.open_lun(spec)?;
+        self.finish_lun_add(id, spec, &control, entry)
+    }
+
+    /// Reserves `spec.lun` of device `id` while its backstore opens.
+    fn reserve_lun(
+        &self,
+        id: u32,
+        spec: &LunSpec,
+    ) -> Result<(LunReserved<'_>, DeviceControl), RegistryError> {
         self.check_sandbox(std::slice::from_ref(spec))?;
         let control = self.control(id)?;
-        let lun = control.add_lun(spec)?;
+        control.scsi()?;
+        let lun = spec.lun.ok_or(HotplugError::BadLun)?;
+        if plain(self.adding.lock()).insert((id, lun), ()).is_some() {
+            return Err(HotplugError::Exists(lun).into());
+        }
+        let reserved = Reserved {
+            table: &self.adding,
+            key: (id, lun),
+        };
+        Ok((reserved, control))
+    }
+
+    /// Adds the LUN opened for device `id` as `opened` knew it (within a
+    /// change).
+    fn finish_lun_add(
+        &self,
+        id: u32,
+        spec: &LunSpec,
+        opened: &DeviceControl,
+        entry: LunEntry,
+    ) -> Result<u16, RegistryError> {
+        // The device may have been deleted while the backstore opened,
+        // and its number taken again.
+        let control = self.control(id)?;
+        if !Arc::ptr_eq(&control.info, &opened.info) {
+            return Err(RegistryError::NoDevice(id));
+        }
+        let lun = control.install_lun(entry)?;
         self.watch_sizes(id, &control.kind, Some(lun));
         self.update_config(id, |c| {
             let mut spec = spec.clone();
@@ -559,7 +672,7 @@ impl Registry {
     /// Removes `lun` of SCSI device `id` once its requests in flight
     /// completed.
     pub fn lun_remove(&self, id: u32, lun: u16) -> Result<(), RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.lun_remove_locked(id, lun)
     }
 
@@ -572,7 +685,7 @@ impl Registry {
     /// Changes the capacity of `lun` of device `id` (a blk device's disk
     /// is LUN 0) to `bytes`; returns the new number of blocks.
     pub fn lun_resize(&self, id: u32, lun: u16, bytes: u64) -> Result<u64, RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.lun_resize_locked(id, lun, bytes)
     }
 
@@ -602,7 +715,7 @@ impl Registry {
         rq: u16,
         worker: Option<usize>,
     ) -> Result<Option<(u16, usize, usize)>, RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.attach_locked(id, rq, worker)
     }
 
@@ -657,14 +770,14 @@ impl Registry {
 
     /// Starts a worker (VHOST_NEW_WORKER); returns its number.
     pub fn worker_create(&self, cpu: Option<usize>) -> Result<usize, RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         Ok(self.pool.create(cpu)?)
     }
 
     /// Ends worker `w` (VHOST_FREE_WORKER): refused while a queue is
     /// assigned to it or runs on it.
     pub fn worker_free(&self, w: usize) -> Result<(), RegistryError> {
-        let _change = self.change();
+        let _change = self.begin_change()?;
         self.worker_free_locked(w)
     }
 
@@ -734,8 +847,14 @@ impl Registry {
     /// is everything outside the devices and the worker count: each is
     /// reported as an error.
     pub fn reload(&self, new: &DaemonConfig) -> ReloadReport {
-        let _change = self.change();
         let mut report = ReloadReport::default();
+        let _change = match self.begin_change() {
+            Ok(c) => c,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                return report;
+            }
+        };
         let started = plain(self.settings.lock()).clone();
         if started.is_some_and(|s| s != fixed(new)) {
             let s = "poll, seccomp, admin socket or service options changed: restart the daemon to apply".to_owned();
@@ -950,12 +1069,36 @@ impl Registry {
         }
     }
 
-    /// Stops every device (each after its requests in flight).
+    /// Stops every device (each after its requests in flight), once the
+    /// change running, if any, is done; no change is made afterwards (a
+    /// device or LUN whose backstores are opening meanwhile is not
+    /// created).
     pub fn shutdown(&self) {
+        let _change = self.change();
+        // Relaxed: read under the lock of changes (`begin_change`).
+        self.closed.store(true, Ordering::Relaxed);
         let devices = std::mem::take(&mut *self.lock());
         for (_, e) in devices {
             e.handle.shutdown();
         }
+    }
+}
+
+/// A device number or a LUN reserved while its backstores open: free
+/// again when dropped (created, or failed).
+struct Reserved<'a, K: Ord, V> {
+    table: &'a Mutex<BTreeMap<K, V>>,
+    key: K,
+}
+
+/// A device number (and its socket path) reserved by `create`.
+type DeviceReserved<'a> = Reserved<'a, u32, PathBuf>;
+/// `(device, lun)` reserved by `lun_add`.
+type LunReserved<'a> = Reserved<'a, (u32, u16), ()>;
+
+impl<K: Ord, V> Drop for Reserved<'_, K, V> {
+    fn drop(&mut self) {
+        plain(self.table.lock()).remove(&self.key);
     }
 }
 
@@ -1032,5 +1175,116 @@ fn status(id: u32, e: &Entry) -> DeviceStatus {
                 worker: shared.placement.running(rq),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PollOptions, QueueMap};
+
+    fn registry(name: &str) -> (Registry, Arc<WorkerPool>, PathBuf, DeviceConfig) {
+        let options = PollOptions {
+            stats_interval: None,
+            ..PollOptions::default()
+        };
+        let pool = Arc::new(WorkerPool::new(1, options).unwrap());
+        let registry = Registry::new(Arc::clone(&pool));
+        let dir = std::env::temp_dir().join(format!("sqcq-registry-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = DeviceConfig {
+            device_type: DeviceType::Blk,
+            socket_path: dir.join("blk.sock"),
+            luns: vec![LunSpec {
+                size: Some(1 << 20),
+                ..LunSpec::new(BackstoreKind::Ram)
+            }],
+            num_queues: 1,
+            queue_size: 64,
+            queue_map: QueueMap::default(),
+        };
+        (registry, pool, dir, config)
+    }
+
+    #[test]
+    fn a_reload_while_a_device_opens_leaves_it_to_its_create() {
+        let (registry, pool, dir, config) = registry("reload");
+        let (reserved, api) = {
+            let _change = registry.begin_change().unwrap();
+            registry.reserve(config.clone()).unwrap()
+        };
+        let built = build(reserved.key, &api).unwrap();
+        // The file names the same socket: the reload neither creates it
+        // twice nor waits for the open.
+        let file = DaemonConfig {
+            workers: 1,
+            devices: vec![config],
+            poll: PollOptions::default(),
+            admin_socket: None,
+            seccomp: crate::sandbox::SeccompMode::Off,
+            service: crate::config::ServiceConfig::default(),
+        };
+        let report = registry.reload(&file);
+        assert!(
+            report
+                .errors
+                .iter()
+                .any(|e| e.contains("in use by device 0")),
+            "{report:?}"
+        );
+        assert!(registry.ids().is_empty());
+        // The create ends as usual, and the next reload adopts the device.
+        let id = {
+            let _change = registry.begin_change().unwrap();
+            registry
+                .finish_create(&reserved, built, api, Origin::Api)
+                .unwrap()
+        };
+        drop(reserved);
+        assert_eq!((id, registry.ids()), (0, vec![0]));
+        let report = registry.reload(&file);
+        assert!(report.errors.is_empty(), "{report:?}");
+        assert_eq!(registry.configs()[0].1, Origin::Config);
+        registry.shutdown();
+        pool.shutdown();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_device_whose_backstores_open_across_a_shutdown_is_not_left_behind() {
+        let (registry, pool, dir, config) = registry("shutdown");
+        let socket = config.socket_path.clone();
+        // What `create` does, with the shutdown while the backstore opens.
+        let (reserved, config) = {
+            let _change = registry.begin_change().unwrap();
+            registry.reserve(config).unwrap()
+        };
+        assert!(
+            matches!(
+                registry.reserve(config.clone()),
+                Err(RegistryError::SocketInUse(_, 0))
+            ),
+            "the socket path is reserved"
+        );
+        let built = build(reserved.key, &config).unwrap();
+        registry.shutdown();
+        assert!(
+            matches!(registry.begin_change(), Err(RegistryError::ShuttingDown)),
+            "the device is not started"
+        );
+        drop((built, reserved));
+        assert!(registry.ids().is_empty(), "no device left behind");
+        assert!(!socket.exists(), "nor its socket");
+        assert!(plain(registry.creating.lock()).is_empty());
+        assert!(matches!(
+            registry.create(config, Origin::Api),
+            Err(RegistryError::ShuttingDown)
+        ));
+        assert!(matches!(
+            registry.worker_create(None),
+            Err(RegistryError::ShuttingDown)
+        ));
+        pool.shutdown();
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

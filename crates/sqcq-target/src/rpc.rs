@@ -735,6 +735,16 @@ pub fn line_too_long(max: usize) -> String {
     error_response(Value::Null, &e).to_string()
 }
 
+/// The reply to a line that could not be run (no thread for it): an
+/// internal error, for a request whose id was not read.
+pub fn internal_error(e: &std::io::Error) -> String {
+    let e = RpcError {
+        code: INTERNAL_ERROR,
+        message: format!("cannot run the request: {e}"),
+    };
+    error_response(Value::Null, &e).to_string()
+}
+
 /// The errors a `config_reload` result reports, if it reports any: the
 /// reload failed in part, though the call itself succeeded.
 pub fn reload_errors<'a>(method: &str, result: &'a Value) -> Option<&'a [Value]> {

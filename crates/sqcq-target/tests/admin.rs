@@ -2,7 +2,8 @@
 //! binary: clients that hold a connection open without a command, send a
 //! byte now and then, or do not read their replies delay no other
 //! client's call, however many they are; past the connection limit the
-//! one idle longest is closed; changes stay serialised and answered.
+//! one idle longest is closed; changes stay serialised and answered; a
+//! backstore slow to open holds no other call.
 
 mod common;
 
@@ -72,6 +73,10 @@ fn client(args: &[&str], admin: &Path) -> Output {
 
 fn stdout(out: &Output) -> String {
     assert!(out.status.success(), "{out:?}");
+    stdout_of(out)
+}
+
+fn stdout_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -197,4 +202,133 @@ fn many_idle_clients_delay_no_call_and_the_longest_idle_makes_room() {
     let log = std::fs::read_to_string(dir.path("sqcqd.log")).unwrap();
     assert!(log.contains("closing the one idle longest"), "{log}");
     sigterm_exits_zero(&mut child);
+}
+
+/// A backstore whose open takes long, for real: an RBD LUN whose
+/// monitor accepts the connection (the kernel completes it into the
+/// listener's backlog) and never says a word, with a connect time-out
+/// longer than the test. While a `device_create` and a `lun_add` wait for
+/// it, reads, conflicting calls (the same socket path, the same LUN) and
+/// other changes are answered; a shutdown meanwhile does not wait for
+/// them and leaves no device behind.
+#[cfg(feature = "rbd")]
+#[test]
+fn a_slow_backstore_open_holds_no_other_call_and_no_shutdown() {
+    let dir = TempDir::new("admin-slow-open");
+    let monitor = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    monitor.set_nonblocking(true).unwrap();
+    let port = monitor.local_addr().unwrap().port();
+    let conf = dir.path("ceph.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "[global]\nmon host = v2:127.0.0.1:{port}\nms bind msgr1 = false\n\
+             auth client required = none\n[client]\nclient mount timeout = 120\n"
+        ),
+    )
+    .unwrap();
+    let admin = dir.path("admin.sock");
+    let log = dir.path("sqcqd.log");
+    // No seccomp: it refuses RBD LUNs.
+    let mut child = Command::new(SQCQD)
+        .arg("--socket-path")
+        .arg(dir.path("scsi.sock"))
+        .arg("--admin-socket")
+        .arg(&admin)
+        .args(["--lun", "kind=ram,size=1M", "--queue-size", "64"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _guard = LogOnPanic(log, child.id());
+    wait_until("the admin socket answers", || {
+        sqcq_target::rpc::call(&admin, "daemon_info", Default::default()).is_ok()
+    });
+    let rbd_sock = dir.path("rbd.sock");
+    let slow = {
+        let params = serde_json::json!({
+            "socket-path": rbd_sock,
+            "type": "blk",
+            "lun": [{"kind": "rbd", "pool": "any", "image": "any", "conf": conf}],
+        });
+        let (admin, params) = (admin.clone(), params.as_object().cloned().unwrap());
+        std::thread::spawn(move || sqcq_target::rpc::call(&admin, "device_create", params))
+    };
+    let slow_lun = {
+        let params = serde_json::json!({
+            "device": 0, "lun": 1, "kind": "rbd", "pool": "any", "image": "any", "conf": conf,
+        });
+        let (admin, params) = (admin.clone(), params.as_object().cloned().unwrap());
+        std::thread::spawn(move || sqcq_target::rpc::call(&admin, "lun_add", params))
+    };
+    // librados is inside its connect, for each: the opens are under way.
+    let mut held = Vec::new();
+    wait_until("librados connects to the monitor twice", || {
+        held.extend(monitor.accept().ok());
+        held.len() >= 2
+    });
+
+    // Each answered within the client's bound, not after the open.
+    let list = stdout(&client(&["rpc", "device_list"], &admin));
+    assert!(
+        list.contains("scsi.sock") && !list.contains("rbd.sock"),
+        "{list}"
+    );
+    let stats = stdout(&client(&["rpc", "stats_get"], &admin));
+    assert!(stats.contains("\"queues\""), "{stats}");
+    // The socket path is taken while its device is being created.
+    let path = format!("socket-path={}", rbd_sock.display());
+    let same = client(
+        &["rpc", "device_create", &path, "lun:=[\"kind=ram,size=1M\"]"],
+        &admin,
+    );
+    let said = format!(
+        "{}{}",
+        stdout_of(&same),
+        String::from_utf8_lossy(&same.stderr)
+    );
+    assert!(
+        !same.status.success() && said.contains("in use by device 1"),
+        "{said}"
+    );
+    // Another device is created meanwhile, under the next number.
+    let other = dir.path("other.sock");
+    let path = format!("socket-path={}", other.display());
+    let created = stdout(&client(
+        &["rpc", "device_create", &path, "lun:=[\"kind=ram,size=1M\"]"],
+        &admin,
+    ));
+    assert!(created.contains("\"device\": 2"), "{created}");
+    // So is LUN 1 of device 0 while its backstore opens.
+    let same = client(
+        &["rpc", "lun_add", "device=0", "lun=1", "kind=ram", "size=1M"],
+        &admin,
+    );
+    let said = format!(
+        "{}{}",
+        stdout_of(&same),
+        String::from_utf8_lossy(&same.stderr)
+    );
+    assert!(!same.status.success() && said.contains("exists"), "{said}");
+    let added = stdout(&client(
+        &["rpc", "lun_add", "device=0", "lun=2", "kind=ram", "size=1M"],
+        &admin,
+    ));
+    assert!(added.contains("\"lun\": 2"), "{added}");
+    assert!(!slow.is_finished(), "the slow opens are still under way");
+    assert!(!slow_lun.is_finished());
+
+    // A shutdown meanwhile ends the daemon in its bound and leaves
+    // nothing of the device being created.
+    sigterm_exits_zero(&mut child);
+    assert!(!rbd_sock.exists(), "no half-created device");
+    assert!(!other.exists(), "the other device was stopped");
+    let reply = slow.join().unwrap();
+    assert!(
+        !matches!(reply, Ok(Ok(_))),
+        "the slow create did not succeed: {reply:?}"
+    );
+    let reply = slow_lun.join().unwrap();
+    assert!(!matches!(reply, Ok(Ok(_))), "{reply:?}");
+    drop(held);
 }

@@ -1,15 +1,18 @@
 //! The admin socket's server: one thread, started with the daemon, that
-//! multiplexes up to [`MAX_CONNECTIONS`] clients with `poll` and runs
-//! their JSON-RPC lines one at a time, in the order they arrive.
+//! multiplexes up to [`MAX_CONNECTIONS`] clients with `poll`, and runs
+//! each JSON-RPC line on a thread of its own, which hands the reply back.
 //!
-//! A request runs on this thread, so changes stay serialised and each
-//! still replies once its change reached every worker; while one runs,
-//! the others wait (the registry serialises its changes in any case, with
-//! SIGHUP's reload too). A client that is not sending a request costs the
-//! others nothing: the thread only waits in `poll`, never on one
-//! connection. Each client is served one line at a time in turn, and its
-//! next line is read only once the reply to the last one is written, so a
-//! client that does not read its replies holds one reply in memory.
+//! A request never runs on the server's thread, so one that takes long (a
+//! `device_create` whose RBD image waits for the cluster's connect
+//! time-out) holds no other client's call: reads answer at once, and the
+//! registry serialises changes (with SIGHUP's reload too) but for the
+//! opening of backstores. Each change still replies once it reached every
+//! worker. A client that is not sending a request costs the others
+//! nothing: the thread only waits in `poll`, never on one connection.
+//! Each client has one request running at most: its next line is read
+//! only once the reply to the last one is written, so its lines run in
+//! their order and a client that does not read its replies holds one
+//! reply in memory. At most [`MAX_RUNNING`] requests run at once.
 //!
 //! A connection must complete a request line within [`IDLE_TIMEOUT`] of
 //! its connection or of its last request (a byte now and then does not
@@ -23,6 +26,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
@@ -42,6 +46,10 @@ pub const MAX_LINE: usize = 64 << 10;
 /// How long a connection may go without a request, or leave a reply
 /// unread, before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests running at once (a client whose connection was closed while
+/// its request ran leaves it running, so this may exceed the
+/// connections).
+pub const MAX_RUNNING: usize = MAX_CONNECTIONS;
 /// Bytes read from a connection per turn.
 const CHUNK: usize = 4096;
 
@@ -67,8 +75,9 @@ impl AdminServer {
         Ok(AdminServer { thread })
     }
 
-    /// Stops serving (after the request running, if any), closes every
-    /// connection and removes the socket.
+    /// Stops serving, closes every connection and removes the socket.
+    /// Requests running go on without a client: those that change
+    /// something are refused once the registry shut down.
     pub fn shutdown(mut self) {
         self.thread.stop();
     }
@@ -76,6 +85,8 @@ impl AdminServer {
 
 /// One client.
 struct Conn {
+    /// Names it to the thread running its request.
+    id: u64,
     stream: UnixStream,
     /// What came and is not served yet.
     input: Vec<u8>,
@@ -90,12 +101,15 @@ struct Conn {
     eof: bool,
     /// Closed once the reply is written (its line was too long).
     closing: bool,
+    /// Its request runs.
+    running: bool,
 }
 
 impl Conn {
-    fn new(stream: UnixStream) -> Self {
+    fn new(id: u64, stream: UnixStream) -> Self {
         let now = Instant::now();
         Conn {
+            id,
             stream,
             input: Vec::new(),
             output: Vec::new(),
@@ -104,6 +118,7 @@ impl Conn {
             deadline: now + IDLE_TIMEOUT,
             eof: false,
             closing: false,
+            running: false,
         }
     }
 
@@ -113,7 +128,7 @@ impl Conn {
 
     /// A whole line is there to serve now.
     fn has_line(&self) -> bool {
-        !self.replying() && !self.closing && self.input.contains(&b'\n')
+        !self.running && !self.replying() && !self.closing && self.input.contains(&b'\n')
     }
 
     /// What to wait for: to write the reply, or to read (once the lines
@@ -121,7 +136,7 @@ impl Conn {
     fn events(&self) -> libc::c_short {
         if self.replying() {
             libc::POLLOUT
-        } else if self.eof || self.closing || self.has_line() {
+        } else if self.running || self.eof || self.closing || self.has_line() {
             0
         } else {
             libc::POLLIN
@@ -185,23 +200,89 @@ impl Conn {
     }
 }
 
+/// A reply from a request's thread: the connection, the reply line.
+type Reply = (u64, Option<String>);
+
+/// The requests running on their threads.
+struct Running {
+    count: usize,
+    replies: Receiver<Reply>,
+    tx: Sender<Reply>,
+    /// Written by a request's thread once its reply is sent.
+    done: Arc<EventFd>,
+}
+
+impl Running {
+    fn new() -> io::Result<Self> {
+        let (tx, replies) = mpsc::channel();
+        Ok(Running {
+            count: 0,
+            replies,
+            tx,
+            done: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?),
+        })
+    }
+
+    fn full(&self) -> bool {
+        self.count >= MAX_RUNNING
+    }
+
+    /// Runs `line` of connection `id` on a thread of its own.
+    fn start(&mut self, id: u64, line: String, ctx: &Arc<Context>) -> io::Result<()> {
+        let (ctx, tx, done) = (Arc::clone(ctx), self.tx.clone(), Arc::clone(&self.done));
+        std::thread::Builder::new()
+            .name("sqcq-rpc".into())
+            .spawn(move || {
+                // A request that panics still answers, and frees its place.
+                let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    crate::rpc::handle_line(&ctx, &line)
+                }))
+                .unwrap_or_else(|_| {
+                    let e = io::Error::other("the request panicked");
+                    Some(crate::rpc::internal_error(&e))
+                });
+                // The server may be gone (shut down): then no one waits.
+                if tx.send((id, reply)).is_ok() {
+                    let _ = done.write(1);
+                }
+            })?;
+        self.count += 1;
+        Ok(())
+    }
+}
+
 /// Serves `listener` (non-blocking) until `stop` is signalled.
-fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Context) {
+fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Arc<Context>) {
+    let mut running = match Running::new() {
+        Ok(r) => r,
+        Err(e) => {
+            error!("admin socket: {e}");
+            return;
+        }
+    };
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
-    let mut fds = PollSet::with_capacity(MAX_CONNECTIONS + 2);
+    let mut fds = PollSet::with_capacity(MAX_CONNECTIONS + 3);
     let shed_log = RateLimiter::new(1);
+    let mut next_id = 0u64;
     loop {
         fds.clear();
         fds.push(stop.as_raw_fd(), libc::POLLIN);
         fds.push(listener.as_raw_fd(), libc::POLLIN);
+        fds.push(running.done.as_raw_fd(), libc::POLLIN);
         for c in &conns {
             fds.push(c.stream.as_raw_fd(), c.events());
         }
-        // Lines already received are served without waiting.
-        let deadline = if conns.iter().any(Conn::has_line) {
+        // Lines already received are started without waiting (when
+        // another request may run).
+        let deadline = if !running.full() && conns.iter().any(Conn::has_line) {
             Some(Instant::now())
         } else {
-            conns.iter().map(|c| c.deadline).min()
+            // Neither a request running nor a line waiting for one to
+            // end is timed: `done` wakes the thread for them.
+            (conns.iter())
+                .filter(|c| !c.running && !c.has_line())
+                .map(|c| c.deadline)
+                .min()
         };
         match fds.wait(deadline) {
             Ok(true) => {}
@@ -217,19 +298,47 @@ fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Context) {
         let now = Instant::now();
         let mut i = 0;
         conns.retain_mut(|c| {
-            let revents = fds.revents(2 + i);
+            let revents = fds.revents(3 + i);
             i += 1;
-            turn(c, revents, now, ctx)
+            turn(c, revents, now, ctx, &mut running)
         });
         if fds.revents(1) != 0 {
-            accept(listener, &mut conns, &shed_log);
+            accept(listener, &mut conns, &shed_log, &mut next_id);
+        }
+        if fds.revents(2) != 0 {
+            let _ = running.done.read();
+        }
+        while let Ok((id, reply)) = running.replies.try_recv() {
+            running.count -= 1;
+            // Its connection may have been closed meanwhile.
+            if let Some(i) = conns.iter().position(|c| c.id == id) {
+                let c = &mut conns[i];
+                c.running = false;
+                // The time the request took is not the client's.
+                c.since = Instant::now();
+                c.deadline = c.since + IDLE_TIMEOUT;
+                if !reply.is_none_or(|r| c.reply(&r)) {
+                    conns.swap_remove(i);
+                }
+            }
         }
     }
 }
 
 /// One turn of a connection: writes or reads what it is ready for and
-/// serves at most one line. False once it is to be closed.
-fn turn(c: &mut Conn, revents: libc::c_short, now: Instant, ctx: &Context) -> bool {
+/// starts at most one line. False once it is to be closed.
+fn turn(
+    c: &mut Conn,
+    revents: libc::c_short,
+    now: Instant,
+    ctx: &Arc<Context>,
+    running: &mut Running,
+) -> bool {
+    if c.running {
+        // Only a hang-up or an error can be reported (nothing is waited
+        // for): the client is gone, and its reply will go nowhere.
+        return revents == 0;
+    }
     if revents != 0 {
         let ok = if c.replying() { c.write() } else { c.read() };
         if !ok {
@@ -240,18 +349,29 @@ fn turn(c: &mut Conn, revents: libc::c_short, now: Instant, ctx: &Context) -> bo
         c.closing = true;
         return c.reply(&crate::rpc::line_too_long(MAX_LINE)) && c.replying();
     }
-    if let Some(line) = c.next_line() {
+    if !running.full()
+        && let Some(line) = c.next_line()
+    {
         if line.trim().is_empty() {
             return true;
         }
-        let reply = crate::rpc::handle_line(ctx, &line);
-        // The time the request took is not the client's.
-        c.since = Instant::now();
-        c.deadline = c.since + IDLE_TIMEOUT;
-        return reply.is_none_or(|r| c.reply(&r));
+        return match running.start(c.id, line, ctx) {
+            Ok(()) => {
+                c.running = true;
+                true
+            }
+            Err(e) => {
+                warn!("admin socket: cannot start a request: {e}");
+                c.reply(&crate::rpc::internal_error(&e))
+            }
+        };
     }
     if c.replying() {
         return now < c.deadline;
+    }
+    if c.has_line() {
+        // Waits for a request to end.
+        return true;
     }
     if c.closing || c.eof {
         return false;
@@ -266,7 +386,12 @@ fn turn(c: &mut Conn, revents: libc::c_short, now: Instant, ctx: &Context) -> bo
 /// Accepts the connections waiting (a bounded number per turn, so the
 /// others are served between bursts); when every place is taken, closes
 /// the connection idle longest to make room.
-fn accept(listener: &UnixListener, conns: &mut Vec<Conn>, shed_log: &RateLimiter) {
+fn accept(
+    listener: &UnixListener,
+    conns: &mut Vec<Conn>,
+    shed_log: &RateLimiter,
+    next_id: &mut u64,
+) {
     for _ in 0..MAX_CONNECTIONS {
         let stream = match listener.accept() {
             Ok((s, _)) => s,
@@ -280,10 +405,11 @@ fn accept(listener: &UnixListener, conns: &mut Vec<Conn>, shed_log: &RateLimiter
             warn!("admin accept: {e}");
             continue;
         }
-        // One still reading its reply goes last.
+        // One whose request runs goes last, then one still reading its
+        // reply.
         if conns.len() >= MAX_CONNECTIONS
-            && let Some(idle) =
-                (0..conns.len()).min_by_key(|&i| (conns[i].replying(), conns[i].since))
+            && let Some(idle) = (0..conns.len())
+                .min_by_key(|&i| (conns[i].running, conns[i].replying(), conns[i].since))
         {
             let permit = shed_log.check();
             if permit.allowed {
@@ -294,6 +420,7 @@ fn accept(listener: &UnixListener, conns: &mut Vec<Conn>, shed_log: &RateLimiter
             }
             conns.swap_remove(idle);
         }
-        conns.push(Conn::new(stream));
+        *next_id += 1;
+        conns.push(Conn::new(*next_id, stream));
     }
 }

@@ -5,3 +5,5 @@
 
 pub mod device;
 pub(crate) mod queue;
+#[cfg(test)]
+mod queue_tests;

@@ -20,7 +20,7 @@
 //! per head, allocated once, keeps what a request in flight needs.
 
 use std::os::fd::RawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqcq_backstore::{BackstoreError, BackstoreQueue, IoOp};
 use sqcq_wire::blk::{
@@ -30,6 +30,7 @@ use sqcq_wire::blk::{
 use tracing::{debug, warn};
 
 use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
+use crate::guest_warn;
 use crate::runtime::backstore;
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
@@ -39,7 +40,6 @@ use crate::runtime::queue::{
     Accepted, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
 };
 use crate::runtime::stream;
-use crate::{guest_warn, rate_limited};
 
 /// What a request in flight keeps until it completes.
 #[derive(Default)]
@@ -60,7 +60,8 @@ struct Slot {
 pub(crate) struct BlkQueue {
     disk: Disk,
     io: Box<dyn BackstoreQueue>,
-    uncommitted: bool,
+    /// What `io` has queued and not sent.
+    pending: backstore::Pending,
     slots: Vec<Slot>,
     /// The memory maps the slots' `mem` pins hold.
     pins: MapPins,
@@ -109,7 +110,7 @@ impl BlkQueue {
         Ok(BlkQueue {
             disk,
             io,
-            uncommitted: false,
+            pending: backstore::Pending::default(),
             slots: (0..ring.size).map(|_| Slot::default()).collect(),
             pins: MapPins::default(),
             in_flight: 0,
@@ -342,7 +343,7 @@ impl BlkQueue {
             _ => 0,
         };
         self.in_flight += 1;
-        self.uncommitted = true;
+        self.pending.queued();
         Ok(())
     }
 
@@ -429,13 +430,7 @@ impl RequestHandler for BlkQueue {
     }
 
     fn commit(&mut self, ring: &Vring) {
-        if let Err(e) = backstore::commit(self.io.as_mut(), &mut self.uncommitted) {
-            // The requests stay queued: `has_deferred` brings the worker
-            // back to commit them again.
-            let d = ring.device();
-            rate_limited!(error, d.backstore_limiter, device = %d.name, vq = ring.key().vq,
-                "backstore commit failed: {e}");
-        }
+        backstore::commit(&mut self.pending, self.io.as_mut(), ring, 0);
     }
 
     fn reap(&mut self, ring: &mut Vring, mem: Batch<'_>) {
@@ -462,8 +457,15 @@ impl RequestHandler for BlkQueue {
     }
 
     fn has_deferred(&self) -> bool {
-        // Requests a failed commit left unsent.
-        self.uncommitted
+        // The retry of a commit the backstore refused.
+        self.pending.retrying() && self.pending.retry_due(Instant::now())
+    }
+
+    fn commit_retry_in(&self) -> Option<Duration> {
+        if !self.pending.retrying() {
+            return None;
+        }
+        self.pending.retry_in(Instant::now())
     }
 
     fn run_deferred(&mut self, _ring: &mut Vring, _mem: Batch<'_>) {}
@@ -491,6 +493,8 @@ impl RequestHandler for BlkQueue {
     fn finish(&mut self, ring: &mut Vring, mem: Batch<'_>, deadline: Instant) -> usize {
         RequestHandler::commit(self, ring);
         while self.in_flight > 0 && Instant::now() < deadline {
+            // Retries a refused commit.
+            RequestHandler::commit(self, ring);
             if let Some(fd) = self.io.completion_fd() {
                 wait_readable(fd, 10);
                 drain_fd(fd);

@@ -130,8 +130,15 @@ pub trait RequestHandler {
     fn busy(&self) -> bool;
 
     /// Whether work waits for the worker's next pass (the next slice of a
-    /// long command).
+    /// long command, a retry of a refused commit that is due).
     fn has_deferred(&self) -> bool;
+
+    /// How long until a commit the backstore refused is tried again
+    /// (`runtime::backstore`): the worker sleeps that long at most, and
+    /// its next pass after it tries. `None` when none waits.
+    fn commit_retry_in(&self) -> Option<Duration> {
+        None
+    }
 
     /// Does the work of [`Self::has_deferred`]; the runtime commits, reaps
     /// and publishes afterwards.
@@ -415,13 +422,14 @@ impl ServedQueue {
         if self.handler.has_deferred() {
             return Some(Duration::ZERO);
         }
-        match self.ring.source {
+        let ring = match self.ring.source {
             SubmissionSource::Kick => None,
             // While spinning, the worker only looks at its fds.
             SubmissionSource::RingPoll | SubmissionSource::Doorbell => {
                 self.ring.is_spinning().then_some(Duration::ZERO)
             }
-        }
+        };
+        ring.into_iter().chain(self.handler.commit_retry_in()).min()
     }
 
     /// Fault injection (`fault_break`): the queue will break when it next

@@ -214,7 +214,7 @@ impl ScsiQueue {
                     lun: e.lun,
                     backstore: Arc::clone(&e.backstore),
                     io,
-                    uncommitted: false,
+                    pending: crate::runtime::backstore::Pending::default(),
                 },
                 None => {
                     let i = old.iter().position(|l| same(l, e)).unwrap_or(0);
@@ -227,7 +227,7 @@ impl ScsiQueue {
         // until their requests completed.
         self.luns.extend(
             old.into_iter()
-                .filter(|l| l.uncommitted || l.io.in_flight() > 0),
+                .filter(|l| l.pending.is_queued() || l.io.in_flight() > 0),
         );
         let need = target
             .luns()

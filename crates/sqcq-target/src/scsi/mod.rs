@@ -12,5 +12,5 @@ pub(crate) mod queue;
 mod request;
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation)]
-mod request_tests;
+pub(crate) mod request_tests;
 pub(crate) mod target;

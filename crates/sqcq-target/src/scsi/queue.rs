@@ -8,13 +8,12 @@
 
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqcq_backstore::{Backstore, BackstoreQueue};
 use sqcq_scsi::NexusId;
 use tracing::{debug, warn};
 
-use crate::rate_limited;
 use crate::runtime::backstore;
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::ChainBuffers;
@@ -33,7 +32,8 @@ pub(crate) struct LunQueue {
     pub(crate) lun: u16,
     pub(crate) backstore: Arc<dyn Backstore>,
     pub(crate) io: Box<dyn BackstoreQueue>,
-    pub(crate) uncommitted: bool,
+    /// What `io` has queued and not sent.
+    pub(crate) pending: backstore::Pending,
 }
 
 /// The SCSI request handler of one request queue.
@@ -109,7 +109,7 @@ impl ScsiQueue {
                 lun: entry.lun,
                 backstore: Arc::clone(&entry.backstore),
                 io,
-                uncommitted: false,
+                pending: backstore::Pending::default(),
             });
         }
         let data_out_len = target
@@ -137,6 +137,12 @@ impl ScsiQueue {
         })
     }
 
+    /// Whether a LUN's backstore refused a commit that waits to be tried
+    /// again.
+    fn retrying(&self) -> bool {
+        self.luns.iter().any(|l| l.pending.retrying())
+    }
+
     fn reap_all(&mut self, ring: &mut Vring, mem: Batch<'_>) {
         for lun in 0..self.luns.len() {
             self.reap(ring, lun, mem);
@@ -156,13 +162,7 @@ impl RequestHandler for ScsiQueue {
 
     fn commit(&mut self, ring: &Vring) {
         for l in &mut self.luns {
-            if let Err(e) = backstore::commit(l.io.as_mut(), &mut l.uncommitted) {
-                // The requests stay queued: `has_deferred` brings the
-                // worker back to commit them again.
-                let d = ring.device();
-                rate_limited!(error, d.backstore_limiter, device = %d.name, vq = ring.key().vq,
-                    lun = l.lun, "backstore commit failed: {e}");
-            }
+            backstore::commit(&mut l.pending, l.io.as_mut(), ring, l.lun);
         }
     }
 
@@ -194,9 +194,24 @@ impl RequestHandler for ScsiQueue {
     }
 
     fn has_deferred(&self) -> bool {
-        // The next slice of a long command, or requests a failed commit
-        // left unsent.
-        self.has_slices_pending() || self.luns.iter().any(|l| l.uncommitted)
+        // The next slice of a long command, or the retry of a commit the
+        // backstore refused.
+        self.has_slices_pending()
+            || self.retrying() && {
+                let now = Instant::now();
+                self.luns.iter().any(|l| l.pending.retry_due(now))
+            }
+    }
+
+    fn commit_retry_in(&self) -> Option<Duration> {
+        if !self.retrying() {
+            return None;
+        }
+        let now = Instant::now();
+        self.luns
+            .iter()
+            .filter_map(|l| l.pending.retry_in(now))
+            .min()
     }
 
     fn run_deferred(&mut self, ring: &mut Vring, mem: Batch<'_>) {
@@ -231,8 +246,9 @@ impl RequestHandler for ScsiQueue {
         while !self.inflight.is_empty() && Instant::now() < deadline {
             if self.has_slices_pending() {
                 self.resume_slices(ring, mem);
-                RequestHandler::commit(self, ring);
             }
+            // Sends the next slices, and retries a refused commit.
+            RequestHandler::commit(self, ring);
             for lun in 0..self.luns.len() {
                 if self.luns[lun].io.in_flight() == 0 {
                     continue;

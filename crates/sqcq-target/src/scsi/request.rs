@@ -552,7 +552,7 @@ fn submit(io: &mut LunQueue, slot: &mut Slot, tag: u64, op: IoOp, with_iov: bool
     match unsafe { io.io.submit(tag, op, iov) } {
         Ok(()) => {
             slot.pending_ops += 1;
-            io.uncommitted = true;
+            io.pending.queued();
         }
         Err(e) => fail(slot, &e),
     }

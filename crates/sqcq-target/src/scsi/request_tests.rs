@@ -2,7 +2,8 @@
 //! in a `GuestMem`, a [`ServedQueue`] processing them, responses
 //! checked byte by byte.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sqcq_scsi::NexusId;
 use virtio_queue::desc::{RawDescriptor, split::Descriptor};
@@ -10,27 +11,31 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::runtime::backstore::FIRST_RETRY;
+use crate::runtime::backstore::tests::{FlakyBackstore, FlakyQueue};
 use crate::runtime::guest::GuestMem;
-use crate::runtime::queue::{QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource};
+use crate::runtime::queue::{
+    MakeHandler, QueueKey, QueueStart, RingConfig, ServedQueue, SubmissionSource,
+};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::queue::make_handler;
 use crate::transport::device::DeviceShared;
 
 const NEXT: u16 = 1;
-const WRITE: u16 = 2;
+pub(crate) const WRITE: u16 = 2;
 const REQ: u32 = 51;
 const RESP: u32 = 108;
 const SIZE: u16 = 16;
 
-struct Fixture {
-    mem: GuestMem,
-    queue: ServedQueue,
+pub(crate) struct Fixture {
+    pub(crate) mem: GuestMem,
+    pub(crate) queue: ServedQueue,
     ring: RingConfig,
     next_desc: u16,
     next_buf: u64,
 }
 
-fn device() -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
+pub(crate) fn device() -> (Arc<DeviceShared>, Arc<ScsiDevice>) {
     crate::fuzzing::device(SIZE)
 }
 
@@ -42,6 +47,16 @@ impl Fixture {
     /// A fixture whose guest memory logs the pages written while the
     /// queue processes (`logged`).
     fn with_logging(logged: bool) -> Self {
+        Self::over(logged, device())
+    }
+
+    fn over(logged: bool, (dev, scsi): (Arc<DeviceShared>, Arc<ScsiDevice>)) -> Self {
+        // A nexus the unit does not know has no unit attention.
+        Self::with_handler(logged, &dev, make_handler(scsi, NexusId(1), 32, 96, 0))
+    }
+
+    /// A fixture whose queue `handler` serves, for the device `dev`.
+    pub(crate) fn with_handler(logged: bool, dev: &DeviceShared, handler: MakeHandler) -> Self {
         let mem = crate::runtime::guest::memory_over(&[(GuestAddress(0), 0x40_0000)], logged);
         let vq = MockSplitQueue::new(&mem, SIZE);
         let ring = RingConfig {
@@ -52,7 +67,6 @@ impl Fixture {
             next_avail: 0,
             event_idx: false,
         };
-        let (dev, scsi) = device();
         let queue = ServedQueue::start(QueueStart {
             key: QueueKey { device: 0, vq: 2 },
             device: Arc::clone(&dev.info),
@@ -63,8 +77,7 @@ impl Fixture {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
-            // A nexus the unit does not know has no unit attention.
-            handler: make_handler(scsi, NexusId(1), 32, 96, 0),
+            handler,
             tracking: None,
         })
         .unwrap();
@@ -77,7 +90,7 @@ impl Fixture {
         }
     }
 
-    fn buf(&mut self, data: &[u8], len: u32) -> u64 {
+    pub(crate) fn buf(&mut self, data: &[u8], len: u32) -> u64 {
         let at = self.next_buf;
         self.next_buf += u64::from(len).next_multiple_of(0x100);
         let mut v = data.to_vec();
@@ -90,6 +103,20 @@ impl Fixture {
     /// returns the used length. (The mock lays the ring out once, in
     /// `new`: a second `MockSplitQueue` would reset its indices.)
     fn run(&mut self, bufs: &[(u64, u32, u16)]) -> u32 {
+        let avail_idx = self.make_available(bufs);
+        self.queue.process();
+        assert_eq!(self.used_idx(), avail_idx + 1, "the chain completed");
+        let elem = self.ring.used + 4 + 8 * u64::from(avail_idx % SIZE);
+        self.mem.read_obj(GuestAddress(elem + 4)).unwrap()
+    }
+
+    pub(crate) fn used_idx(&self) -> u16 {
+        self.mem.read_obj(GuestAddress(self.ring.used + 2)).unwrap()
+    }
+
+    /// Adds one chain of (addr, len, flags) to the available ring;
+    /// returns the available index before it.
+    pub(crate) fn make_available(&mut self, bufs: &[(u64, u32, u16)]) -> u16 {
         let first = self.next_desc;
         for (k, &(addr, len, flags)) in bufs.iter().enumerate() {
             let i = first + k as u16;
@@ -119,11 +146,7 @@ impl Fixture {
                 b.log().clear();
             }
         }
-        self.queue.process();
-        let used_idx: u16 = self.mem.read_obj(GuestAddress(self.ring.used + 2)).unwrap();
-        assert_eq!(used_idx, avail_idx + 1, "the chain completed");
-        let elem = self.ring.used + 4 + 8 * u64::from(avail_idx % SIZE);
-        self.mem.read_obj(GuestAddress(elem + 4)).unwrap()
+        avail_idx
     }
 
     fn header(&mut self, lun: [u8; 8], cdb: &[u8]) -> u64 {
@@ -287,4 +310,73 @@ fn with_dirty_logging_every_page_the_device_writes_is_marked() {
     // What the device only read, and what nobody touched.
     assert!(!dirty(&f, req), "the request header is only read");
     assert!(!dirty(&f, untouched));
+}
+
+/// A fixture over a backstore whose first `failures` commits fail with
+/// `errno`.
+fn flaky(failures: u32, errno: i32) -> (Fixture, Arc<Mutex<FlakyQueue>>) {
+    let io = Arc::new(Mutex::new(FlakyQueue::failing(failures, errno)));
+    let backstore = Arc::new(FlakyBackstore(Arc::clone(&io)));
+    let f = Fixture::over(false, crate::fuzzing::device_over(SIZE, backstore));
+    (f, io)
+}
+
+const WRITE10: [u8; 10] = [0x2a, 0, 0, 0, 0, 3, 0, 0, 1, 0];
+
+#[test]
+fn a_refused_commit_is_retried_after_a_wait_and_the_request_sent_once() {
+    let (mut f, io) = flaky(3, libc::EAGAIN);
+    let req = f.header(LUN0, &WRITE10);
+    let out = f.buf(&[7; 512], 512);
+    let resp = f.buf(&[], RESP);
+    let avail = f.make_available(&[(req, REQ, 0), (out, 512, 0), (resp, RESP, WRITE)]);
+    let mut refused_at = Instant::now();
+    f.queue.process();
+    let mut passes = 0;
+    while f.used_idx() == avail {
+        // What the worker would sleep at most before its next pass.
+        let wait = f.queue.poll_timeout().expect("a retry is scheduled");
+        assert!(
+            wait > Duration::ZERO || refused_at.elapsed() >= FIRST_RETRY,
+            "the worker sleeps between attempts instead of spinning"
+        );
+        std::thread::sleep(wait);
+        refused_at = Instant::now();
+        f.queue.pass();
+        passes += 1;
+        assert!(passes < 100, "sent in the end");
+    }
+    assert_eq!(f.resp(resp).2, 0, "GOOD");
+    let io = io.lock().unwrap();
+    assert_eq!(io.commits, 4, "three refusals, then sent");
+    assert_eq!(io.sent.len(), 1, "sent once");
+    assert!(io.withdrawn.is_empty(), "nothing failed");
+    assert_eq!(f.queue.poll_timeout(), None, "nothing left to retry");
+}
+
+#[test]
+fn a_commit_refused_for_good_fails_each_request_once_with_a_write_error() {
+    let (mut f, io) = flaky(u32::MAX, libc::EINVAL);
+    let req = f.header(LUN0, &WRITE10);
+    let out = f.buf(&[7; 512], 512);
+    let resp = f.buf(&[], RESP);
+    let avail = f.make_available(&[(req, REQ, 0), (out, 512, 0), (resp, RESP, WRITE)]);
+    f.queue.process();
+    assert_eq!(f.used_idx(), avail + 1, "completed, not left hanging");
+    let (_, _, status, response, sense) = f.resp(resp);
+    assert_eq!((response, status), (0, 2), "CHECK CONDITION");
+    // MEDIUM ERROR, WRITE ERROR (0Ch/00h): a backstore write failure.
+    assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (0x03, 0x0c, 0x00));
+    f.queue.pass();
+    assert_eq!(f.used_idx(), avail + 1, "completed once");
+    assert_eq!(f.queue.poll_timeout(), None, "nothing left to retry");
+    let errors = &f.queue.ring().device().metrics.io_errors;
+    assert_eq!(
+        errors.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "counted"
+    );
+    let io = io.lock().unwrap();
+    assert_eq!((io.commits, io.withdrawn.len()), (1, 1));
+    assert!(io.sent.is_empty());
 }
