@@ -25,15 +25,14 @@
 # A repeat runs each rw/QD's cells back to back, SPDK's first in odd
 # repeats and sqcqd's first in even ones. Before and after each run, sqcq-c2c measures how long a
 # cache line takes between the two CPUs and back: on a VM the host moves
-# the vCPUs between cores that share a cache (about 70-190 ns) and cores
-# that do not (about 500-650 ns) every few seconds, and every polling
-# program's rate follows (SPDK's own pair: 2.5x). A run is "near" or "far"
-# when both probes agree (C2C_FAR_NS, default 300, is the line between),
-# "mixed" otherwise; a cell's ratio is its median IOPS over the baseline's
-# median among the runs of the same placement, one table per placement,
-# after a table of all runs (where the host keeps the vCPUs on one kind of
-# pair, as on the Intel VMs where the round trip stayed at 250-420 ns, the
-# placement split only drops runs).
+# the vCPUs between cores that share a cache and cores that do not every
+# few seconds, and every polling program's rate follows (the figures are
+# in docs/benchmarks.md, "Cache-line round trip between the two vCPUs").
+# A run is "near" or "far" when both probes agree (C2C_FAR_NS is the line
+# between), "mixed" otherwise; a cell's ratio is its median IOPS over the
+# baseline's median among the runs of the same placement, one table per
+# placement, after a table of all runs (where the host keeps the vCPUs on
+# one kind of pair, the placement split only drops runs).
 # For each run: IOPS, mean latency, and CPU ns per I/O of each side (the
 # target's process, and the rest of the machine, i.e. the initiator).
 # After each repeat's last cells, sqcqd's CPU over IDLE_SECS with no load.
