@@ -411,6 +411,14 @@ mod tests {
         q
     }
 
+    /// The used ring of a queue of `size` at `USED`: flags, index,
+    /// elements, `avail_event`.
+    fn used_area(m: &Mapped, size: u64) -> Vec<u8> {
+        let mut area = vec![0u8; usize::try_from(6 + 8 * size).unwrap()];
+        m.map().read_slice(&mut area, GuestAddress(USED)).unwrap();
+        area
+    }
+
     /// A small xorshift: reproducible, no dependency.
     fn rng(mut seed: u64) -> impl FnMut(u64) -> u64 {
         move |n| {
@@ -483,17 +491,11 @@ mod tests {
                 if batch > 0 {
                     assert_eq!(ours, theirs, "used_event {used_event}");
                 }
-                let mut a = [0u8; 6 + 8 * 8];
-                let mut b = [0u8; 6 + 8 * 8];
-                ours_mem
-                    .map()
-                    .read_slice(&mut a, GuestAddress(USED))
-                    .unwrap();
-                theirs_mem
-                    .map()
-                    .read_slice(&mut b, GuestAddress(USED))
-                    .unwrap();
-                assert_eq!(a[2..], b[2..], "index and elements");
+                assert_eq!(
+                    used_area(&ours_mem, 8)[2..],
+                    used_area(&theirs_mem, 8)[2..],
+                    "index and elements"
+                );
             }
         }
     }
@@ -527,17 +529,11 @@ mod tests {
                     (false, false)
                 };
                 assert_eq!(ours, theirs);
-                let mut a = [0u8; 6 + 8 * 16];
-                let mut b = [0u8; 6 + 8 * 16];
-                ours_mem
-                    .map()
-                    .read_slice(&mut a, GuestAddress(USED))
-                    .unwrap();
-                theirs_mem
-                    .map()
-                    .read_slice(&mut b, GuestAddress(USED))
-                    .unwrap();
-                assert_eq!(a, b, "flags and avail_event");
+                assert_eq!(
+                    used_area(&ours_mem, 16),
+                    used_area(&theirs_mem, 16),
+                    "flags and avail_event"
+                );
             }
         }
     }
