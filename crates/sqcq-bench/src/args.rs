@@ -172,6 +172,12 @@ pub struct Args {
     /// Bound on every wait for the device, in seconds.
     #[arg(long = "io-timeout", default_value = "30", value_parser = parse_time)]
     pub io_timeout: Duration,
+    /// What a job does when the device sets THROTTLE in its SQ doorbell
+    /// (doorbell modes; spec section "Backpressure"): honour (hold new
+    /// I/Os back while some are in flight, as a driver should) or ignore
+    /// (publish them anyway; they wait on the ring).
+    #[arg(long, value_enum, default_value = "honour")]
+    pub throttle: ThrottleArg,
     /// Survive restarts of the device: negotiate in-flight tracking, and
     /// when the device hangs up, connect again (retrying for this many
     /// seconds) and go on with the I/Os in flight, which the restarted
@@ -545,4 +551,13 @@ mod tests {
             assert!(RbdImage::parse(bad).is_err(), "{bad}");
         }
     }
+}
+
+/// `--throttle`: whether jobs honour the device's THROTTLE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ThrottleArg {
+    /// Hold new I/Os back while THROTTLE is set and some are in flight.
+    Honour,
+    /// Publish regardless.
+    Ignore,
 }

@@ -161,6 +161,15 @@ impl IoQueue {
         }
     }
 
+    /// Whether the device asks for no more I/Os for now (THROTTLE); see
+    /// `sqcq_driver`'s `throttle`.
+    pub fn throttle(&mut self, fresh: bool) -> bool {
+        match self {
+            Self::Scsi { queue, .. } => queue.throttle(fresh),
+            Self::Blk { queue, .. } => queue.throttle(fresh),
+        }
+    }
+
     /// I/Os in flight.
     pub fn in_flight(&self) -> u16 {
         match self {

@@ -52,6 +52,9 @@ pub struct JobSpec {
     /// Bound on the wait for the poll threads to fall asleep between two
     /// bursts.
     pub idle_timeout: Duration,
+    /// Hold new I/Os back while the device sets THROTTLE and some are in
+    /// flight (D1, D2 of the spec's "Backpressure").
+    pub honour_throttle: bool,
 }
 
 /// Progress counters a job shares with the progress line.
@@ -252,7 +255,11 @@ impl Job {
                 self.resubmit(buf, io)?;
                 added = added.saturating_add(1);
             }
-            while !stop && issued < burst_end {
+            // Backpressure: with I/Os in flight, none more while the
+            // device asks to hold them (D1); read again after every reap
+            // (D2), then after every publication with the flags it loads.
+            let mut held = self.held(true);
+            while !stop && issued < burst_end && !held {
                 let Some(buf) = self.free.pop() else { break };
                 let (dir, unit) = match pass {
                     Pass::Load => self.spec.workload.next_io(),
@@ -266,12 +273,15 @@ impl Job {
                     let done = &mut self.done;
                     self.q.queue.publish(|c| done.push(c))?;
                     added = 0;
+                    held = self.held(false);
                 }
             }
             let done = &mut self.done;
             if added > 0 {
                 self.q.queue.publish(|c| done.push(c))?;
             }
+            let in_flight = self.q.queue.in_flight();
+            self.stats.max_in_flight = self.stats.max_in_flight.max(in_flight);
             if self.q.queue.in_flight() == 0 {
                 if stop || issued >= limit {
                     break;
@@ -301,6 +311,21 @@ impl Job {
             self.checked_limit = issued;
         }
         Ok(issued)
+    }
+
+    /// Whether the job holds new I/Os back now: it honours THROTTLE, the
+    /// device set it (as the last publication read it, or read again
+    /// with `fresh`), and I/Os are in flight, whose completions will let
+    /// it look again (never with nothing in flight: D1).
+    fn held(&mut self, fresh: bool) -> bool {
+        let held = self.spec.honour_throttle
+            && self.q.queue.in_flight() > 0
+            && !self.free.is_empty()
+            && self.q.queue.throttle(fresh);
+        if held {
+            self.stats.throttle_holds += 1;
+        }
+        held
     }
 
     /// Between two bursts, with nothing in flight: in the doorbell modes,

@@ -37,7 +37,7 @@ use clap::Parser;
 use serde_json::{Value, json};
 use sqcq_driver::scsi::Lun;
 
-use crate::args::{Args, OutputFormat, TargetKind};
+use crate::args::{Args, OutputFormat, TargetKind, ThrottleArg};
 use crate::cpu::{self_cpu_time, threads_since};
 use crate::device::{Device, DeviceSpec, has_event_idx, has_indirect};
 use crate::error::{BenchError, chain};
@@ -240,6 +240,7 @@ impl Region {
                 n => n,
             },
             idle_timeout: args.io_timeout,
+            honour_throttle: args.throttle == ThrottleArg::Honour,
         }
     }
 }

@@ -267,6 +267,8 @@ impl Report {
                 "sleeps": n.sleeps,
                 "idle_gaps_asleep": stats.idle_gaps,
                 "reconnects": stats.reconnects,
+                "throttle_holds": stats.throttle_holds,
+                "max_in_flight": stats.max_in_flight,
                 "kicks_per_io": per_io(n.kicks as f64, ios),
                 "calls_per_io": per_io(n.calls as f64, ios),
                 "cpu_us_per_io": per_io(stats.cpu.total() * 1e6, ios),

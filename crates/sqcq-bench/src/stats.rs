@@ -117,6 +117,10 @@ pub struct JobStats {
     /// Times the job followed the device to a new connection after it
     /// hung up (`--reconnect`).
     pub reconnects: u64,
+    /// Times the job held I/Os back because the device set THROTTLE.
+    pub throttle_holds: u64,
+    /// The most I/Os the job had published and not completed at once.
+    pub max_in_flight: u16,
 }
 
 impl JobStats {
@@ -138,6 +142,8 @@ impl JobStats {
         self.cpu.system += other.cpu.system;
         self.idle_gaps += other.idle_gaps;
         self.reconnects += other.reconnects;
+        self.throttle_holds += other.throttle_holds;
+        self.max_in_flight = self.max_in_flight.max(other.max_in_flight);
     }
 }
 

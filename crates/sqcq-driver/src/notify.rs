@@ -471,6 +471,15 @@ pub trait Notifier: Send + fmt::Debug {
     /// doorbells show the idle state and the next completion wakes it.
     fn park(&mut self, _ring: &mut SplitQueue) {}
 
+    /// Whether the device asks for no more requests for now (THROTTLE in
+    /// `sq.flags`, doorbell modes; spec section "Backpressure"): as read
+    /// by the last publication, or with `fresh` read again now, which a
+    /// driver holding requests back does after it consumed used buffers
+    /// (D2). Always false without doorbells.
+    fn throttle(&mut self, _fresh: bool) -> bool {
+        false
+    }
+
     /// Whether both sides' pollers of this queue are asleep, when the mode
     /// has doorbells.
     fn idle_state(&self) -> Option<IdleState> {

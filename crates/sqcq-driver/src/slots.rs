@@ -102,6 +102,11 @@ impl<T: Copy + Default> Slots<T> {
         &self.vq
     }
 
+    /// See [`Virtqueue::throttle`].
+    pub(crate) fn throttle(&mut self, fresh: bool) -> bool {
+        self.vq.throttle(fresh)
+    }
+
     /// See `ScsiQueue::enable_interrupts`.
     pub(crate) fn enable_interrupts(&mut self) -> bool {
         self.vq.ring_mut().enable_interrupts()

@@ -148,6 +148,12 @@ impl Virtqueue {
         self.notifier.park(&mut self.ring);
     }
 
+    /// Whether the device asks for no more requests for now (see
+    /// [`Notifier::throttle`]).
+    pub fn throttle(&mut self, fresh: bool) -> bool {
+        self.notifier.throttle(fresh)
+    }
+
     /// Whether both sides' pollers are asleep, in the doorbell modes.
     pub fn idle_state(&self) -> Option<IdleState> {
         self.notifier.idle_state()

@@ -5,6 +5,7 @@
 //! struct virtq_doorbell {        /* 64 bytes, 64-byte aligned */
 //!     le16 idx;                  /* written by the producer only */
 //!     le16 flags;                /* written by the consumer only */
+//!                                /* bit 0 NEED_WAKEUP; bit 1 THROTTLE (SQ only) */
 //!     u8   reserved[60];         /* zero; ignored by readers */
 //! };
 //! ```
@@ -25,6 +26,12 @@ pub const IDX_OFFSET: usize = 0;
 pub const FLAGS_OFFSET: usize = 2;
 /// `flags` bit: the consumer is (about to be) asleep and must be notified.
 pub const NEED_WAKEUP: u16 = 1 << 0;
+/// `sq.flags` bit (`VIRTQ_DOORBELL_F_THROTTLE`): the device has as much
+/// work from the virtqueue as it wants now; buffers made available now
+/// would wait on the ring (spec section "Backpressure"). Advisory: the
+/// device still takes everything made available, later. Reserved in
+/// `cq.flags`.
+pub const THROTTLE: u16 = 1 << 1;
 
 /// Access to the two shared fields of one doorbell.
 ///

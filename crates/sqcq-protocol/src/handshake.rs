@@ -19,7 +19,18 @@
 //! 3. CQ producer: like 1 on the CQ doorbell.
 //! 4. CQ consumer: like 2 on the CQ doorbell.
 //!
-//! Fence 1 pairs with fence 2 and fence 3 with fence 4. Building with
+//! Fence 1 pairs with fence 2 and fence 3 with fence 4.
+//!
+//! The SQ consumer (the device) also owns THROTTLE, bit 1 of `sq.flags`
+//! (spec section "Backpressure"): [`Consumer::set_throttle`] keeps it in
+//! every store of `flags`, so NEED_WAKEUP and THROTTLE always travel in
+//! one 16-bit store (T4), and a clear made before the device publishes a
+//! used index is ordered before it by that publication's Release store
+//! (T2). The SQ producer reads it with the flags it loads anyway after
+//! fence 1 ([`Producer::throttle`]), and again after it consumed used
+//! buffers ([`Producer::load_throttle`], D2).
+//!
+//! Building with
 //! `--cfg sqcq_omit_fence="sq_producer"` (or `sq_consumer`, `cq_producer`,
 //! `cq_consumer`) removes exactly one of them, so the loom tests can show
 //! that each is needed.
@@ -27,7 +38,7 @@
 use core::fmt;
 use core::marker::PhantomData;
 
-use crate::doorbell::{DoorbellCell, NEED_WAKEUP};
+use crate::doorbell::{DoorbellCell, NEED_WAKEUP, THROTTLE};
 use crate::sync::{Ordering, fence};
 
 /// Which doorbell a handle works on; selects the fences it may omit in a
@@ -39,6 +50,9 @@ pub trait Role {
     const OMIT_PRODUCER_FENCE: bool;
     /// True only in a proof build that removes the consumer's fence.
     const OMIT_CONSUMER_FENCE: bool;
+    /// Whether bit 1 of the consumer's `flags` is THROTTLE (the SQ) or
+    /// reserved (the CQ).
+    const THROTTLE: bool;
 }
 
 /// The submission doorbell: the driver produces, the device consumes.
@@ -53,12 +67,14 @@ impl Role for Sq {
     const NAME: &'static str = "sq";
     const OMIT_PRODUCER_FENCE: bool = cfg!(sqcq_omit_fence = "sq_producer");
     const OMIT_CONSUMER_FENCE: bool = cfg!(sqcq_omit_fence = "sq_consumer");
+    const THROTTLE: bool = true;
 }
 
 impl Role for Cq {
     const NAME: &'static str = "cq";
     const OMIT_PRODUCER_FENCE: bool = cfg!(sqcq_omit_fence = "cq_producer");
     const OMIT_CONSUMER_FENCE: bool = cfg!(sqcq_omit_fence = "cq_consumer");
+    const THROTTLE: bool = false;
 }
 
 /// Whether a producer must notify the consumer after publishing.
@@ -88,6 +104,8 @@ pub enum SleepCheck {
 pub struct Producer<C, R> {
     cell: C,
     idx: u16,
+    /// The consumer's `flags` as last loaded.
+    flags: u16,
     _role: PhantomData<R>,
 }
 
@@ -104,6 +122,7 @@ impl<C: DoorbellCell, R: Role> Producer<C, R> {
         Producer {
             cell,
             idx,
+            flags: 0,
             _role: PhantomData,
         }
     }
@@ -123,8 +142,9 @@ impl<C: DoorbellCell, R: Role> Producer<C, R> {
             // NEED_WAKEUP.
             fence(Ordering::SeqCst);
         }
-        // Relaxed: the fence above orders it; only one bit is read.
+        // Relaxed: the fence above orders it.
         let flags = u16::from_le(self.cell.flags().load(Ordering::Relaxed));
+        self.flags = flags;
         if flags & NEED_WAKEUP != 0 {
             Wake::Owed
         } else {
@@ -135,6 +155,25 @@ impl<C: DoorbellCell, R: Role> Producer<C, R> {
     /// The last index published.
     pub fn idx(&self) -> u16 {
         self.idx
+    }
+
+    /// Whether THROTTLE was set in the consumer's `flags` as last loaded
+    /// (by [`Self::publish`] or [`Self::load_throttle`]): the device asks
+    /// for no more buffers for now (D1). Always false on the CQ, whose
+    /// bit 1 is reserved.
+    pub fn throttle(&self) -> bool {
+        R::THROTTLE && self.flags & THROTTLE != 0
+    }
+
+    /// Loads the consumer's `flags` again and says whether THROTTLE is
+    /// set: a driver that holds buffers back calls this after it consumed
+    /// used buffers (D2). The caller's Acquire load of the used index (or
+    /// `cq.idx`) orders this load after it, so a clear the device made
+    /// before publishing those buffers (T2) is seen.
+    pub fn load_throttle(&mut self) -> bool {
+        // Relaxed: ordered by the caller's Acquire, as said above.
+        self.flags = u16::from_le(self.cell.flags().load(Ordering::Relaxed));
+        self.throttle()
     }
 }
 
@@ -152,6 +191,12 @@ impl<C, R: Role> fmt::Debug for Producer<C, R> {
 pub struct Consumer<C, R> {
     cell: C,
     seen: u16,
+    /// THROTTLE if the consumer set it (SQ only), kept in every store of
+    /// `flags`.
+    throttle: u16,
+    /// NEED_WAKEUP as this consumer last stored it (the producer may
+    /// write anything into `flags`; it is never read back).
+    need_wakeup: u16,
     _role: PhantomData<R>,
 }
 
@@ -168,10 +213,14 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
     pub fn new(cell: C, start: u16) -> Self {
         // Start awake: a stale NEED_WAKEUP from a previous owner would only
         // cost the producer needless notifications.
+        // A stale THROTTLE goes with it (T5): this consumer has taken
+        // nothing yet.
         cell.flags().store(0, Ordering::Relaxed);
         Consumer {
             cell,
             seen: start,
+            throttle: 0,
+            need_wakeup: 0,
             _role: PhantomData,
         }
     }
@@ -198,9 +247,7 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
     /// Sets NEED_WAKEUP and re-checks the index: the last step before
     /// sleeping on the eventfd.
     pub fn prepare_sleep(&mut self) -> SleepCheck {
-        self.cell
-            .flags()
-            .store(NEED_WAKEUP.to_le(), Ordering::Relaxed);
+        self.store_flags(NEED_WAKEUP);
         if !R::OMIT_CONSUMER_FENCE {
             // Fences 2 and 4 of the module docs: orders the NEED_WAKEUP
             // store before the `idx` re-load. Pairs with the producer's
@@ -211,7 +258,7 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
             Some(idx) => {
                 // Cleared so the producer stops notifying; a notification
                 // it already decided on is harmless (a spurious wakeup).
-                self.cell.flags().store(0, Ordering::Relaxed);
+                self.store_flags(0);
                 SleepCheck::Work(idx)
             }
             None => SleepCheck::Sleep,
@@ -225,9 +272,7 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
     /// ring once afterwards: a publication whose producer read the flag
     /// before it was set was not notified.
     pub fn park(&mut self) {
-        self.cell
-            .flags()
-            .store(NEED_WAKEUP.to_le(), Ordering::Relaxed);
+        self.store_flags(NEED_WAKEUP);
         if !R::OMIT_CONSUMER_FENCE {
             // Fences 2 and 4, as in `prepare_sleep`: the NEED_WAKEUP store
             // is ordered before the caller's look at the ring.
@@ -238,7 +283,38 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
     /// Clears NEED_WAKEUP after the consumer woke up (or gave up sleeping).
     /// Producers stop notifying once they see it.
     pub fn finish_sleep(&mut self) {
-        self.cell.flags().store(0, Ordering::Relaxed);
+        self.store_flags(0);
+    }
+
+    /// Sets or clears THROTTLE in `sq.flags`, keeping NEED_WAKEUP as it
+    /// is; a no-op on the CQ (bit 1 of `cq.flags` is reserved) and when
+    /// nothing changes.
+    ///
+    /// Set it only while buffers taken from the ring are outstanding
+    /// (T1), and clear it before publishing the used index of the
+    /// completions that let it go (T2): the publication's Release store
+    /// orders this store before it.
+    pub fn set_throttle(&mut self, on: bool) {
+        let bit = if on && R::THROTTLE { THROTTLE } else { 0 };
+        if bit == self.throttle {
+            return;
+        }
+        self.throttle = bit;
+        self.store_flags(self.need_wakeup);
+    }
+
+    /// Whether this consumer has THROTTLE set.
+    pub fn throttled(&self) -> bool {
+        self.throttle != 0
+    }
+
+    /// Stores `flags` with THROTTLE as this consumer has it: one 16-bit
+    /// store of both bits (T4).
+    fn store_flags(&mut self, need_wakeup: u16) {
+        self.need_wakeup = need_wakeup;
+        self.cell
+            .flags()
+            .store((need_wakeup | self.throttle).to_le(), Ordering::Relaxed);
     }
 
     /// The index last seen.

@@ -63,7 +63,7 @@ pub mod yielder;
 /// Feature bit number of VIRTIO_F_SQCQ_POLL.
 pub const VIRTIO_F_SQCQ_POLL: u32 = 42;
 
-pub use doorbell::{Doorbell, DoorbellCell, NEED_WAKEUP, RawDoorbell};
+pub use doorbell::{Doorbell, DoorbellCell, NEED_WAKEUP, RawDoorbell, THROTTLE};
 #[cfg(feature = "guest-memory")]
 pub use guest::{GuestDoorbell, GuestDoorbellError, guest_doorbells};
 pub use handshake::{

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use sqcq_protocol::{
     CqConsumer, CqProducer, Doorbell, DoorbellCell, NEED_WAKEUP, RawDoorbell, SleepCheck,
-    SqConsumer, SqProducer, Wake,
+    SqConsumer, SqProducer, THROTTLE, Wake,
 };
 
 fn first_bytes(bell: &Doorbell) -> [u8; 4] {
@@ -124,4 +124,69 @@ fn reserved_flag_bits_do_not_count_as_need_wakeup() {
     assert_eq!(SqProducer::new(&bell).publish(1), Wake::NotOwed);
     bell.flags().store(0xffff_u16.to_le(), Ordering::Relaxed);
     assert_eq!(SqProducer::new(&bell).publish(2), Wake::Owed);
+}
+
+fn flags(bell: &Doorbell) -> u16 {
+    u16::from_le(bell.flags().load(Ordering::Relaxed))
+}
+
+#[test]
+fn throttle_and_need_wakeup_travel_together_in_sq_flags() {
+    let bell = Doorbell::new();
+    let mut p = SqProducer::new(&bell);
+    let mut c = SqConsumer::new(&bell, 0);
+    c.set_throttle(true);
+    assert_eq!(flags(&bell), THROTTLE);
+    // Sleeping keeps THROTTLE; waking keeps it too (T4).
+    assert_eq!(c.prepare_sleep(), SleepCheck::Sleep);
+    assert_eq!(flags(&bell), THROTTLE | NEED_WAKEUP);
+    assert_eq!(p.publish(1), Wake::Owed);
+    assert!(p.throttle());
+    c.finish_sleep();
+    assert_eq!(flags(&bell), THROTTLE);
+    // Clearing THROTTLE while asleep keeps NEED_WAKEUP.
+    assert_eq!(c.poll(), Some(1));
+    assert_eq!(c.prepare_sleep(), SleepCheck::Sleep);
+    c.set_throttle(false);
+    assert_eq!(flags(&bell), NEED_WAKEUP);
+    assert!(
+        p.throttle(),
+        "the cached flags are the ones of the last publish"
+    );
+    assert!(!p.load_throttle());
+    assert_eq!(p.publish(2), Wake::Owed);
+    assert!(!p.throttle());
+}
+
+#[test]
+fn a_new_consumer_clears_a_stale_throttle() {
+    let bell = Doorbell::new();
+    let mut c = SqConsumer::new(&bell, 0);
+    c.set_throttle(true);
+    assert!(c.throttled());
+    let c2 = SqConsumer::new(&bell, 0);
+    assert!(!c2.throttled());
+    assert_eq!(flags(&bell), 0);
+}
+
+#[test]
+fn the_consumer_never_reads_back_what_the_producer_wrote_into_flags() {
+    let bell = Doorbell::new();
+    let mut c = SqConsumer::new(&bell, 0);
+    // A hostile driver writes junk into the device's word.
+    bell.flags().store(0xfff0u16.to_le(), Ordering::Relaxed);
+    c.set_throttle(true);
+    assert_eq!(flags(&bell), THROTTLE);
+}
+
+#[test]
+fn throttle_is_reserved_on_the_cq() {
+    let bell = Doorbell::new();
+    let mut p = CqProducer::new(&bell);
+    let mut c = CqConsumer::new(&bell, 0);
+    c.set_throttle(true);
+    assert_eq!(flags(&bell), 0);
+    bell.flags().store(THROTTLE.to_le(), Ordering::Relaxed);
+    let _ = p.publish(1);
+    assert!(!p.throttle());
 }

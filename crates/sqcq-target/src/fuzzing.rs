@@ -300,6 +300,7 @@ impl ChainHarness {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
+            max_in_flight: None,
             handler,
             tracking: None,
         })

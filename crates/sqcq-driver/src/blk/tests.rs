@@ -531,3 +531,55 @@ fn every_request_header_shares_its_line_with_its_status_and_no_other() {
         .collect();
     crate::test_rig::assert_one_line_per_request(&requests);
 }
+
+/// Stores `flags` in the queue's SQ doorbell, as the device does.
+fn device_sq_flags(rig: &Rig, flags: u16) {
+    let area = rig.queue.virtqueue().ring().doorbell_area();
+    rig.mem
+        .guest_memory()
+        .write_obj(flags.to_le(), GuestAddress(area.0 + 2))
+        .unwrap();
+}
+
+#[test]
+fn throttle_is_read_at_publication_and_again_when_asked() {
+    for mode in NotifyMode::ALL {
+        let mut rig = rig(mode);
+        let doorbells = mode.doorbells();
+        let data = rig.data(512);
+        device_sq_flags(&rig, sqcq_protocol::THROTTLE);
+        assert_eq!(rig.queue.throttle(true), doorbells, "{mode}: read now");
+        device_sq_flags(&rig, 0);
+        assert_eq!(
+            rig.queue.throttle(false),
+            doorbells,
+            "{mode}: as last read until read again"
+        );
+        assert!(!rig.queue.throttle(true), "{mode}");
+        // A publication loads `sq.flags` after fence 1: it sees the bit.
+        device_sq_flags(&rig, sqcq_protocol::THROTTLE | sqcq_protocol::NEED_WAKEUP);
+        rig.submit(
+            &Request::Read {
+                sector: 0,
+                data: &data,
+            },
+            0,
+        );
+        rig.publish();
+        assert_eq!(
+            rig.queue.throttle(false),
+            doorbells,
+            "{mode}: after publish"
+        );
+        // The completion that lets it go comes with the clear (T2).
+        let seen = rig.device_pop().unwrap();
+        device_sq_flags(&rig, 0);
+        rig.device_complete(&seen, Some(0), 1, None);
+        rig.device_notify(mode);
+        let mut done = Vec::new();
+        while done.is_empty() {
+            rig.queue.wait_and_reap(|c| done.push(c)).unwrap();
+        }
+        assert!(!rig.queue.throttle(true), "{mode}: read after the reap");
+    }
+}

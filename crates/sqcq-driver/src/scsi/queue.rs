@@ -213,6 +213,15 @@ impl ScsiQueue {
         self.slots.park();
     }
 
+    /// Whether the device asks for no more requests for now (THROTTLE,
+    /// doorbell modes): as the last publication read it, or with `fresh`
+    /// read again now. A submitter that honours it submits nothing more
+    /// while it is set and something is in flight, and asks again
+    /// (`fresh`) after each reap ([`Virtqueue::throttle`]).
+    pub fn throttle(&mut self, fresh: bool) -> bool {
+        self.slots.throttle(fresh)
+    }
+
     /// Commands submitted and not yet completed.
     pub fn in_flight(&self) -> u16 {
         self.slots.in_flight()

@@ -184,6 +184,14 @@ impl Notifier for DoorbellNotifier {
         self.shared.stats.store(&cq.stats());
     }
 
+    fn throttle(&mut self, fresh: bool) -> bool {
+        if fresh {
+            self.sq.load_throttle()
+        } else {
+            self.sq.throttle()
+        }
+    }
+
     fn idle_state(&self) -> Option<IdleState> {
         let thread = self.shared.thread.get();
         Some(IdleState {
@@ -400,6 +408,14 @@ impl Notifier for ParkedNotifier {
             events.sleep_on_call(deadline)?;
         }
         Ok(())
+    }
+
+    fn throttle(&mut self, fresh: bool) -> bool {
+        if fresh {
+            self.sq.load_throttle()
+        } else {
+            self.sq.throttle()
+        }
     }
 
     fn doorbells(&self) -> Option<DoorbellState> {

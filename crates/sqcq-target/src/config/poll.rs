@@ -41,6 +41,11 @@ pub struct PollArgs {
     /// requests in flight before it cancels them [default: 30].
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub stop_timeout: Option<u64>,
+    /// At most N requests in flight per request queue: further ones stay
+    /// on the ring, and with bit 42 the driver is asked to hold them back
+    /// (THROTTLE) [default: the queue size].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_inflight: Option<u16>,
 }
 
 /// Parses `MIN,MAX` microseconds into a spin configuration.
@@ -83,6 +88,9 @@ impl PollArgs {
         if let Some(s) = self.stop_timeout {
             base.stop_timeout = Duration::from_secs(s);
         }
+        if self.max_inflight.is_some() {
+            base.max_in_flight = self.max_inflight;
+        }
         base
     }
 }
@@ -104,6 +112,7 @@ pub struct FilePoll {
     stats_file: Option<PathBuf>,
     spin_us: Option<[u64; 2]>,
     stop_timeout: Option<u64>,
+    max_inflight: Option<u16>,
 }
 
 impl From<FilePoll> for PollOptions {
@@ -120,6 +129,7 @@ impl From<FilePoll> for PollOptions {
                 .stop_timeout
                 .filter(|&s| s > 0)
                 .map_or(d.stop_timeout, Duration::from_secs),
+            max_in_flight: f.max_inflight.filter(|&n| n > 0),
         }
     }
 }
@@ -131,12 +141,13 @@ mod tests {
     #[test]
     fn command_line_overrides_file_options() {
         let file: FilePoll = toml::from_str(
-            "sqcq = true\nmode = \"ring\"\ncpus = [1]\nstats-interval = 5\nstop-timeout = 7\n",
+            "sqcq = true\nmode = \"ring\"\ncpus = [1]\nstats-interval = 5\nstop-timeout = 7\nmax-inflight = 8\n",
         )
         .unwrap();
         let base = PollOptions::from(file);
         assert_eq!(base.ring, RingMode::Ring);
         assert_eq!(base.stop_timeout, Duration::from_secs(7));
+        assert_eq!(base.max_in_flight, Some(8));
         assert_eq!(base.stats_interval, Some(Duration::from_secs(5)));
         let args = PollArgs {
             no_sqcq: true,
@@ -149,6 +160,7 @@ mod tests {
         assert_eq!(o.cpus, vec![0, 1]);
         assert_eq!(o.stats_interval, None, "0 turns statistics off");
         assert_eq!(o.ring, RingMode::Ring, "kept from the file");
+        assert_eq!(o.max_in_flight, Some(8), "kept from the file");
         assert!(o.validate(1).is_err(), "two CPUs for one worker");
         o.validate(2).unwrap();
     }

@@ -196,6 +196,18 @@ const QUEUE_FAMILIES: &[QueueFamily] = &[
         value: |q| count(q.resubmitted),
     },
     QueueFamily {
+        name: "sqcq_queue_limited_total",
+        kind: Kind::Counter,
+        help: "Times the queue reached its in-flight limit and left requests on its ring.",
+        value: |q| count(q.limited),
+    },
+    QueueFamily {
+        name: "sqcq_queue_throttled_total",
+        kind: Kind::Counter,
+        help: "Times the queue set THROTTLE in its SQ doorbell (asked the driver to hold requests back).",
+        value: |q| count(q.throttled),
+    },
+    QueueFamily {
         name: "sqcq_queue_running",
         kind: Kind::Gauge,
         help: "1 while the queue is served.",
@@ -466,6 +478,8 @@ mod tests {
             calls: 3,
             kicks: 1,
             resubmitted: 0,
+            limited: 0,
+            throttled: 0,
             spins: 9,
             sleeps: 1,
             ema_lat_ns: 1500,

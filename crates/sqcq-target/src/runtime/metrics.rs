@@ -98,6 +98,8 @@ pub struct QueueMetrics {
     calls: AtomicU64,
     kicks: AtomicU64,
     resubmitted: AtomicU64,
+    limited: AtomicU64,
+    throttled: AtomicU64,
     spins: AtomicU64,
     sleeps: AtomicU64,
     ema_ns: AtomicU64,
@@ -205,6 +207,17 @@ impl QueueMetrics {
         add(&self.resubmitted, 1);
     }
 
+    /// The queue reached its in-flight limit and left requests on its
+    /// ring.
+    pub fn limited(&self) {
+        add(&self.limited, 1);
+    }
+
+    /// The queue set THROTTLE in its SQ doorbell.
+    pub fn throttled(&self) {
+        add(&self.throttled, 1);
+    }
+
     /// Takes in the poll loop's figures: the counters that grew since
     /// `flushed` (what was taken in last time, from the same poller) and
     /// the gauges as they are; `flushed` becomes `now`.
@@ -254,6 +267,8 @@ impl QueueMetrics {
             calls: get(&self.calls),
             kicks: get(&self.kicks),
             resubmitted: get(&self.resubmitted),
+            limited: get(&self.limited),
+            throttled: get(&self.throttled),
             spins: get(&self.spins),
             sleeps: get(&self.sleeps),
             ema_lat_ns: get(&self.ema_ns),
@@ -303,6 +318,11 @@ pub struct QueueSnapshot {
     /// Requests of an earlier run handed to the device again after a
     /// reconnect (in-flight tracking).
     pub resubmitted: u64,
+    /// Times the queue reached its in-flight limit (`--max-inflight`, or
+    /// a backstore refusing work) and left requests on its ring.
+    pub limited: u64,
+    /// Times it set THROTTLE in its SQ doorbell (doorbell queues).
+    pub throttled: u64,
     /// Polls that found nothing new (polled queues).
     pub spins: u64,
     /// Times the queue's poller slept with NEED_WAKEUP set.

@@ -46,6 +46,9 @@ pub struct PollOptions {
     /// the requests in flight before it cancels them
     /// ([`QUEUE_STOP_TIMEOUT`] by default; tests shorten it).
     pub stop_timeout: Duration,
+    /// At most this many requests in flight per request queue (`None`:
+    /// the queue size); see `runtime::queue::limit`.
+    pub max_in_flight: Option<u16>,
 }
 
 /// How long stopping a queue waits for its requests in flight before it
@@ -64,6 +67,7 @@ impl Default for PollOptions {
             stats_file: None,
             spin: SpinConfig::default(),
             stop_timeout: QUEUE_STOP_TIMEOUT,
+            max_in_flight: None,
         }
     }
 }

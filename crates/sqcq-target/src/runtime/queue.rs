@@ -40,10 +40,12 @@ use crate::runtime::split::{HEADS_AHEAD, RingError, SplitRing};
 use crate::runtime::tracking::{Recovery, TrackedQueue};
 
 mod counters;
+mod limit;
 mod notifiers;
 mod poll;
 
 use counters::Counters;
+use limit::{Backpressure, InFlightLimit};
 use notifiers::{Called, Notifiers};
 
 pub use poll::PollError;
@@ -224,6 +226,9 @@ pub struct QueueStart {
     pub source: SubmissionSource,
     /// The adaptive spin window of a polled queue.
     pub spin: SpinPolicy,
+    /// At most this many requests in flight (`None`: the ring's size);
+    /// see `runtime::queue::limit`.
+    pub max_in_flight: Option<u16>,
     /// The device's handler of the queue's requests.
     pub handler: MakeHandler,
     /// The queue's in-flight record (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD),
@@ -284,6 +289,8 @@ pub struct Vring {
     tracking: Option<TrackedQueue>,
     notifiers: Notifiers,
     counters: Counters,
+    /// The in-flight limit, and THROTTLE.
+    backpressure: Backpressure,
     source: SubmissionSource,
     /// Poll state (poll sources only; dropped when the queue breaks).
     poll: Option<Box<QueuePoll>>,
@@ -356,6 +363,7 @@ impl ServedQueue {
             tracking,
             notifiers: Notifiers::new(s.kick, s.call, s.err),
             counters: Counters::new(ring.size),
+            backpressure: Backpressure::new(InFlightLimit::new(s.max_in_flight, ring.size)),
             source: s.source,
             poll: None,
             broken: false,
@@ -480,6 +488,30 @@ impl ServedQueue {
                 q.complete_batch(mem);
             });
         }
+        self.resume_taking();
+    }
+
+    /// Whether the queue may take no more requests now: its requests in
+    /// flight reached its limit, or its backstore refuses work (a commit
+    /// waits for a retry).
+    #[inline]
+    fn at_limit(&self) -> bool {
+        self.ring
+            .backpressure
+            .limit
+            .reached(self.ring.counters.in_flight())
+            || self.handler.commit_retry_in().is_some()
+    }
+
+    /// The queue left chains on its ring at its limit and is under it
+    /// now: it takes them without waiting for a kick or a new doorbell
+    /// index, which may never come (T3).
+    #[inline]
+    fn resume_taking(&mut self) {
+        if self.ring.backpressure.left && !self.ring.broken && !self.at_limit() {
+            self.ring.backpressure.left = false;
+            self.process();
+        }
     }
 
     /// The kick descriptor hung up or failed: the driver can no longer
@@ -498,6 +530,7 @@ impl ServedQueue {
             q.handler.completed(&mut q.ring, mem, source);
             q.ring.publish(mem);
         });
+        self.resume_taking();
     }
 
     /// Processes every available request, then re-enables notifications
@@ -524,6 +557,12 @@ impl ServedQueue {
                     return;
                 }
                 q.complete_batch(mem);
+                if q.ring.backpressure.left {
+                    // At the limit with chains left: notifications stay
+                    // off (a kick would find the queue as full as now);
+                    // `resume_taking` comes back here once it is not.
+                    return;
+                }
                 match q.ring.split.enable_notification(mem) {
                     Ok(true) => continue,
                     Ok(false) => return,
@@ -577,6 +616,7 @@ impl ServedQueue {
             q.handler.reap(&mut q.ring, mem);
             q.ring.publish(mem);
         });
+        self.resume_taking();
     }
 
     /// Handles every chain available now (at most a ring's worth); false
@@ -619,6 +659,9 @@ impl ServedQueue {
         }
         let entries = ring.split.entries(mem);
         let size = ring.split.size();
+        // A backstore refuses work at a commit, after a batch: once per
+        // batch is enough.
+        let saturated = self.handler.commit_retry_in().is_some();
         let mut heads = [0u16; HEADS_AHEAD];
         while ring.split.next_avail() != avail {
             // The heads of up to HEADS_AHEAD entries first, then their
@@ -632,6 +675,12 @@ impl ServedQueue {
             let n = usize::from(avail.wrapping_sub(ring.split.next_avail())).min(HEADS_AHEAD);
             let got = ring.split.read_heads(mem, entries, &mut heads[..n]);
             for &head in &heads[..got] {
+                if saturated || ring.backpressure.limit.reached(ring.counters.in_flight()) {
+                    // Full: this chain and the ones after it stay on the
+                    // ring (see `runtime::queue::limit`).
+                    ring.hold();
+                    return true;
+                }
                 let next = ring.split.next_avail().wrapping_add(1);
                 ring.split.set_next_avail(next);
                 if head >= size {
@@ -815,6 +864,23 @@ impl Vring {
         self.key
     }
 
+    /// The queue reached its limit and leaves the chains still available
+    /// on its ring; with doorbells, it asks the driver to hold new ones
+    /// back. Only while requests it took are in flight (T1): a backstore
+    /// that refuses work with nothing in flight is retried, not
+    /// signalled.
+    fn hold(&mut self) {
+        if !self.backpressure.left {
+            self.backpressure.left = true;
+            if let Some(m) = self.metrics() {
+                m.limited();
+            }
+        }
+        if !self.backpressure.throttled && self.counters.in_flight() > 0 {
+            self.set_throttle(true);
+        }
+    }
+
     /// The device it belongs to.
     pub fn device(&self) -> &DeviceInfo {
         &self.device
@@ -880,6 +946,13 @@ impl Vring {
     /// Publishes completed requests and notifies the driver if it asked.
     pub(crate) fn publish(&mut self, mem: Batch<'_>) {
         self.show_in_flight();
+        if self.backpressure.throttled
+            && self.backpressure.limit.released(self.counters.in_flight())
+        {
+            // T2: cleared before the used index store (Release) that
+            // publishes the completions which brought the queue down.
+            self.set_throttle(false);
+        }
         if self.publish_doorbell(mem) {
             return;
         }

@@ -77,6 +77,7 @@ impl Fixture {
             err: None,
             source: SubmissionSource::Kick,
             spin: sqcq_protocol::SpinPolicy::default(),
+            max_in_flight: None,
             handler,
             tracking: None,
         })

@@ -524,6 +524,7 @@ impl Session {
             err,
             source: self.submission_source(),
             spin: self.pool.options().spin_policy(),
+            max_in_flight: self.pool.options().max_in_flight,
             handler: self.device.request_handler(),
             tracking: self
                 .inflight

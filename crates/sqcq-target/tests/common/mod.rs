@@ -18,6 +18,7 @@
 #![allow(dead_code)]
 
 pub mod blk_driver;
+pub mod blocked;
 pub mod driver;
 pub mod raw;
 pub mod raw_ring;

@@ -51,6 +51,12 @@ impl Counters {
         self.requests += 1;
     }
 
+    /// Requests accepted and not completed.
+    #[inline]
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
     /// Requests taken since the queue started.
     pub(crate) fn requests(&self) -> u64 {
         self.requests

@@ -284,6 +284,27 @@ impl Vring {
         }
     }
 
+    /// Sets or clears THROTTLE in `sq.flags` (doorbell queues; a queue
+    /// without doorbells has no way to say it, and only leaves chains on
+    /// its ring at its limit).
+    pub(crate) fn set_throttle(&mut self, on: bool) {
+        if self.broken {
+            return;
+        }
+        let Some(p) = self.poll.as_mut() else {
+            return;
+        };
+        let SqWatch::Doorbell(c) = p.poller.watch_mut() else {
+            return;
+        };
+        c.set_throttle(on);
+        p.log_doorbells();
+        self.backpressure.throttled = on;
+        if on && let Some(m) = self.metrics() {
+            m.throttled();
+        }
+    }
+
     /// Publishes the used index and the CQ doorbell; the driver is called
     /// only if its CQ poller set NEED_WAKEUP. Returns false when the queue
     /// has no CQ doorbell (the standard rules apply).
