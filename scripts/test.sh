@@ -72,6 +72,8 @@ rm -f target/guest/measure.txt
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --measure --label classic
 stage "guest: VIRTIO_F_SQCQ_POLL in Linux (patches/linux) through QEMU (patches/qemu)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --measure --label sqcq
+stage "guest: backpressure: the SQCQ_POLL guest on file disks while the host limits the daemon's I/O (sqcqd --max-inflight 4, THROTTLE held back by virtio_scsi)"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --backpressure --only-run1
 stage "guest: the same guest and QEMU against sqcqd --no-sqcq: classic virtio"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --daemon-extra --no-sqcq --only-run1
 stage "guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk"

@@ -133,3 +133,42 @@ rbd_remove_all() {
     done
     rbd_images=()
 }
+
+# ------------------------------------------------------------ slow disk
+# blkio_setup NAME DIR: a blkio cgroup NAME (v1 blkio.throttle, or v2
+# io.max) for I/O to the disk under DIR, in $cg, with $cg_kind (v1|v2) and
+# $cg_disk (MAJ:MIN); a process joins it with `echo PID > $cg/cgroup.procs`.
+# Fails (and leaves $cg empty) without a block device under DIR (tmpfs)
+# or a controller; the caller removes $cg (rmdir) when done.
+blkio_setup() {
+    local mm
+    cg=""
+    mm=$(findmnt -no MAJ:MIN -T "$2" 2>/dev/null | tr -d ' ')
+    [ -n "$mm" ] && [ -e "/sys/dev/block/$mm" ] || return 1
+    # a partition: the limit goes on its disk
+    [ ! -e "/sys/dev/block/$mm/partition" ] || mm=$(cat "/sys/dev/block/$mm/../dev")
+    if [ -w /sys/fs/cgroup/blkio/blkio.throttle.write_iops_device ]; then
+        cg=/sys/fs/cgroup/blkio/$1 cg_kind=v1
+    elif grep -qw io /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+        cg=/sys/fs/cgroup/$1 cg_kind=v2
+    else
+        return 1
+    fi
+    mkdir "$cg" 2>/dev/null || { cg=""; return 1; }
+    cg_disk=$mm
+}
+# blkio_limit N|off [writes]: the cgroup's writes, and reads unless
+# "writes", limited to N a second; or no limit
+blkio_limit() {
+    local n r
+    if [ "$cg_kind" = v1 ]; then
+        n=0; [ "$1" = off ] || n=$1
+        r=$n; [ "${2:-}" != writes ] || r=0
+        echo "$cg_disk $r" > "$cg/blkio.throttle.read_iops_device"
+        echo "$cg_disk $n" > "$cg/blkio.throttle.write_iops_device"
+    else
+        n=max; [ "$1" = off ] || n=$1
+        r=$n; [ "${2:-}" != writes ] || r=max
+        echo "$cg_disk riops=$r wiops=$n" > "$cg/io.max"
+    fi
+}

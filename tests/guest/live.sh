@@ -177,26 +177,12 @@ check() { echo "$1 $2 ${*:3}" >> "$results"; }
 # set`, which every client that has it open applies at once), holding
 # the requests in the daemon alike.
 throttle_setup() {
-    local mm
     if [ "$rbd" = 1 ]; then can_throttle=1; return 0; fi
-    mm=$(findmnt -no MAJ:MIN -T "$work" 2>/dev/null | tr -d ' ')
-    [ -n "$mm" ] && [ -e "/sys/dev/block/$mm" ] || return 0
-    # a partition: the limit goes on its disk
-    [ ! -e "/sys/dev/block/$mm/partition" ] || mm=$(cat "/sys/dev/block/$mm/../dev")
-    if [ -w /sys/fs/cgroup/blkio/blkio.throttle.write_iops_device ]; then
-        cg=/sys/fs/cgroup/blkio/sqcq-live-$$ cg_kind=v1
-    elif grep -qw io /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
-        cg=/sys/fs/cgroup/sqcq-live-$$ cg_kind=v2
-    else
-        return 0
-    fi
-    mkdir "$cg" 2>/dev/null || { cg=""; return 0; }
-    cg_disk=$mm can_throttle=1
+    if blkio_setup "sqcq-live-$$" "$work"; then can_throttle=1; fi
 }
 # throttle N|off [writes]: the daemons' writes, and reads unless "writes",
 # limited to N a second; or no limit
 throttle() {
-    local r
     if [ "$rbd" = 1 ]; then
         local key
         for key in rbd_qos_write_iops_limit rbd_qos_read_iops_limit; do
@@ -208,16 +194,7 @@ throttle() {
         done
         return
     fi
-    if [ "$cg_kind" = v1 ]; then
-        local n=0; [ "$1" = off ] || n=$1
-        r=$n; [ "${2:-}" != writes ] || r=0
-        echo "$cg_disk $r" > "$cg/blkio.throttle.read_iops_device"
-        echo "$cg_disk $n" > "$cg/blkio.throttle.write_iops_device"
-    else
-        local n=max; [ "$1" = off ] || n=$1
-        r=$n; [ "${2:-}" != writes ] || r=max
-        echo "$cg_disk riops=$r wiops=$n" > "$cg/io.max"
-    fi
+    blkio_limit "$@"
 }
 
 # ------------------------------------------------------------- daemons

@@ -63,6 +63,14 @@ usage: scripts/guest-test.sh [options]
                         the resize check resizes the image in the cluster
                         (rbd resize), not through the daemon. SKIP without a
                         cluster (FAIL under SQCQ_REQUIRE_PEERS)
+  --backpressure        with --sqcq: sqcqd serves the two disks from files
+                        with --max-inflight 4, from a blkio cgroup of its
+                        own, and the guest runs fio (QD 64, verify) on the
+                        second disk while the host limits the daemon's I/O
+                        to 200 a second (SQCQ-HOST throttle-on/-off): the
+                        device sets THROTTLE, virtio_scsi holds commands
+                        back (holds= in its statistics line), nothing times
+                        out (spec section "Backpressure")
   --keep                keep the scratch directory (logs, images)
 Env: SQCQ_GUEST_DAEMON (= --daemon), SQCQD (path of sqcqd),
      SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_STALL/_SHUTDOWN (seconds: 90/240/90/30;
@@ -76,7 +84,7 @@ daemon="${SQCQ_GUEST_DAEMON:-}"
 images=()
 daemon_cmd="${SQCQ_GUEST_DAEMON_CMD:-}"
 nq="" disks="" bss="" one_conn="" file_backed="" no_reset="" bios="" bios2="" only_run1=0 keep=0
-sqcq=0 daemon_extra="" measure=0 label="" spin_max_us="" blk=0 rbd=0
+sqcq=0 daemon_extra="" measure=0 label="" spin_max_us="" blk=0 rbd=0 bp=0
 no_reset_why="the daemon does not survive a device reset within a connection (--no-reset)"
 dev_opts="${SQCQ_GUEST_DEVICE_OPTS-unset}"
 while [ $# -gt 0 ]; do
@@ -102,6 +110,7 @@ while [ $# -gt 0 ]; do
     --spin-max-us) spin_max_us="$2"; shift ;;
     --blk) blk=1 ;;
     --rbd) rbd=1 ;;
+    --backpressure) bp=1 ;;
     --keep) keep=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "guest-test: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -142,6 +151,10 @@ sqcqd)
     fi
     if [ "$rbd" = 1 ] && [ "$blk" = 0 ]; then
         : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun $(rbd_lun lun0) --lun $(rbd_lun lun1),block-size=4096 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+    elif [ "$bp" = 1 ]; then
+        : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=file,path={dir}/lun0.img --lun kind=file,path={dir}/lun1.img,block-size=4096 --max-inflight 4 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+        [ "${#images[@]}" -gt 0 ] || images=(lun0.img lun1.img)
+        file_backed=1
     elif [ "$blk" = 1 ]; then
         : "${daemon_cmd:="$bin --config {dir}/blk.toml --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
     else
@@ -151,6 +164,8 @@ sqcqd)
     # the host resizes the first disk when the guest asks (SQCQ-HOST
     # resize-grow/-shrink): through the admin socket, or in the cluster
     if [[ "$daemon_cmd" == *"{dir}/admin.sock"* ]] || [ "$rbd" = 1 ]; then can_resize=1; fi
+    # (a file LUN grows but does not shrink back: no resize check there)
+    [ "$bp" = 0 ] || can_resize=0
     [ "$rbd" = 0 ] || file_backed=1
     : "${nq:=2}" "${disks:=2}" "${bss:=512,4096}" "${one_conn:=0}" "${file_backed:=0}" "${no_reset:=0}"
     ;;
@@ -216,6 +231,13 @@ exec 9> target/guest/qemu.lock
 if ! flock -w 900 9; then say "another guest test held target/guest/qemu.lock for 900 s"; exit 1; fi
 work="$(mktemp -d /tmp/sqcq-guest.XXXXXX)"
 sock="$work/vhost.sock"
+cg=""
+if [ "$bp" = 1 ]; then
+    [ "$sqcq" = 1 ] && [ "$daemon" = sqcqd ] && [ "$blk" = 0 ] && [ "$rbd" = 0 ] ||
+        { say "--backpressure needs --sqcq and sqcqd (virtio-scsi, file disks)"; exit 2; }
+    blkio_setup "sqcq-guest-$$" "$work" ||
+        { say "--backpressure needs a blkio (v1) or io (v2) cgroup controller for the disk under $work"; exit 1; }
+fi
 # check-set prefix: "" for virtio-scsi, "b" for virtio-blk
 P=""
 if [ "$blk" = 1 ]; then
@@ -233,6 +255,7 @@ cleanup() {
     kill_group "$qemu_pid"; qemu_pid=""
     kill_group "$daemon_pid"; daemon_pid=""
     [ "$rbd" = 0 ] || rbd_remove_all
+    [ -z "$cg" ] || rmdir "$cg" 2>/dev/null || true
     keep_logs "$rc" "$work"
     if [ "$keep" = 1 ]; then say "kept $work"; else rm -rf "$work"; fi
 }
@@ -268,6 +291,9 @@ start_daemon() {
         [ -e "$work/$img" ] || truncate -s 64M "$work/$img"
     done
     echo "== $(date +%T) $cmd" >> "$work/daemon.log"
+    # --backpressure: the daemon (all its threads, io_uring's io-wq too)
+    # in the cgroup whose I/O the host limits
+    [ -z "$cg" ] || cmd="echo \$\$ > $cg/cgroup.procs && exec $cmd"
     # setsid: the daemon leads its own process group (killed as a group)
     setsid sh -c "$cmd" >> "$work/daemon.log" 2>&1 < /dev/null &
     daemon_pid=$!
@@ -335,6 +361,7 @@ qemu_run() {
     if [ -n "$resize_img" ]; then append="$append sqcq_resize=rbd"
     elif [ "${can_resize:-0}" = 1 ]; then append="$append sqcq_resize=admin"; fi
     [ "$measure" = 1 ] && [ "$mode" = full ] && append="$append sqcq_measure=1"
+    [ "$bp" = 1 ] && [ "$mode" = full ] && append="$append sqcq_bp=1"
     append="$append sqcq_mq=$(( nq < 2 ? nq : 2 )) sqcq_nonce=$nonce sqcq_timeout=60"
     [ -n "$bss" ] && append="$append sqcq_bs=$bss"
     [ -n "$prev" ] && append="$append sqcq_prev=$prev"
@@ -444,6 +471,12 @@ host_action() {
         # every running request queue stops at its next request, as for
         # a nonsense doorbell
         queue-break) call=(fault_break device=0) ;;
+        # --backpressure: the daemon's I/O on its disk limited, or not
+        throttle-on|throttle-off)
+            if [ -z "$cg" ]; then say "the guest asked for '$1' without --backpressure"; return; fi
+            if [ "$1" = throttle-on ]; then blkio_limit 200; else blkio_limit off; fi
+            echo "== $(date +%T) $1 ($cg_kind $cg, disk $cg_disk)" >> "$work/host-actions.log"
+            return ;;
         # the first disk (LUN 0 of the SCSI device, or the first blk
         # device), 64 MiB, grown and shrunk back
         resize-grow|resize-shrink)
@@ -506,6 +539,17 @@ sqcq_host_checks() {
             host_check "$run/queue_break" FAIL "daemon: '${reply:-no reply}'; QEMU vring errors: $vring"
         fi
     fi
+    if [ "$bp" = 1 ]; then
+        local t
+        t=$(python3 -c 'import json, sys
+q = [e for e in json.load(open(sys.argv[1]))["queues"] if e["vq"] >= 2]
+print(sum(e["limited"] for e in q), sum(e["throttled"] for e in q))' "$work/stats.json" 2>/dev/null || true)
+        if [ -n "$t" ] && [ "${t#* }" -gt 0 ]; then
+            host_check "$run/bp_throttled" PASS "daemon: request queues at their limit $t times (limited, THROTTLE set)"
+        else
+            host_check "$run/bp_throttled" FAIL "the daemon never set THROTTLE (limited, throttled: ${t:-no statistics})"
+        fi
+    fi
     [ "$measure" = 1 ] || return 0
     local qd k0 c0 k1 c1 line ios irqs ticks
     for qd in 1 32; do
@@ -542,6 +586,7 @@ if start_daemon; then
     sets1="${P}full"
     [ "$expect_sqcq" = on ] && sets1="$sets1 sqcq sqcqfull"
     [ "$measure" = 1 ] && sets1="$sets1 measure"
+    [ "$bp" = 1 ] && sets1="$sets1 backpressure"
     collect run1 "$work/run1.console.log" "$sets1"
     sqcq_host_checks run1
     prev=""
