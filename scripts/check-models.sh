@@ -2,7 +2,7 @@
 # Model-check the spin models in models/.
 #
 #   need_wakeup.pml  the NEED_WAKEUP handshake (spec section 4)
-#   restart.pml      stop, crash and restart of a queue (spec section 7.3)
+#   restart.pml      stop, crash and restart of a queue (spec section 8.3)
 #
 # Each full model must verify with 0 errors (safety: assertions and invalid
 # end states; liveness: every request is eventually harvested, under weak
