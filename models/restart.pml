@@ -1,6 +1,6 @@
 /*
  * VIRTIO_F_SQCQ_POLL: a virtqueue with doorbells stops and starts again
- * (docs/spec/virtio-sqcq.md, section 7.3). The device instance serving it
+ * (docs/spec/virtio-sqcq.md, section 8.3). The device instance serving it
  * is stopped (vhost-user GET_VRING_BASE) or killed (kill -9) at any point,
  * and a new instance, which may find requests in the vhost-user in-flight
  * area, takes over while the driver goes on unchanged.
@@ -14,8 +14,8 @@
  *   memory     drains store buffers to memory (tso.pml)
  *
  * The submitter and the poller follow need_wakeup.pml. The device follows
- * spec 7.3: stop S1-S5, start R1-R3. Each rule of the start can be left
- * out (the first instance's start is the ordinary one of spec 7.1):
+ * spec 8.3: stop S1-S5, start R1-R3. Each rule of the start can be left
+ * out (the first instance's start is the ordinary one of spec 8.1):
  *   -DNO_START_RECONCILE  R1: requests of a batch whose used.idx store
  *                             reached memory still count as in flight
  *   -DLAST_HEAD_ONLY      R1 with I2 as libvhost-user has it: only the
@@ -136,7 +136,7 @@ active proctype device() {
 instance:
     if
     :: !restarted ->
-        /* Spec 7.1: the first start, from ring base 0, looks at the ring
+        /* Spec 8.1: the first start, from ring base 0, looks at the ring
          * without waiting for sq.idx to change. */
         load(DEV, SQ_IDX, v);
         goto work

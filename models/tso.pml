@@ -2,7 +2,9 @@
  * TSO (x86) shared memory with one FIFO store buffer per thread, and
  * eventfds: the machinery the VIRTIO_F_SQCQ_POLL models of this directory
  * share. The including model defines N (requests) and SBSZ (store buffer
- * entries per thread) first.
+ * entries per thread) first, and may define NEXTRA, the number of memory
+ * locations of its own after the rings (driver-internal variables shared
+ * by the driver's two threads), with PR_EXTRA(l) to print their names.
  *
  * Three threads own a store buffer: the submitter (driver, SQ producer),
  * the device (SQ consumer and CQ producer) and the poller (driver, CQ
@@ -22,9 +24,17 @@
 #define CQ_FLAGS    5
 #define AVAIL_RING  6
 #define USED_RING   (AVAIL_RING + N)
-#define NLOC        (USED_RING + N)
+#ifndef NEXTRA
+#define NEXTRA      0
+#endif
+#define EXTRA       (USED_RING + N)     /* the including model's own locations */
+#define NLOC        (EXTRA + NEXTRA)
+#ifndef PR_EXTRA
+#define PR_EXTRA(l) printf("extra[%d]", (l) - EXTRA)
+#endif
 
-#define NEED_WAKEUP 1
+#define NEED_WAKEUP 1               /* bit 0 of sq.flags and of cq.flags */
+#define THROTTLE    2               /* bit 1 of sq.flags (throttle.pml) */
 
 /* Store buffer owners. */
 #define SUB 0
@@ -59,7 +69,8 @@ inline pr_loc(l) {
     :: l == CQ_IDX    -> printf("cq.idx")
     :: l == CQ_FLAGS  -> printf("cq.flags")
     :: l >= AVAIL_RING && l < USED_RING -> printf("avail.ring[%d]", l - AVAIL_RING)
-    :: l >= USED_RING -> printf("used.ring[%d]", l - USED_RING)
+    :: l >= USED_RING && l < EXTRA -> printf("used.ring[%d]", l - USED_RING)
+    :: l >= EXTRA -> PR_EXTRA(l)
     fi
 }
 

@@ -2,12 +2,15 @@
 # Model-check the spin models in models/.
 #
 #   need_wakeup.pml  the NEED_WAKEUP handshake (spec section 4)
-#   restart.pml      stop, crash and restart of a queue (spec section 7.3)
+#   throttle.pml     backpressure: THROTTLE in sq.flags (spec section 5)
+#   restart.pml      stop, crash and restart of a queue (spec section 8.3)
 #
 # Each full model must verify with 0 errors (safety: assertions and invalid
 # end states; liveness: every request is eventually harvested, under weak
 # fairness). Each variant that leaves out a fence or a rule must produce a
-# counterexample. Exits non-zero otherwise. Runs up to CHECK_MODELS_JOBS
+# counterexample; a variant may need other rules left out too, or another
+# size (its macros are a comma-separated list, each passed to spin as -D:
+# N=3,NO_D1,NO_D2). Exits non-zero otherwise. Runs up to CHECK_MODELS_JOBS
 # checks at once (default: the number of CPUs). Works from any directory;
 # builds pan in a temporary directory.
 set -uo pipefail
@@ -40,6 +43,9 @@ PAN_DEPTH=-m1000000
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
 
+# defines MACROS : "A,B=1" -> "-DA -DB=1"
+defines() { [ -n "$1" ] && printf -- '-D%s ' ${1//,/ }; }
+
 # build DIR MODEL GCC_FLAGS SPIN_DEFINES... : spin -a and gcc in DIR
 build() {
     local dir=$1 model=$2 cflags=$3
@@ -61,41 +67,50 @@ states() { awk '/states, stored/ { print $1; exit }' "$1"; }
 # verdict PASS|FAIL text : one result line (the caller's log)
 verdict() { printf '%s  %s\n' "$1" "$2"; }
 
-# check_full MODEL safety|liveness : the full model must verify
+# check_full MODEL safety|liveness [MACROS [description]] : the model
+# must verify (with MACROS: a claim that those rules are not needed there)
 check_full() {
-    local model=$1 kind=$2 start dir e cflags="-O2 -DSAFETY" sdefs=() flags=()
+    local model=$1 kind=$2 macros=${3:-} what=${4:-} start dir e name
+    local cflags="-O2 -DSAFETY" sdefs=() flags=()
     start=$(now)
-    dir="$work/$model-$kind"
+    dir="$work/$model-$kind-${macros//[,=]/+}"
+    name="$model${macros:+ $(defines "$macros")}"
+    name=${name% }
+    # shellcheck disable=SC2207 # defines prints words without spaces
+    sdefs=($(defines "$macros"))
     if [ "$kind" = liveness ]; then
         cflags=-O2
-        sdefs=(-DLIVENESS)
+        sdefs+=(-DLIVENESS)
         flags=(-a -f)
     fi
     if ! build "$dir" "$model" "$cflags" "${sdefs[@]}"; then
-        verdict FAIL "$model, $kind: build failed ($(tail -n 1 "$dir"/*.out))"
+        verdict FAIL "$name, $kind: build failed ($(tail -n 1 "$dir"/*.out))"
         return
     fi
     (cd "$dir" && ./pan $PAN_DEPTH -n "${flags[@]}" >pan.out 2>&1)
     e=$(errors "$dir/pan.out")
     if [ "$e" != 0 ] || ! exhaustive "$dir/pan.out"; then
-        verdict FAIL "$model, $kind: errors=${e:-?} ($(since "$start"))"
+        verdict FAIL "$name${what:+ ($what)}, $kind: errors=${e:-?} ($(since "$start"))"
         grep -E '^pan:|max search depth' "$dir/pan.out" | head -n 3 | sed 's/^/      /'
         return
     fi
     if [ "$kind" = liveness ]; then
-        verdict PASS "$model, liveness under weak fairness: 0 errors, exhaustive, $(states "$dir/pan.out") states ($(since "$start"))"
+        verdict PASS "$name${what:+ ($what)}, liveness under weak fairness: 0 errors, exhaustive, $(states "$dir/pan.out") states ($(since "$start"))"
     else
-        verdict PASS "$model, safety: 0 errors, exhaustive, $(states "$dir/pan.out") states ($(since "$start"))"
+        verdict PASS "$name${what:+ ($what)}, safety: 0 errors, exhaustive, $(states "$dir/pan.out") states ($(since "$start"))"
     fi
 }
 
-# check_variant MODEL MACRO description: the model without it must fail
+# check_variant MODEL MACROS description: the model without it must fail
 check_variant() {
-    local model=$1 macro=$2 what=$3 start dir e loc
+    local model=$1 macros=$2 what=$3 start dir e loc name sdefs
     start=$(now)
-    dir="$work/$model-$macro"
-    if ! build "$dir" "$model" "-O0 -DSAFETY" "-D$macro"; then
-        verdict FAIL "$model -D$macro: build failed ($(tail -n 1 "$dir"/*.out))"
+    dir="$work/$model-${macros//[,=]/+}"
+    # shellcheck disable=SC2207 # defines prints words without spaces
+    sdefs=($(defines "$macros"))
+    name="$model ${sdefs[*]}"
+    if ! build "$dir" "$model" "-O0 -DSAFETY" "${sdefs[@]}"; then
+        verdict FAIL "$name: build failed ($(tail -n 1 "$dir"/*.out))"
         return
     fi
     # Stops at the first counterexample (the trail is not the shortest: a
@@ -103,11 +118,11 @@ check_variant() {
     (cd "$dir" && ./pan $PAN_DEPTH -n >pan.out 2>&1)
     e=$(errors "$dir/pan.out")
     if [ -z "$e" ] || [ "$e" = 0 ] || [ ! -f "$dir/$model.trail" ]; then
-        verdict FAIL "$model -D$macro ($what): no counterexample, but one was expected ($(since "$start"))"
+        verdict FAIL "$name ($what): no counterexample, but one was expected ($(since "$start"))"
         return
     fi
-    verdict PASS "$model -D$macro ($what): counterexample found, as expected ($(since "$start"))"
-    (cd "$dir" && spin -T -t "-D$macro" "$model" >replay.out 2>&1)
+    verdict PASS "$name ($what): counterexample found, as expected ($(since "$start"))"
+    (cd "$dir" && spin -T -t "${sdefs[@]}" "$model" >replay.out 2>&1)
     printf '      %s, trail of %s steps\n' \
         "$(grep -m 1 '^pan:1:' "$dir/pan.out")" \
         "$(sed -n 's/^spin: trail ends after \([0-9]*\) steps.*/\1/p' "$dir/replay.out")"
@@ -133,8 +148,12 @@ check_variant() {
 checks=(
     "check_full restart.pml liveness"
     "check_full need_wakeup.pml liveness"
+    "check_variant throttle.pml N=3,NO_D1,NO_D2 'D2 where the driver resumes only on a clear THROTTLE: sq.flags read before used->idx'"
+    "check_full throttle.pml liveness"
     "check_full restart.pml safety"
     "check_full need_wakeup.pml safety"
+    "check_full throttle.pml safety"
+    "check_full throttle.pml safety COUNT_FENCE,NO_T1,NO_T2_ORDER,NO_D2 'with fence 6, T1, T2 and the read of D2 serve throughput only'"
     "check_variant restart.pml NO_START_RECONCILE 'R1: a published batch still counted in flight'"
     "check_variant restart.pml LAST_HEAD_ONLY 'R1/I2: only the last request of a published batch known'"
     "check_variant restart.pml NO_START_CQ_IDX 'R2: cq.idx not rewritten from used.idx'"
@@ -145,6 +164,11 @@ checks=(
     "check_variant need_wakeup.pml NO_FENCE_SQ_CONSUMER 'fence 2, device: sq.flags store -> sq.idx load'"
     "check_variant need_wakeup.pml NO_FENCE_CQ_PRODUCER 'fence 3, device: cq.idx store -> cq.flags load'"
     "check_variant need_wakeup.pml NO_FENCE_CQ_CONSUMER 'fence 4, driver: cq.flags store -> cq.idx load'"
+    "check_variant throttle.pml NO_FENCE_5 'D3, fence 5, submitter: held record store -> sq.flags load'"
+    "check_variant throttle.pml NO_T3 'T3: at its limit, the device waits for sq.idx to change'"
+    "check_variant throttle.pml NO_T2_ORDER 'T2: THROTTLE cleared after the completion is published; no fence 6'"
+    "check_variant throttle.pml NO_T1 'T1: THROTTLE set with nothing outstanding; no fence 6'"
+    "check_variant throttle.pml COUNT_FENCE,NO_T1,NO_D1 'D1 against a device that breaks T1: holds with nothing outstanding'"
 )
 
 begin=$(now)
@@ -159,7 +183,7 @@ wait
 passed=0
 failed=0
 # Per model: safety, liveness, then the variants in the order above.
-for model in need_wakeup.pml restart.pml; do
+for model in need_wakeup.pml throttle.pml restart.pml; do
     for prefix in "check_full $model safety" "check_full $model liveness" "check_variant $model "; do
         for i in "${!checks[@]}"; do
             case ${checks[$i]} in "$prefix"*) ;; *) continue ;; esac

@@ -1,5 +1,5 @@
 //! In-flight tracking across a reconnect (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)
-//! and the doorbells after a restart (spec section 7).
+//! and the doorbells after a restart (spec section 8).
 //!
 //! These drive the daemon with hand-made rings and hand-made in-flight
 //! records: the state a daemon killed at a chosen moment leaves behind,

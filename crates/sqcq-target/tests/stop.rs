@@ -1,4 +1,4 @@
-//! A queue stopped while its backstore holds requests (spec 7.3.2 S1,
+//! A queue stopped while its backstore holds requests (spec 8.3.2 S1,
 //! S5): past the stop deadline the requests are cancelled and waited for,
 //! never abandoned with the kernel still copying through guest memory.
 //!
@@ -230,7 +230,7 @@ fn scsi_attempt() -> bool {
     true
 }
 
-/// Spec 7.3.2 S5: a worker that cannot finish a stop (a backstore write
+/// Spec 8.3.2 S5: a worker that cannot finish a stop (a backstore write
 /// that neither completes nor cancels) keeps GET_VRING_BASE unanswered and
 /// the memory mapped; the real binary then ends the process (a crash for
 /// the frontend) rather than start the vring again under it.

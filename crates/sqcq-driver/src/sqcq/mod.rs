@@ -10,7 +10,7 @@
 //! - [`poll_thread`]: one thread per device (default) or per queue that
 //!   watches the CQ doorbells, spins for the adaptive window, then sets
 //!   NEED_WAKEUP on all of them and sleeps in `epoll_wait` over their call
-//!   eventfds (spec section 11.2).
+//!   eventfds (spec section 12.2).
 //! - [`notifier`]: the submitter: `avail->idx`, then `sq.idx` through
 //!   `SqProducer`, a kick only on `Wake::Owed`; waiting for completions on
 //!   the mailbox with the same spin-then-sleep handshake.

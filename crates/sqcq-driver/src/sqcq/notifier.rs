@@ -101,7 +101,7 @@ impl Notifier for DoorbellNotifier {
     }
 
     fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents) {
-        // The device decides on calls from `cq.flags` alone (spec 5.2); the
+        // The device decides on calls from `cq.flags` alone (spec 6.2); the
         // ring flag is kept consistent with a driver that polls.
         ring.disable_interrupts();
         events.report_to(Arc::clone(&self.shared.stats));

@@ -2,7 +2,7 @@
 //! every move of `cq.idx` to the queue's submitter through its mailbox, and
 //! sleeps when every queue has been quiet for its spin window.
 //!
-//! One thread per device is the default (spec section 11.2): it costs one
+//! One thread per device is the default (spec section 12.2): it costs one
 //! spinning CPU per device, which matters on a 2-CPU machine.
 //! [`PollThreads::PerQueue`] gives each queue its own thread instead.
 //!

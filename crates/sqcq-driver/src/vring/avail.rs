@@ -188,7 +188,7 @@ impl SplitQueue {
     /// device, with one store of `avail->idx`, and returns the new index;
     /// `None` when nothing was added. No kick decision: with
     /// VIRTIO_F_SQCQ_POLL the caller stores the index in `sq.idx` and
-    /// decides from `sq.flags` alone (spec section 5.1).
+    /// decides from `sq.flags` alone (spec section 6.1).
     pub fn publish_index(&mut self) -> Option<u16> {
         let new = self.avail_idx;
         if new == self.published_idx {

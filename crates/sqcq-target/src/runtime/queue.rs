@@ -748,7 +748,7 @@ impl ServedQueue {
     /// mapped again for something else, meanwhile. So past `deadline` the
     /// queue cancels what is in flight and then waits, without a bound,
     /// until every request has completed (cancelled requests with an
-    /// error status, spec 7.3.2 S1: this stop cannot know whether an
+    /// error status, spec 8.3.2 S1: this stop cannot know whether an
     /// in-flight area will reach the next instance, a migration carries
     /// none, so even blk requests are completed rather than left recorded
     /// in flight). Only then is `self` dropped with the pins, the iovecs

@@ -13,7 +13,7 @@
 //! DescStateSplit   { u8 inflight; u8 padding[5]; u16 next; u64 counter; }
 //! ```
 //!
-//! and the protocol is theirs, batched (spec section 7.3.1, I1 to I3;
+//! and the protocol is theirs, batched (spec section 8.3.1, I1 to I3;
 //! libvhost-user's recovery clears only the last head of a batch, which is
 //! right only for batches of one): a head is recorded (`counter`,
 //! then `inflight = 1`) before its request goes to a backstore; each

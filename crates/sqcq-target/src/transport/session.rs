@@ -565,7 +565,7 @@ impl Session {
     /// GET_VRING_BASE, and starts on the other where it stopped. Requests
     /// the driver makes available meanwhile wait in the ring; a kick
     /// meanwhile stays in the kick eventfd, and the SQ doorbell is parked
-    /// with NEED_WAKEUP (spec 7.3.2), so none is lost. A queue whose
+    /// with NEED_WAKEUP (spec 8.3.2), so none is lost. A queue whose
     /// requests do not complete within [`MOVE_DRAIN_TIMEOUT`] stays where
     /// it is (nothing is abandoned), and so does one that cannot start on
     /// the other worker. Returns `(vq, from, to)` of each queue moved, or
@@ -789,7 +789,7 @@ impl Session {
 /// A worker did not answer a stop: it still serves the queue, waiting
 /// for backstore requests that neither complete nor cancel, and may
 /// touch the ring, the doorbells and the guest memory when they do.
-/// Spec 7.3.2 S5: GET_VRING_BASE must not be answered and the queue must
+/// Spec 8.3.2 S5: GET_VRING_BASE must not be answered and the queue must
 /// not start again while that may happen, and the memory those requests
 /// write into must stay mapped. Waiting on would hang this device's
 /// connection (and the frontend, which waits for the answer) for as

@@ -7,7 +7,7 @@
 //! completions are announced through the CQ doorbell: after the used index
 //! is published, `CqProducer::publish` says whether the driver's poller
 //! sleeps, and only then is the call eventfd signalled, whatever EVENT_IDX
-//! and VRING_AVAIL_F_NO_INTERRUPT say (spec section 5). A doorbell area
+//! and VRING_AVAIL_F_NO_INTERRUPT say (spec section 6). A doorbell area
 //! that is not where the spec allows, or a doorbell value no correct
 //! driver writes, breaks the queue like a corrupt ring: it stops, the
 //! error eventfd is signalled, and the doorbells are not touched again.
@@ -120,7 +120,7 @@ impl QueuePoll {
     /// The poll state of a queue starting at `ring` whose used ring stands
     /// at `next_used`, and whether the driver is owed a call.
     ///
-    /// With doorbells this is the start of spec section 7.3.3 (R1, the
+    /// With doorbells this is the start of spec section 8.3.3 (R1, the
     /// ring base, is the caller's): R2, `cq.idx` is brought to the used
     /// index (the previous device may have died between the two stores)
     /// and a driver poller that sleeps is called, since the previous
@@ -144,7 +144,7 @@ impl QueuePoll {
             let location = doorbell_location(addrs, ring.size).map_err(PollError::Layout)?;
             let (sq, cq) = guest_doorbells(&map, location).map_err(PollError::Memory)?;
             // Starts from the ring base: a doorbell written before the
-            // queue started reads as new work (spec 7.1); clears a stale
+            // queue started reads as new work (spec 8.1); clears a stale
             // NEED_WAKEUP.
             let mut producer = CqProducer::new(cq);
             let owed = producer.publish(next_used) == Wake::Owed;
@@ -166,7 +166,7 @@ impl QueuePoll {
         Ok((p, owed))
     }
 
-    /// Stop, spec section 7.3.2 S3 and S4: nobody polls the SQ doorbell
+    /// Stop, spec section 8.3.2 S3 and S4: nobody polls the SQ doorbell
     /// from now on, so NEED_WAKEUP goes up in `sq.flags` (a driver that
     /// submits while the queue is stopped kicks, and the kick waits in the
     /// eventfd for the next device); logged like every doorbell write.
