@@ -10,17 +10,14 @@
 
 mod common;
 
-use common::blocked::{InodeLock, blocked, in_flight, lost_lock, serial, write};
+use common::blocked::{self, InodeLock, blocked, in_flight, lost_lock, serial, write};
 use common::raw_ring::{SQCQ, Vq, connect_device};
 use common::*;
 use sqcq_protocol::THROTTLE;
 use sqcq_target::Daemon;
-use sqcq_target::config::{
-    BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, PollOptions, QueueMap, RingMode,
-};
+use sqcq_target::config::{DeviceType, PollOptions, RingMode};
 use sqcq_wire::blk::Status;
 
-const DISK: u64 = 8 << 20;
 const LEN: usize = 4096;
 /// The in-flight limit of the queue under test.
 const MAX: u16 = 2;
@@ -40,35 +37,16 @@ enum Mode {
 /// A daemon with one blk device on a file of `dir`, at most [`MAX`]
 /// requests in flight per queue.
 fn start(dir: &TempDir, mode: Mode) -> (Daemon, std::path::PathBuf) {
-    let socket = dir.path("dev.sock");
-    let mut disk = lun(BackstoreKind::File, DISK);
-    disk.path = Some(dir.path("disk"));
-    disk.create = true;
-    let config = DaemonConfig {
-        poll: PollOptions {
-            ring: if mode == Mode::RingPoll {
-                RingMode::Ring
-            } else {
-                RingMode::Kick
-            },
-            max_in_flight: Some(MAX),
-            ..PollOptions::default()
+    let poll = PollOptions {
+        ring: if mode == Mode::RingPoll {
+            RingMode::Ring
+        } else {
+            RingMode::Kick
         },
-        workers: 1,
-        admin_socket: None,
-        seccomp: Default::default(),
-        service: Default::default(),
-        devices: vec![DeviceConfig {
-            device_type: DeviceType::Blk,
-            socket_path: socket.clone(),
-            luns: vec![disk],
-            num_queues: 1,
-            queue_size: QUEUE_SIZE,
-            queue_map: QueueMap::default(),
-        }],
+        max_in_flight: Some(MAX),
+        ..PollOptions::default()
     };
-    config.validate().unwrap();
-    (Daemon::start(&config).unwrap(), socket)
+    blocked::start(dir, DeviceType::Blk, poll)
 }
 
 fn queue_counter(

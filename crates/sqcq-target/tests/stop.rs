@@ -12,48 +12,26 @@ mod common;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
-use common::blocked::{InodeLock, blocked, lost_lock, serial, wait_in_flight, write};
+use common::blocked::{self, InodeLock, blocked, lost_lock, serial, wait_in_flight, write};
 use common::raw_ring::{
     Guest, Vq, clear_unit_attention, connect_device, connect_with, lun_field, read_resp, submit,
     vqs as scsi_vqs, write10,
 };
 use common::*;
 use sqcq_target::Daemon;
-use sqcq_target::config::{
-    BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, PollOptions, QueueMap,
-};
+use sqcq_target::config::{DeviceType, PollOptions};
 use sqcq_wire::blk::Status;
 
-const DISK: u64 = 8 << 20;
 const LEN: u32 = 4096;
 
 /// A daemon with one device of `device_type` on a file of `dir`, with a
 /// stop deadline of 300 ms.
 fn start(dir: &TempDir, device_type: DeviceType) -> (Daemon, std::path::PathBuf) {
-    let socket = dir.path("dev.sock");
-    let mut disk = lun(BackstoreKind::File, DISK);
-    disk.path = Some(dir.path("disk"));
-    disk.create = true;
-    let config = DaemonConfig {
-        poll: PollOptions {
-            stop_timeout: Duration::from_millis(300),
-            ..PollOptions::default()
-        },
-        workers: 1,
-        admin_socket: None,
-        seccomp: Default::default(),
-        service: Default::default(),
-        devices: vec![DeviceConfig {
-            device_type,
-            socket_path: socket.clone(),
-            luns: vec![disk],
-            num_queues: 1,
-            queue_size: QUEUE_SIZE,
-            queue_map: QueueMap::default(),
-        }],
+    let poll = PollOptions {
+        stop_timeout: Duration::from_millis(300),
+        ..PollOptions::default()
     };
-    config.validate().unwrap();
-    (Daemon::start(&config).unwrap(), socket)
+    blocked::start(dir, device_type, poll)
 }
 
 /// More writes than io-wq runs at once on this machine (4 per CPU).

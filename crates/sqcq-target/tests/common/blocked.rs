@@ -17,10 +17,47 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use sqcq_target::Daemon;
+use sqcq_target::config::{
+    BackstoreKind, DaemonConfig, DeviceConfig, DeviceType, PollOptions, QueueMap,
+};
 use sqcq_wire::blk::{RequestHeader, RequestType};
 
-use super::WAIT;
 use super::raw_ring::{Guest, Vq};
+use super::{QUEUE_SIZE, TempDir, WAIT, lun};
+
+/// Size of the disk file [`start`] serves.
+pub const DISK: u64 = 8 << 20;
+
+/// A daemon with `poll` and one device of `device_type` with one request
+/// queue, on the file `disk` of `dir` (the file [`InodeLock::hold`]
+/// blocks); returns it and the device's socket.
+pub fn start(
+    dir: &TempDir,
+    device_type: DeviceType,
+    poll: PollOptions,
+) -> (Daemon, std::path::PathBuf) {
+    let socket = dir.path("dev.sock");
+    let mut disk = lun(BackstoreKind::File, DISK);
+    disk.path = Some(dir.path("disk"));
+    disk.create = true;
+    let config = DaemonConfig {
+        poll,
+        workers: 1,
+        admin_socket: None,
+        seccomp: Default::default(),
+        service: Default::default(),
+        devices: vec![DeviceConfig {
+            device_type,
+            socket_path: socket.clone(),
+            luns: vec![disk],
+            num_queues: 1,
+            queue_size: QUEUE_SIZE,
+            queue_map: QueueMap::default(),
+        }],
+    };
+    config.validate().unwrap();
+    (Daemon::start(&config).unwrap(), socket)
+}
 
 /// A write of `data` at `sector`, its data buffer aligned for the file
 /// backstore's direct descriptor; made available, not kicked. Returns its
