@@ -126,6 +126,12 @@ pub struct Job {
     stats: JobStats,
     /// Units the verify write pass issued, which the check pass reads.
     checked_limit: u64,
+    /// With THROTTLE honoured, at most this many I/Os in flight: what the
+    /// job had out when it last saw the bit, grown by one at every look
+    /// that finds it clear. A one-bit signal otherwise lets a clear
+    /// release every free slot at once, before the device can set it
+    /// again (docs/benchmarks.md, "Backpressure").
+    window: u16,
     /// I/Os that met a unit attention, to submit again (buffer, I/O).
     retry: Vec<(u16, InFlight)>,
     /// The device connection (followed across restarts with
@@ -158,6 +164,7 @@ impl Job {
             scratch: vec![0; bs],
             stats: JobStats::default(),
             checked_limit: 0,
+            window: u16::MAX,
             retry: Vec::new(),
             generation: link.generation(),
             link,
@@ -313,19 +320,25 @@ impl Job {
         Ok(issued)
     }
 
-    /// Whether the job holds new I/Os back now: it honours THROTTLE, the
-    /// device set it (as the last publication read it, or read again
-    /// with `fresh`), and I/Os are in flight, whose completions will let
-    /// it look again (never with nothing in flight: D1).
+    /// Whether the job holds new I/Os back now: it honours THROTTLE and
+    /// I/Os are in flight, whose completions will let it look again
+    /// (never with nothing in flight: D1), and the device set the bit (as
+    /// the last publication read it, or read again with `fresh`) or the
+    /// job is at its window (see `window`).
     fn held(&mut self, fresh: bool) -> bool {
-        let held = self.spec.honour_throttle
-            && self.q.queue.in_flight() > 0
-            && !self.free.is_empty()
-            && self.q.queue.throttle(fresh);
-        if held {
-            self.stats.throttle_holds += 1;
+        let in_flight = self.q.queue.in_flight();
+        if !self.spec.honour_throttle || in_flight == 0 || self.free.is_empty() {
+            return false;
         }
-        held
+        if self.q.queue.throttle(fresh) {
+            self.window = in_flight;
+            self.stats.throttle_holds += 1;
+            return true;
+        }
+        if fresh {
+            self.window = self.window.saturating_add(1);
+        }
+        in_flight >= self.window
     }
 
     /// Between two bursts, with nothing in flight: in the doorbell modes,
