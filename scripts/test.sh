@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README, `.ci/run`): formatting, no new
-# import cycle between a crate's modules, lints, the proofs (loom with
+# import cycle between a crate's modules, the spec's LaTeX rendition in
+# sync with its Markdown, lints, the proofs (loom with
 # each fence removed, spin on the Promela models), every unit and
 # integration test, QEMU's own vhost-user-blk tests (qos-test)
 # against sqcqd, the unsafe-heavy crates' tests under AddressSanitizer, a
@@ -45,6 +46,9 @@ cargo fmt --all --check
 stage "module cycles: no import cycle between the modules of a crate beyond scripts/module-cycles.allow"
 scripts/module-cycles.py --self-test
 scripts/module-cycles.py --check scripts/module-cycles.allow
+stage "spec: the LaTeX rendition (docs/spec/tex) in the same words as docs/spec/virtio-sqcq.md"
+scripts/spec-sync.py --self-test
+scripts/spec-sync.py
 stage "sqcq-protocol builds without std"
 cargo build --quiet -p sqcq-protocol --no-default-features
 stage "cargo clippy --all-targets -- -D warnings"
