@@ -1026,7 +1026,6 @@ def main():
         print(
             "spec-sync: %d mismatch(es) between %s and %s"
             % (len(rep.problems), name(args.md), name(args.tex)),
-            file=sys.stderr,
         )
         return 1
     print(
