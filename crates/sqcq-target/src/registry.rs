@@ -263,6 +263,11 @@ pub struct WorkerStatus {
     pub id: usize,
     /// The CPU it is bound to.
     pub cpu: Option<usize>,
+    /// Bound to `cpu` but running off it: the CPU went offline or left
+    /// the daemon's cpuset (it comes back when the CPU does).
+    pub cpu_displaced: bool,
+    /// Times it was found moved off `cpu`.
+    pub cpu_displacements: u64,
     /// `[device, vq]` of every queue it serves now.
     pub queues: Vec<(u32, u16)>,
 }
@@ -803,21 +808,27 @@ impl Registry {
     /// Every worker, by number, with the queues it serves.
     pub fn workers(&self) -> Vec<WorkerStatus> {
         let devices = self.list();
+        let figures = self.pool.stats().workers(&[]);
         self.pool
             .list()
             .into_iter()
-            .map(|w| WorkerStatus {
-                id: w.id,
-                cpu: w.cpu,
-                queues: devices
-                    .iter()
-                    .flat_map(|d| {
-                        d.queues
-                            .iter()
-                            .filter(|q| q.worker == Some(w.id))
-                            .map(|q| (d.id, q.vq))
-                    })
-                    .collect(),
+            .map(|w| {
+                let f = figures.iter().find(|f| f.worker == w.id);
+                WorkerStatus {
+                    id: w.id,
+                    cpu: w.cpu,
+                    cpu_displaced: f.is_some_and(|f| f.cpu_displaced),
+                    cpu_displacements: f.map_or(0, |f| f.cpu_displacements),
+                    queues: devices
+                        .iter()
+                        .flat_map(|d| {
+                            d.queues
+                                .iter()
+                                .filter(|q| q.worker == Some(w.id))
+                                .map(|q| (d.id, q.vq))
+                        })
+                        .collect(),
+                }
             })
             .collect()
     }

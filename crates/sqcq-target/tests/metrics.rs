@@ -180,6 +180,8 @@ const FAMILIES: &[(&str, &str)] = &[
     ("sqcq_worker_contested_yields", "counter"),
     ("sqcq_worker_long_yields", "counter"),
     ("sqcq_worker_handover_sleeps", "counter"),
+    ("sqcq_worker_cpu_displaced", "gauge"),
+    ("sqcq_worker_cpu_displacements", "counter"),
     ("sqcq_worker_cpu_seconds", "counter"),
 ];
 

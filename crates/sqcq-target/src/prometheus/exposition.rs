@@ -409,6 +409,34 @@ impl Scrape {
         }
         family(
             out,
+            "sqcq_worker_cpu_displaced",
+            Kind::Gauge,
+            "1 while a worker bound to a CPU (--poll-cpus) runs off it: the CPU went offline or left the daemon's cpuset.",
+        );
+        for w in &self.workers {
+            sample(
+                out,
+                "sqcq_worker_cpu_displaced",
+                &label(w),
+                u64::from(w.cpu_displaced),
+            );
+        }
+        family(
+            out,
+            "sqcq_worker_cpu_displacements_total",
+            Kind::Counter,
+            "Times a worker bound to a CPU was found moved off it.",
+        );
+        for w in &self.workers {
+            sample(
+                out,
+                "sqcq_worker_cpu_displacements_total",
+                &label(w),
+                w.cpu_displacements,
+            );
+        }
+        family(
+            out,
             "sqcq_worker_cpu_seconds_total",
             Kind::Counter,
             "CPU time of the worker thread (user and system).",
@@ -511,6 +539,8 @@ mod tests {
                 contested_yields: 5,
                 long_yields: 3,
                 handover_sleeps: 2,
+                cpu_displaced: true,
+                cpu_displacements: 4,
                 cpu_ns: Some(2_500_000_000),
             }],
         }
@@ -546,6 +576,8 @@ mod tests {
             "sqcq_worker_contested_yields_total{worker=\"0\"} 5".into(),
             "sqcq_worker_long_yields_total{worker=\"0\"} 3".into(),
             "sqcq_worker_handover_sleeps_total{worker=\"0\"} 2".into(),
+            "sqcq_worker_cpu_displaced{worker=\"0\"} 1".into(),
+            "sqcq_worker_cpu_displacements_total{worker=\"0\"} 4".into(),
         ] {
             assert!(out.lines().any(|l| l == want), "{want} missing from\n{out}");
         }

@@ -29,11 +29,14 @@ use tracing::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::runtime::cpu::CpuWatch;
 use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::metrics::WorkerMetrics;
 use crate::runtime::options::PollOptions;
 /// The bound of the pool's calls that stop or move queues, which callers
 /// of [`WorkerPool::call`] use too.
 pub use crate::runtime::options::QUEUE_STOP_TIMEOUT;
+use crate::runtime::pass;
 use crate::runtime::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
 use crate::runtime::stats::{StatsBoard, StatsTicker};
 
@@ -605,6 +608,8 @@ impl Worker {
         }
         // This thread's figures, and its pass clock (`pass`).
         let figures = self.board.enter_worker(self.id);
+        // Watched even if binding failed: it binds once the CPU is there.
+        let mut watch = self.cpu.map(|cpu| CpuWatch::new(cpu, pass::now()));
         let mut events = vec![EpollEvent::default(); 64];
         // When and how the poll loop gives the CPU away (`poll::spin`):
         // the driver feeding a queue may be a reactor that never yields.
@@ -617,6 +622,7 @@ impl Worker {
                 .flatten()
                 .filter_map(ServedQueue::poll_timeout)
                 .chain(stats)
+                .chain(watch.as_ref().map(|w| w.timeout(pass::now())))
                 .min()
                 .map_or(-1, millis_ceil);
             let n = match self.epoll.wait(timeout, &mut events) {
@@ -676,8 +682,37 @@ impl Worker {
                 self.ticker
                     .tick(self.id, &self.board, snapshots.into_iter());
             }
+            if let Some(w) = watch.as_mut() {
+                self.watch_cpu(w, &figures);
+            }
         }
         self.stop_all(Instant::now() + QUEUE_STOP_TIMEOUT);
+    }
+
+    /// Checks, once per [`crate::runtime::cpu::WATCH_INTERVAL`], that the
+    /// thread still runs on its CPU, binds it back when it can, and
+    /// reports what changed.
+    fn watch_cpu(&self, watch: &mut CpuWatch, figures: &WorkerMetrics) {
+        use crate::runtime::cpu::{CpuChange, allowed_cpus, bind_current_thread};
+        let cpu = watch.cpu();
+        match watch.check(pass::now(), allowed_cpus, bind_current_thread) {
+            None => return,
+            Some(CpuChange::Displaced { allowed }) => warn!(
+                worker = self.id,
+                "poll thread moved off cpu{cpu} by the kernel (the CPU went offline or left \
+                 the daemon's cpuset): serving on CPUs {allowed:?} until it is back"
+            ),
+            Some(CpuChange::Back) => info!(worker = self.id, "poll thread back on cpu{cpu}"),
+            Some(CpuChange::Rebound { allowed }) => {
+                warn!(
+                    worker = self.id,
+                    "poll thread had been moved off cpu{cpu} (to CPUs {allowed:?}) and is \
+                     bound to it again"
+                );
+                figures.cpu_moved_and_back();
+            }
+        }
+        figures.cpu_moved(watch.displaced());
     }
 
     /// Handles every queued command; returns false on Exit.

@@ -2,7 +2,7 @@
 //! poll loop gave the CPU away, and its CPU time (read from the thread's
 //! CPU clock when asked, so the loop pays nothing for it).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::Serialize;
 use sqcq_protocol::yielder::Yielder;
@@ -22,6 +22,10 @@ pub struct WorkerMetrics {
     contested_yields: AtomicU64,
     long_yields: AtomicU64,
     handover_sleeps: AtomicU64,
+    /// A bound worker runs off its CPU now (`runtime::cpu::CpuWatch`).
+    cpu_displaced: AtomicBool,
+    /// Times it was found off its CPU.
+    cpu_displacements: AtomicU64,
     /// The thread's CPU-time clock (`pthread_getcpuclockid`).
     cpu_clock: Option<libc::clockid_t>,
 }
@@ -46,6 +50,8 @@ impl WorkerMetrics {
             contested_yields: AtomicU64::new(0),
             long_yields: AtomicU64::new(0),
             handover_sleeps: AtomicU64::new(0),
+            cpu_displaced: AtomicBool::new(false),
+            cpu_displacements: AtomicU64::new(0),
             cpu_clock: (rc == 0).then_some(clock),
         }
     }
@@ -73,6 +79,22 @@ impl WorkerMetrics {
         self.handover_sleeps.store(sleeps, Ordering::Relaxed);
     }
 
+    /// A check of the worker's CPU found it moved off its CPU (counted
+    /// once per move) and `displaced` now, or back on it. Called by the
+    /// worker only.
+    pub(crate) fn cpu_moved(&self, displaced: bool) {
+        let was = self.cpu_displaced.swap(displaced, Ordering::Relaxed);
+        if displaced && !was {
+            add(&self.cpu_displacements, 1);
+        }
+    }
+
+    /// A move that the same check undid (the CPU went and came back
+    /// between two checks). Called by the worker only.
+    pub(crate) fn cpu_moved_and_back(&self) {
+        add(&self.cpu_displacements, 1);
+    }
+
     /// The figures as they are; `queues` is how many queues the worker
     /// serves now.
     pub fn snapshot(&self, queues: usize) -> WorkerSnapshot {
@@ -84,6 +106,8 @@ impl WorkerMetrics {
             contested_yields: self.contested_yields.load(Ordering::Relaxed),
             long_yields: self.long_yields.load(Ordering::Relaxed),
             handover_sleeps: self.handover_sleeps.load(Ordering::Relaxed),
+            cpu_displaced: self.cpu_displaced.load(Ordering::Relaxed),
+            cpu_displacements: self.cpu_displacements.load(Ordering::Relaxed),
             cpu_ns: self.cpu_clock.and_then(cpu_time_ns),
         }
     }
@@ -126,6 +150,11 @@ pub struct WorkerSnapshot {
     /// Sleeps of [`sqcq_protocol::yielder::SLEEP_NS`] its poll loop took
     /// after a yield that came back at once, beside such a thread.
     pub handover_sleeps: u64,
+    /// Whether the worker, bound to a CPU (`--poll-cpus`), runs off it
+    /// now: the CPU went offline or left the daemon's cpuset.
+    pub cpu_displaced: bool,
+    /// Times the worker was found moved off its CPU.
+    pub cpu_displacements: u64,
     /// CPU time of the thread, ns (`None` if it could not be read).
     pub cpu_ns: Option<u64>,
 }
