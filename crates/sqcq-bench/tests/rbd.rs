@@ -302,8 +302,15 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
         let mut image = ceph.image(&format!("kill-{device}"), "64M");
         image.ceph.conf = conf_path.display().to_string();
         let socket = dir.0.join("vhost.sock");
-        let d = daemon(&bin, &dir.0, device, &image, &[]);
-        let bench = Command::new(BENCH)
+        let admin = dir.0.join("admin.sock");
+        let d = daemon(
+            &bin,
+            &dir.0,
+            device,
+            &image,
+            &[OsStr::new("--admin-socket"), admin.as_os_str()],
+        );
+        let mut bench = Command::new(BENCH)
             .arg("--socket")
             .arg(&socket)
             .args(["--device-type", device, "--rw", "randwrite"])
@@ -315,9 +322,22 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // Mid-load (the load lasts seconds), and before the dirty age
+        // Mid-load, once the load has really started (on a loaded
+        // machine the bench may take longer than any fixed delay to
+        // connect, and the kill would then miss it): some writes done,
+        // most to come (the load lasts seconds), and before the dirty age
         // of the cache in `conf` would have written anything back.
-        std::thread::sleep(Duration::from_millis(400));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while completions(&bin, &admin) < 256 {
+            if let Some(status) = bench.try_wait().unwrap() {
+                panic!("{device}: sqcq-bench ended before the kill: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{device}: the load starts within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let dead_pid = d.0.id();
         d.kill();
         let killed = Instant::now();
@@ -349,6 +369,25 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
             "{device}: every block read back"
         );
     }
+}
+
+/// Requests the daemon of admin socket `admin` has completed, on every
+/// queue (0 while it cannot answer).
+fn completions(bin: &Path, admin: &Path) -> u64 {
+    let Ok(out) = Command::new(bin)
+        .args(["rpc", "--admin-socket"])
+        .arg(admin)
+        .arg("stats_get")
+        .output()
+    else {
+        return 0;
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) else {
+        return 0;
+    };
+    v["queues"].as_array().map_or(0, |qs| {
+        qs.iter().filter_map(|q| q["completions"].as_u64()).sum()
+    })
 }
 
 #[test]
