@@ -150,6 +150,9 @@ pub(crate) struct QueueShared {
     pub(crate) cq: GuestBell,
     /// The poll thread serving the queue (set once it is assigned).
     pub(crate) thread: std::sync::OnceLock<Arc<ThreadState>>,
+    /// The submitter spins in a wait, looking at its used ring itself:
+    /// a poll thread sharing its CPU gives the CPU back at once.
+    pub(crate) spinning: std::sync::atomic::AtomicBool,
 }
 
 impl DoorbellCell for QueueShared {
@@ -177,6 +180,7 @@ impl QueueShared {
             sq,
             cq,
             thread: std::sync::OnceLock::new(),
+            spinning: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }

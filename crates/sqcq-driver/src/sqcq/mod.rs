@@ -32,6 +32,14 @@
 //! mailbox's Release/Acquire pass the device's used-ring writes on to the
 //! submitter, which then pops and validates them itself.
 //!
+//! While it spins, the submitter also looks at its used ring on every
+//! pass, so it takes what the device published without waiting for a
+//! forward; and while every submitter it serves spins so, the poll thread
+//! steps aside for a moment (50 µs) instead of competing for a CPU it may
+//! share with them. The mailbox matters once a submitter's window expires
+//! and it sleeps: then the poll thread, back within that moment, watches
+//! `cq.idx` and wakes it.
+//!
 //! In `sqcq-inline` there is no poll thread and no mailbox: the submitter
 //! is the queue's CQ consumer. It runs the same `Poller<CqConsumer>` over
 //! the CQ doorbell in driver memory that a poll thread would, polling its

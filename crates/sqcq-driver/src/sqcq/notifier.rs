@@ -241,30 +241,46 @@ fn wait_mailbox(
     events: &mut QueueEvents,
     deadline: Instant,
 ) -> Result<(), NotifyError> {
+    // Relaxed: a scheduling hint for the poll thread, ordering nothing.
+    shared.spinning.store(true, Ordering::Relaxed);
+    let result = spin_on_mailbox(mailbox, shared, ring, events, deadline);
+    shared.spinning.store(false, Ordering::Relaxed);
+    result
+}
+
+fn spin_on_mailbox(
+    mailbox: &mut Poller<CqConsumer<Arc<QueueShared>>>,
+    shared: &QueueShared,
+    ring: &mut SplitQueue,
+    events: &mut QueueEvents,
+    deadline: Instant,
+) -> Result<(), NotifyError> {
     let mut polls = 0u32;
-    // The ring is looked at on entry and after every mailbox value.
-    let mut look = true;
     loop {
-        if look && ring.has_used() {
+        // The ring is looked at on every pass, not only after the poll
+        // thread forwarded a value: while the submitter spins it takes
+        // what the device published without waiting for the poll thread,
+        // which on a shared CPU runs only when the submitter yields.
+        if ring.has_used() {
             return Ok(());
         }
-        look = false;
         match mailbox.poll(now_ns()) {
             // The poll thread forwarded a `cq.idx`: `used->idx` moved (the
             // mailbox's Acquire made the used ring visible).
-            Poll::Work(_) => look = true,
+            Poll::Work(_) => {}
             Poll::Idle => pace(&mut polls, events, deadline)?,
             // Consumer::prepare_sleep on the mailbox: NEED_WAKEUP, then
             // fence(SeqCst) (pairs with the poll thread's fence in
             // `CqProducer::publish` between its mailbox index store and its
             // NEED_WAKEUP load), then the re-check.
             Poll::Expired => match mailbox.prepare_sleep(now_ns()) {
-                SleepCheck::Work(_) => look = true,
+                SleepCheck::Work(_) => {}
                 SleepCheck::Sleep => {
+                    shared.spinning.store(false, Ordering::Relaxed);
                     let slept = events.sleep_on(&shared.wake, deadline);
+                    shared.spinning.store(true, Ordering::Relaxed);
                     mailbox.woke();
                     slept?;
-                    look = true;
                 }
             },
         }

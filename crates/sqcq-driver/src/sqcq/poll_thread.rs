@@ -36,6 +36,10 @@ use sqcq_protocol::yielder::Yielder;
 const POLLS_PER_STATS: u32 = 1024;
 /// epoll data of the stop eventfd.
 const STOP: u64 = u64::MAX;
+/// How long the poll thread steps aside while every submitter it serves
+/// spins on its own ring: a submitter that then sleeps waits at most this
+/// long for the thread to look at `cq.idx` again.
+const STEP_ASIDE: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// How many driver poll threads serve the doorbell queues of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -298,6 +302,17 @@ impl PollThread {
                     yielder.busy();
                 } else {
                     yielder.idle();
+                }
+                // Every submitter spins and takes its completions itself:
+                // nothing to forward meanwhile, so this thread steps aside
+                // for a moment, off any CPU it may share with them
+                // (Relaxed: a hint).
+                if self
+                    .watched
+                    .iter()
+                    .all(|w| w.shared.spinning.load(Ordering::Relaxed))
+                {
+                    std::thread::sleep(STEP_ASIDE);
                 }
                 continue;
             }

@@ -150,8 +150,18 @@ impl Drop for Rig {
 }
 
 fn rigs(n: u16, inline: bool, threads: PollThreads) -> (DriverMemory, Vec<Rig>, PollGroup) {
+    rigs_spinning(n, inline, threads, spin())
+}
+
+/// [`rigs`] with the driver side's spin window `driver_spin`.
+fn rigs_spinning(
+    n: u16,
+    inline: bool,
+    threads: PollThreads,
+    driver_spin: SpinConfig,
+) -> (DriverMemory, Vec<Rig>, PollGroup) {
     let mut mem = DriverMemory::new(8 << 20).unwrap();
-    let mut builder = PollGroupBuilder::new(threads, spin());
+    let mut builder = PollGroupBuilder::new(threads, driver_spin);
     let mut rigs = Vec::new();
     for i in 0..n {
         let ring = crate::SplitQueue::new(&mut mem, QueueConfig::new(16)).unwrap();
@@ -338,6 +348,30 @@ fn inline_submitter_is_the_cq_consumer() {
     burst(rig, 20_000, 1);
     assert!(!rig.vq.idle_state().unwrap().cq_need_wakeup);
     group.stop();
+}
+
+/// In `sqcq` mode the submitter takes what the device published from its
+/// ring while it spins, without waiting for the poll thread to forward
+/// `cq.idx` (on a shared CPU that thread runs only when the submitter
+/// yields). Here the poll thread is gone altogether and the submitter's
+/// window is seconds long: every burst completes while it spins, and it
+/// never sleeps on its mailbox (which nobody would signal).
+#[test]
+fn a_spinning_submitter_takes_its_completions_without_the_poll_thread() {
+    let long = SpinConfig {
+        min_ns: 5_000_000_000,
+        max_ns: 5_000_000_000,
+        initial_ns: 5_000_000_000,
+        factor: 4,
+    };
+    let (_mem, mut rigs, group) = rigs_spinning(1, false, PollThreads::PerDevice, long);
+    group.stop();
+    let rig = &mut rigs[0];
+    let sleeps = rig.vq.counters().sleeps;
+    for b in 0..8 {
+        burst(rig, b * 10, 1 + b % 4);
+    }
+    assert_eq!(rig.vq.counters().sleeps, sleeps, "the submitter slept");
 }
 
 #[test]
