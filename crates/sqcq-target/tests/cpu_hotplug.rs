@@ -22,6 +22,7 @@ use sqcq_driver::NotifyMode;
 use sqcq_driver::scsi::{Cdb, Done};
 use sqcq_target::Daemon;
 use sqcq_target::config::PollOptions;
+use sqcq_target::registry::WorkerStatus;
 
 const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
 
@@ -104,25 +105,19 @@ fn allowed_in(status: &str) -> Vec<usize> {
         .collect()
 }
 
-/// Worker `w`'s `worker_list` entry: (bound CPU, displaced).
-fn worker_state(d: &Daemon, w: usize) -> (Option<usize>, bool) {
-    let s = d
-        .registry()
+/// Worker `w`'s `worker_list` entry.
+fn worker(d: &Daemon, w: usize) -> WorkerStatus {
+    d.registry()
         .workers()
         .into_iter()
         .find(|s| s.id == w)
-        .unwrap();
-    (s.cpu, s.cpu_displaced)
+        .unwrap()
 }
 
-fn displacements(d: &Daemon, w: usize) -> u64 {
-    let s = d
-        .registry()
-        .workers()
-        .into_iter()
-        .find(|s| s.id == w)
-        .unwrap();
-    s.cpu_displacements
+/// Worker `w`'s bound CPU, and whether it runs off it.
+fn worker_state(d: &Daemon, w: usize) -> (Option<usize>, bool) {
+    let s = worker(d, w);
+    (s.cpu, s.cpu_displaced)
 }
 
 /// Writes `round`'s pattern through request queue 1 (worker 1's) and
@@ -175,7 +170,7 @@ fn displaced_and_back(mode: NotifyMode) {
     wait_until("worker 1 reported off its CPU", || {
         worker_state(&daemon, 1).1
     });
-    assert_eq!(displacements(&daemon, 1), 1);
+    assert_eq!(worker(&daemon, 1).cpu_displacements, 1);
     // It serves on where it was moved, and is not bound back while its
     // CPU is not there.
     verified_io(rq, 1);
@@ -186,7 +181,11 @@ fn displaced_and_back(mode: NotifyMode) {
     set.set_cpus(&format!("{a},{b}"));
     wait_until("worker 1 back on its CPU", || !worker_state(&daemon, 1).1);
     assert_eq!(allowed(tid), [b], "worker 1 is bound to cpu{b} again");
-    assert_eq!(displacements(&daemon, 1), 1, "one move, counted once");
+    assert_eq!(
+        worker(&daemon, 1).cpu_displacements,
+        1,
+        "one move, counted once"
+    );
     assert_eq!(
         worker_state(&daemon, 0),
         (Some(a), false),
