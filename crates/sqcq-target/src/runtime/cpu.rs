@@ -21,6 +21,8 @@
 use std::io;
 use std::time::Duration;
 
+use crate::runtime::pass::nanos;
+
 /// Binds the calling thread to `cpu` (`sched_setaffinity`).
 pub fn bind_current_thread(cpu: usize) -> io::Result<()> {
     let set = cpu_set(&[cpu])?;
@@ -128,10 +130,6 @@ impl CpuWatch {
             }
         }
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The CPUs of `allowed` that no poll thread is bound to.

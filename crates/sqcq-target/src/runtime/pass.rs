@@ -25,6 +25,11 @@ pub fn now_ns() -> u64 {
     sqcq_protocol::clock::now_ns()
 }
 
+/// A duration in the pass clock's unit (ns), saturating.
+pub(crate) fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Reads the clock: a new pass of this thread begins now. Returns the
 /// time.
 pub(crate) fn begin() -> u64 {

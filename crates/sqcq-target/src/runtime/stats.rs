@@ -178,15 +178,11 @@ pub(crate) struct StatsTicker {
     last: BTreeMap<(u32, u16), QueueSnapshot>,
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 impl StatsTicker {
     /// Time left until the next tick (`None`: statistics are off), from
     /// the time of the pass that ends.
     pub(crate) fn timeout(&mut self, board: &StatsBoard) -> Option<Duration> {
-        let interval = nanos(board.interval()?);
+        let interval = pass::nanos(board.interval()?);
         let now = pass::now();
         let next = *self
             .next
@@ -211,7 +207,7 @@ impl StatsTicker {
         let Some(interval) = board.interval() else {
             return;
         };
-        self.next = Some(pass::now().saturating_add(nanos(interval)));
+        self.next = Some(pass::now().saturating_add(pass::nanos(interval)));
         let mut seen = BTreeMap::new();
         for q in queues {
             let key = (q.device, q.vq);
