@@ -2,7 +2,7 @@
 # The soak: one sqcqd serving a vhost-user-scsi and a vhost-user-blk
 # device (file LUNs), each driven by verified sqcq-bench sessions in every
 # driver mode, while the daemon is killed (-9) and restarted (alternating
-# --poll kick and ring), frontends are killed and come back, the memory
+# --poll kick, ring and auto), frontends are killed and come back, the memory
 # table is sent again mid-run, queues move between workers, LUNs grow,
 # the configuration is reloaded (SIGHUP or config_reload), a spare LUN
 # comes and goes, and devices are deleted and created again. At the end
@@ -80,7 +80,7 @@ MAX_MB=256
 REGIONS=4
 REGION_MB=16
 MODES=(notify poll-queue ring-poll sqcq sqcq-inline)
-POLLS=(kick ring)
+POLLS=(kick ring auto)
 WORKERS=2
 QMAP=("0:0,1:1" "0:1,1:0")
 
@@ -145,7 +145,7 @@ for d in json.load(sys.stdin):
 
 start_daemon() {
     INCARNATION=$((INCARNATION + 1))
-    DAEMON_POLL=${POLLS[$((INCARNATION % 2))]}
+    DAEMON_POLL=${POLLS[$((INCARNATION % ${#POLLS[@]}))]}
     "$SQCQD" --config "$CONF" --admin-socket "$ADMIN" --poll "$DAEMON_POLL" \
         --stats-interval 0 >"$OUT/daemon/$INCARNATION.log" 2>&1 &
     DPID=$!

@@ -83,7 +83,7 @@ scripts/fuzz.sh 15
 stage "guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
 cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 rm -f target/guest/measure.txt
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --measure --label classic
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll kick" --measure --label classic
 stage "guest: VIRTIO_F_SQCQ_POLL in Linux (patches/linux) through QEMU (patches/qemu)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --measure --label sqcq
 stage "guest: backpressure: the SQCQ_POLL guest on file disks while the host limits the daemon's I/O (sqcqd --max-inflight 4, THROTTLE held back by virtio_scsi)"
@@ -94,19 +94,20 @@ stage "guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk
 stage "libvirt: the blk guest as a libvirt domain with two <disk type='vhostuser'>"
 SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
-stage "guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1)"
+stage "guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1; the default --poll auto, and --poll kick)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --daemon-extra "--poll ring"
-stage "guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: classic, ring-poll; the SQCQ_POLL guest over scsi), on the project's QEMU, the two RAMs compared"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --daemon-extra "--poll kick"
+stage "guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: --poll auto, --poll kick; the SQCQ_POLL guest over scsi), on the project's QEMU, the two RAMs compared"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll ring"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll kick"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq
 stage "guest: on Ceph RBD images of the test cluster: vhost-user-blk (every check; resized with rbd resize in the cluster), vhost-user-scsi (run1), the blk guest migrated between two sqcqd on one image (lock hand-over) and restarted three times after kill -9 (lock take-over)"
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --rbd
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --rbd --only-run1
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --rbd
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --rbd
-stage "guest: an unmodified guest against device-side ring polling"
+stage "guest: an unmodified guest against device-side ring polling, and against the default (--poll auto)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll ring" \
     --spin-max-us 5000 --measure --label ring-poll --only-run1
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --measure --label auto --only-run1
 scripts/guest-report.sh target/guest/measure.txt

@@ -46,6 +46,13 @@ pub struct Args {
         default_value_t = 1
     )]
     pub iodepth_batch_submit: u16,
+    /// At most this many I/Os per second per job (fio's `rate_iops`; 0:
+    /// no limit): an application that trickles. I/Os are due at even
+    /// intervals; the job sleeps until the next is due when none is in
+    /// flight, and one due while every slot waits is issued at the next
+    /// completion, never in a catch-up burst.
+    #[arg(long = "rate_iops", alias = "rate-iops", default_value_t = 0)]
+    pub rate_iops: u32,
     /// Jobs per device, each with its own request queue and thread.
     #[arg(long, default_value_t = 1)]
     pub numjobs: u16,
@@ -145,6 +152,15 @@ pub struct Args {
     /// so that it and this process can be pinned apart.
     #[arg(long = "target-cpus")]
     pub target_cpus: Option<String>,
+    /// How a `sqcqd` started here serves queues without
+    /// VIRTIO_F_SQCQ_POLL (its `--poll`): kick, ring, or auto [default:
+    /// ring in `--mode ring-poll`, sqcqd's own default otherwise].
+    #[arg(long = "target-poll", value_enum)]
+    pub target_poll: Option<TargetPoll>,
+    /// One more argument for a `sqcqd` started here (repeat for several):
+    /// `--target-arg=--spin-us --target-arg=1,50`.
+    #[arg(long = "target-arg", allow_hyphen_values = true)]
+    pub target_arg: Vec<String>,
     /// SCSI target id and LUN to drive.
     #[arg(long, default_value_t = 0)]
     pub lun: u16,
@@ -235,6 +251,28 @@ impl Rw {
             Self::Randread => "randread",
             Self::Randwrite => "randwrite",
             Self::Randrw => "randrw",
+        }
+    }
+}
+
+/// `--target-poll`: sqcqd's `--poll`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetPoll {
+    /// Classic virtio: the device sleeps until the driver kicks.
+    Kick,
+    /// The device polls the avail ring with notifications off.
+    Ring,
+    /// Kicks while a queue trickles, ring polling while it is busy.
+    Auto,
+}
+
+impl TargetPoll {
+    /// The value of sqcqd's `--poll`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kick => "kick",
+            Self::Ring => "ring",
+            Self::Auto => "auto",
         }
     }
 }
@@ -522,6 +560,27 @@ mod tests {
         let a = Args::try_parse_from(["sqcq-bench", "--devices", "3"]).unwrap();
         assert_eq!((a.devices, a.socket.len()), (3, 0));
         assert!(Args::try_parse_from(["sqcq-bench", "--devices", "0"]).is_err());
+    }
+
+    #[test]
+    fn target_poll_rate_and_extra_arguments_parse() {
+        let a = Args::try_parse_from([
+            "sqcq-bench",
+            "--target-poll",
+            "auto",
+            "--rate_iops",
+            "5000",
+            "--target-arg=--spin-us",
+            "--target-arg",
+            "1,50",
+        ])
+        .unwrap();
+        assert_eq!(a.target_poll.map(TargetPoll::name), Some("auto"));
+        assert_eq!(a.rate_iops, 5000);
+        assert_eq!(a.target_arg, ["--spin-us", "1,50"]);
+        let a = Args::try_parse_from(["sqcq-bench", "--rate-iops", "7"]).unwrap();
+        assert_eq!((a.rate_iops, a.target_poll), (7, None));
+        assert!(Args::try_parse_from(["sqcq-bench", "--target-poll", "spin"]).is_err());
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct JobSpec {
     /// Hold new I/Os back while the device sets THROTTLE and some are in
     /// flight (D1, D2 of the spec's "Backpressure").
     pub honour_throttle: bool,
+    /// `--rate_iops`: nanoseconds between two I/Os (`None`: no limit).
+    pub rate_interval: Option<u64>,
 }
 
 /// Progress counters a job shares with the progress line.
@@ -139,6 +141,34 @@ pub struct Job {
     link: Arc<Link>,
     /// The connection the job's queue is on.
     generation: u64,
+    /// With `--rate_iops`, when the next I/O is due.
+    pace: Option<Pace>,
+}
+
+/// `--rate_iops`: I/Os due at even intervals ([`now_ns`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pace {
+    /// Nanoseconds between two I/Os.
+    interval: u64,
+    /// When the next is due.
+    next: u64,
+}
+
+impl Pace {
+    /// Whether an I/O may go at `now`; if so, the next one is due an
+    /// interval later, counted from `now` when the job is late by an
+    /// interval or more (no catch-up burst after a stall).
+    fn due(&mut self, now: u64) -> bool {
+        if now < self.next {
+            return false;
+        }
+        self.next = if now - self.next < self.interval {
+            self.next + self.interval
+        } else {
+            now + self.interval
+        };
+        true
+    }
 }
 
 impl Job {
@@ -154,6 +184,9 @@ impl Job {
             u16::try_from(depth).map_err(|_| BenchError::Usage("--iodepth too large".into()))?;
         let bs =
             usize::try_from(spec.bs).map_err(|_| BenchError::Usage("--bs too large".into()))?;
+        let pace = spec
+            .rate_interval
+            .map(|interval| Pace { interval, next: 0 });
         Ok(Self {
             spec,
             q,
@@ -168,6 +201,7 @@ impl Job {
             retry: Vec::new(),
             generation: link.generation(),
             link,
+            pace,
         })
     }
 
@@ -266,7 +300,7 @@ impl Job {
             // device asks to hold them (D1); read again after every reap
             // (D2), then after every publication with the flags it loads.
             let mut held = self.held(true);
-            while !stop && issued < burst_end && !held {
+            while !stop && issued < burst_end && !held && self.due(now) {
                 let Some(buf) = self.free.pop() else { break };
                 let (dir, unit) = match pass {
                     Pass::Load => self.spec.workload.next_io(),
@@ -296,6 +330,8 @@ impl Job {
                 if issued >= burst_end {
                     self.idle_gap()?;
                     burst_end = burst_end.saturating_add(burst).min(limit);
+                } else {
+                    self.sleep_until_due(clock.end);
                 }
                 continue;
             }
@@ -318,6 +354,22 @@ impl Job {
             self.checked_limit = issued;
         }
         Ok(issued)
+    }
+
+    /// Whether `--rate_iops` lets an I/O go at `now`.
+    fn due(&mut self, now: u64) -> bool {
+        self.pace.as_mut().is_none_or(|p| p.due(now))
+    }
+
+    /// With nothing in flight and `--rate_iops`, sleeps until the next
+    /// I/O is due (or the run ends), as an application between two I/Os.
+    fn sleep_until_due(&self, end: Option<u64>) {
+        let Some(pace) = self.pace else { return };
+        let until = end.map_or(pace.next, |e| e.min(pace.next));
+        let now = now_ns();
+        if until > now {
+            std::thread::sleep(Duration::from_nanos(until - now));
+        }
     }
 
     /// Whether the job holds new I/Os back now: it honours THROTTLE and
@@ -567,4 +619,24 @@ pub fn run_all(
             Err(e) => Err(BenchError::Eventfd(e)),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pace;
+
+    #[test]
+    fn paced_ios_are_due_at_even_intervals_without_catch_up() {
+        let mut p = Pace {
+            interval: 100,
+            next: 0,
+        };
+        assert!(p.due(0));
+        assert!(!p.due(50), "not before the interval");
+        assert!(p.due(120), "a little late");
+        assert_eq!(p.next, 200, "keeps the schedule");
+        assert!(p.due(1000), "late by several intervals");
+        assert_eq!(p.next, 1100, "counts from now: no burst");
+        assert!(!p.due(1000));
+    }
 }

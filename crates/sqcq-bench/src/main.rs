@@ -138,10 +138,15 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
         devices: args.devices,
         queues: args.numjobs,
         workers: args.target_workers,
-        ring_poll: args.mode == NotifyMode::RingPoll,
+        poll: match args.target_poll {
+            Some(p) => Some(p.name()),
+            None if args.mode == NotifyMode::RingPoll => Some("ring"),
+            None => None,
+        },
         stats_interval: Some(args.stats_interval),
         rbd: args.target_rbd.as_ref(),
         cpus: args.target_cpus.as_deref(),
+        extra: &args.target_arg,
     };
     if let Some(bin) = find_binary(args.target.binary(), explicit) {
         return Ok(Target::start(
@@ -241,6 +246,7 @@ impl Region {
             },
             idle_timeout: args.io_timeout,
             honour_throttle: args.throttle == ThrottleArg::Honour,
+            rate_interval: (args.rate_iops > 0).then(|| 1_000_000_000 / u64::from(args.rate_iops)),
         }
     }
 }

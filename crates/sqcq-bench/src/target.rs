@@ -93,9 +93,9 @@ pub struct TargetOptions<'a> {
     pub queues: u16,
     /// Worker threads of a started `sqcqd`.
     pub workers: u16,
-    /// The device polls the avail ring (`--poll ring`): the device side of
-    /// the `ring-poll` mode.
-    pub ring_poll: bool,
+    /// sqcqd's `--poll` (`None`: its default): `ring` is the device side
+    /// of the `ring-poll` mode.
+    pub poll: Option<&'static str>,
     /// Ask for per-queue statistics (`--stats-file`, `--stats-interval`).
     pub stats_interval: Option<Duration>,
     /// Serve this RBD image instead of a null or RAM disk (sqcqd,
@@ -103,6 +103,8 @@ pub struct TargetOptions<'a> {
     pub rbd: Option<&'a RbdImage>,
     /// Run the target on these CPUs (`taskset -c` syntax).
     pub cpus: Option<&'a str>,
+    /// More arguments for a started `sqcqd` (`--target-arg`).
+    pub extra: &'a [String],
 }
 
 /// Whether `bin --help` mentions `flag`: the options of sqcqd grow with
@@ -226,16 +228,17 @@ impl Target {
                 if options.workers > 1 {
                     cmd.arg("--workers").arg(options.workers.to_string());
                 }
-                if options.ring_poll {
+                if let Some(poll) = options.poll {
                     if supports(&bin, "--poll") {
-                        cmd.args(["--poll", "ring"]);
+                        cmd.args(["--poll", poll]);
                     } else {
                         notes.push(format!(
-                            "{} has no --poll option: the device side of ring-poll is kick-driven",
+                            "{} has no --poll option: its queues are kick-driven, not --poll {poll}",
                             bin.display()
                         ));
                     }
                 }
+                cmd.args(options.extra);
                 if let Some(interval) = options.stats_interval {
                     if supports(&bin, "--stats-file") {
                         let path = dir.join("device-stats.json");

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::format::thousands;
 use crate::machine::Machine;
 use crate::matrix::{Outcome, Plan, find};
-use crate::run::{Cell, Figures};
+use crate::run::{self, Cell, Figures};
 use crate::{plot, scaling};
 
 /// One table: a row per cell, a column per mode, `show` formatting each.
@@ -32,7 +32,7 @@ fn table(
                 Some(Outcome {
                     median: Some(f), ..
                 }) => {
-                    let fell_back = f.mode_run != *m;
+                    let fell_back = run::fell_back(m, &f.mode_run);
                     format!("{}{}", show(f, base), if fell_back { "*" } else { "" })
                 }
                 _ => "failed".into(),
@@ -157,10 +157,11 @@ pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
         );
     }
     out += &against_peers(plan, results);
-    if results
-        .iter()
-        .any(|o| o.median.as_ref().is_some_and(|f| f.mode_run != o.case.mode))
-    {
+    if results.iter().any(|o| {
+        o.median
+            .as_ref()
+            .is_some_and(|f| run::fell_back(&o.case.mode, &f.mode_run))
+    }) {
         out += "\n* the device did not offer what the mode needs; the run fell back to notify\n";
     }
     if plan.sweeps_workers() {

@@ -208,6 +208,27 @@ pub struct Settings<'a> {
     pub watch: &'a [Watched],
 }
 
+/// The bench's `--mode` and, for sqcqd, its `--poll` (the bench's
+/// `--target-poll`) of a mode of the matrix. Two modes differ from the
+/// bench's: `notify` is classic virtio on both sides (sqcqd `--poll
+/// kick`), the RFC's baseline; `auto` is the same unmodified driver
+/// against sqcqd's default, `--poll auto`. The others are the bench's
+/// modes, with sqcqd's default poll mode unless the mode names one
+/// (`ring-poll`).
+pub fn bench_mode(mode: &str) -> (&str, Option<&'static str>) {
+    match mode {
+        "notify" => ("notify", Some("kick")),
+        "auto" => ("notify", Some("auto")),
+        m => (m, None),
+    }
+}
+
+/// Whether a run of `mode` ran as `mode_run` (the mode the bench
+/// reports) only because the device did not offer what `mode` needs.
+pub fn fell_back(mode: &str, mode_run: &str) -> bool {
+    bench_mode(mode).0 != mode_run
+}
+
 /// Runs `sqcq-bench` once and extracts the figures.
 pub fn run_once(
     bench: &Path,
@@ -228,17 +249,15 @@ pub fn run_once(
     if let Some(cpus) = plan.target_cpus {
         cmd.args(["--target-cpus", cpus]);
     }
+    let (mode, poll) = bench_mode(&case.mode);
+    if let Some(poll) = poll.filter(|_| cell.target == "sqcqd") {
+        cmd.args(["--target-poll", poll]);
+    }
     let before: Vec<Option<u64>> = plan.watch.iter().map(Watched::cpu_ns).collect();
     let output = cmd
         .args(["--device-type", &cell.device, "--target", &cell.target])
         .args(["--rw", &cell.rw, "--bs", plan.bs])
-        .args([
-            "--mode",
-            &case.mode,
-            "--output-format",
-            "json",
-            "--time_based",
-        ])
+        .args(["--mode", mode, "--output-format", "json", "--time_based"])
         .args([
             "--iodepth",
             &cell.qd.to_string(),
@@ -378,6 +397,16 @@ mod tests {
         assert_eq!(cell.label(), "blk randread QD32 NJ4");
         cell.target = "qemu-storage-daemon".into();
         assert_eq!(cell.label(), "qemu-storage-daemon blk randread QD32 NJ4");
+    }
+
+    #[test]
+    fn notify_is_classic_on_both_sides_and_auto_is_the_default() {
+        assert_eq!(bench_mode("notify"), ("notify", Some("kick")));
+        assert_eq!(bench_mode("auto"), ("notify", Some("auto")));
+        assert_eq!(bench_mode("ring-poll"), ("ring-poll", None));
+        assert!(!fell_back("auto", "notify"), "auto runs a notify driver");
+        assert!(fell_back("sqcq", "notify"));
+        assert!(!fell_back("sqcq", "sqcq"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::format::thousands;
 use crate::matrix::{Outcome, Plan, find};
-use crate::run::Cell;
+use crate::run::{self, Cell};
 
 /// One mode at one worker count: the median run's figures.
 #[derive(Clone, Debug, Serialize)]
@@ -104,7 +104,7 @@ fn table(plan: &Plan, rows: &[&Series], title: &str, show: &dyn Fn(&Point) -> St
         for &w in &plan.workers {
             let text = match s.at(w) {
                 Some(p) => {
-                    let fell_back = p.mode_run != s.mode;
+                    let fell_back = run::fell_back(&s.mode, &p.mode_run);
                     format!("{}{}", show(p), if fell_back { "*" } else { "" })
                 }
                 None => "failed".into(),

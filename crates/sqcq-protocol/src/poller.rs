@@ -107,6 +107,9 @@ pub struct PollState {
     spin: SpinPolicy,
     stats: QueueStats,
     idle_since: Option<u64>,
+    /// The consumer slept since the idle period began: the work that ends
+    /// it came a wakeup before it was noticed.
+    slept: bool,
 }
 
 impl PollState {
@@ -119,6 +122,7 @@ impl PollState {
                 ..QueueStats::default()
             },
             idle_since: None,
+            slept: false,
         }
     }
 
@@ -165,6 +169,7 @@ impl PollState {
     /// [`Poll::Work`], so the gap recorded then includes the sleep.
     pub fn woke<W: Watch + ?Sized>(&mut self, watch: &mut W) {
         watch.finish_sleep();
+        self.slept = true;
     }
 
     /// Another poller of the same thread found work before the thread
@@ -202,8 +207,14 @@ impl PollState {
     }
 
     fn arrived(&mut self, now_ns: u64) {
+        let slept = core::mem::take(&mut self.slept);
         if let Some(since) = self.idle_since.take() {
-            self.spin.record_gap(now_ns.saturating_sub(since));
+            let gap = now_ns.saturating_sub(since);
+            if slept {
+                self.spin.record_woken_gap(gap);
+            } else {
+                self.spin.record_gap(gap);
+            }
         }
     }
 }
@@ -315,6 +326,7 @@ mod tests {
             max_ns: 1_000_000,
             initial_ns: window,
             factor: 1,
+            wake_ns: 0,
         })
         .unwrap()
     }

@@ -198,7 +198,7 @@ impl Daemon {
             let devices: Vec<_> = (registry.ids().into_iter())
                 .filter_map(|id| registry.control(id).ok())
                 .collect();
-            Scrape::collect(&devices, registry.pool().stats()).render(out);
+            Scrape::collect(&devices, registry.pool()).render(out);
         };
         MetricsServer::spawn(listen, Arc::new(render), &self.stale)
     }

@@ -187,7 +187,7 @@ fn ring_poll_needs_no_kick_after_the_first() {
             ring: RingMode::Ring,
             // A 10 s spin window: the device polls for the whole test, so
             // every kick the rules ask for is counted, none is timing.
-            spin: spin_config(10_000_000, 10_000_000),
+            spin: Some(spin_config(10_000_000, 10_000_000)),
             ..PollOptions::default()
         };
         let (daemon, socket) = start_with(&dir, 1, options);
@@ -223,6 +223,57 @@ fn ring_poll_needs_no_kick_after_the_first() {
         assert_eq!(r.completions, 51);
         daemon.shutdown();
     }
+}
+
+/// The default, `--poll auto`: the daemon measured what a wakeup costs,
+/// serves a queue without bit 42 by ring polling within a window of at
+/// most twice that (never the 200 µs of `--poll ring`), and a queue that
+/// trickles (a request every 10 ms, 50 times the largest bound) sleeps
+/// before each request and is served by its kick. A few requests may
+/// meet a worker the scheduler held up for the whole gap, hence half.
+#[test]
+fn by_default_a_busy_queue_is_polled_within_the_measured_bound_and_a_trickling_one_kicked() {
+    const TRICKLE: u64 = 20;
+    let dir = TempDir::new("poll-auto");
+    let (daemon, socket) = start(&dir, 1);
+    let pool = daemon.registry().pool();
+    let cost = pool.wakeup_cost().expect("auto measures the wakeup cost");
+    assert!(cost > Duration::ZERO);
+    let bound = pool.auto_spin_bound().unwrap();
+    assert!(
+        bound >= cost.min(Duration::from_micros(100)),
+        "{bound:?} {cost:?}"
+    );
+    let mut d = Driver::connect_with(
+        &socket,
+        Options {
+            mode: NotifyMode::Notify,
+            ..Options::default()
+        },
+    );
+    let q = &mut d.rqs[0];
+    q.clear_unit_attention(1);
+    for lba in 0..200 {
+        let r = q.command(lun_at(0, 1), Cdb::read_10(lba, 1, false), &[], 512);
+        assert!(r.good(), "{r:?}");
+    }
+    let kicks = q.queue.counters().kicks;
+    for lba in 0..TRICKLE {
+        std::thread::sleep(Duration::from_millis(10));
+        let r = q.command(lun_at(0, 1), Cdb::read_10(lba as u32, 1, false), &[], 512);
+        assert!(r.good(), "{r:?}");
+    }
+    let trickle_kicks = q.queue.counters().kicks - kicks;
+    assert!(trickle_kicks >= TRICKLE / 2, "{trickle_kicks} kicks");
+    drop(d);
+    let r = final_report(&daemon, 2);
+    assert_eq!(r.mode, QueueMode::RingPoll, "ring polled");
+    assert!(r.sleeps >= TRICKLE / 2, "{r:?}");
+    assert!(
+        u128::from(r.interval_ns) <= bound.as_nanos(),
+        "the window stays within the bound: {r:?}"
+    );
+    daemon.shutdown();
 }
 
 fn offered(socket: &std::path::Path) -> (Frontend, u64) {

@@ -18,8 +18,11 @@ pub struct PollArgs {
     /// classic notifications.
     #[arg(long)]
     pub no_sqcq: bool,
-    /// How request queues without bit 42 are served: kick (classic) or
-    /// ring (poll the avail ring with notifications disabled).
+    /// How request queues without bit 42 are served: kick (classic), ring
+    /// (poll the avail ring with notifications disabled), or auto (ring
+    /// polling within a spin window bounded by the wakeup cost measured at
+    /// start: busy queues are polled, idle or trickling ones kicked)
+    /// [default: auto].
     #[arg(long, value_enum, value_name = "MODE")]
     pub poll: Option<RingMode>,
     /// Bind worker N to the Nth CPU of this list, e.g. 0,1.
@@ -34,7 +37,8 @@ pub struct PollArgs {
     #[arg(long, value_name = "PATH")]
     pub stats_file: Option<PathBuf>,
     /// Bounds of the adaptive spin window in microseconds, MIN,MAX
-    /// [default: 1,200].
+    /// [default: 1,200; for ring-polled queues in --poll auto 1 to twice
+    /// the measured wakeup cost].
     #[arg(long, value_name = "MIN,MAX", value_parser = parse_spin_us)]
     pub spin_us: Option<SpinConfig>,
     /// Seconds a queue stop (GET_VRING_BASE, a disconnect) waits for the
@@ -82,8 +86,8 @@ impl PollArgs {
         if self.stats_file.is_some() {
             base.stats_file = self.stats_file;
         }
-        if let Some(c) = self.spin_us {
-            base.spin = c;
+        if self.spin_us.is_some() {
+            base.spin = self.spin_us;
         }
         if let Some(s) = self.stop_timeout {
             base.stop_timeout = Duration::from_secs(s);
@@ -124,7 +128,7 @@ impl From<FilePoll> for PollOptions {
             cpus: f.cpus,
             stats_interval: f.stats_interval.map_or(d.stats_interval, interval),
             stats_file: f.stats_file,
-            spin: f.spin_us.map_or(d.spin, |[min, max]| spin_config(min, max)),
+            spin: f.spin_us.map(|[min, max]| spin_config(min, max)),
             stop_timeout: f
                 .stop_timeout
                 .filter(|&s| s > 0)

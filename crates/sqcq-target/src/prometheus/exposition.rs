@@ -9,12 +9,14 @@
 //! are sums over the queues (`sum by (device)`), not series of their own.
 
 use std::fmt::Display;
+use std::time::Duration;
 
 use crate::manage::{DeviceControl, DeviceKind};
 use crate::prometheus::text::{Kind, Labels, family, sample, seconds};
 use crate::runtime::latency::upper_bound_us;
 use crate::runtime::metrics::{QueueMode, QueueSnapshot, WorkerSnapshot};
-use crate::runtime::stats::StatsBoard;
+use crate::runtime::pass::nanos;
+use crate::runtime::worker::WorkerPool;
 
 /// One logical unit (for a blk device: its disk, LUN 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +99,8 @@ pub struct Scrape {
     pub devices: Vec<DeviceFigures>,
     /// The running workers, by number.
     pub workers: Vec<WorkerSnapshot>,
+    /// What waking a worker costs, as measured at start (`--poll auto`).
+    pub wakeup_cost: Option<Duration>,
 }
 
 /// A sample value: counts stay integers.
@@ -236,13 +240,14 @@ const QUEUE_FAMILIES: &[QueueFamily] = &[
 const MODES: [QueueMode; 3] = [QueueMode::Kick, QueueMode::RingPoll, QueueMode::Sqcq];
 
 impl Scrape {
-    /// The figures of `devices` and of the workers on `board`, now.
-    pub fn collect(devices: &[DeviceControl], board: &StatsBoard) -> Self {
+    /// The figures of `devices` and of the workers of `pool`, now.
+    pub fn collect(devices: &[DeviceControl], pool: &WorkerPool) -> Self {
         let devices: Vec<_> = devices.iter().map(DeviceFigures::of).collect();
         let queues: Vec<_> = devices.iter().flat_map(|d| d.queues.clone()).collect();
         Scrape {
-            workers: board.workers(&queues),
+            workers: pool.stats().workers(&queues),
             devices,
+            wakeup_cost: pool.wakeup_cost(),
         }
     }
 
@@ -302,6 +307,16 @@ impl Scrape {
         }
         self.render_devices(out);
         self.render_workers(out);
+        if let Some(cost) = self.wakeup_cost {
+            const NAME: &str = "sqcq_wakeup_cost_seconds";
+            family(
+                out,
+                NAME,
+                Kind::Gauge,
+                "What waking a sleeping worker costs here, measured at start (--poll auto spins ring-polled queues up to twice this).",
+            );
+            sample(out, NAME, &Labels::default(), seconds(nanos(cost)));
+        }
     }
 
     fn render_devices(&self, out: &mut String) {
@@ -543,6 +558,7 @@ mod tests {
                 cpu_displacements: 4,
                 cpu_ns: Some(2_500_000_000),
             }],
+            wakeup_cost: Some(Duration::from_micros(25)),
         }
     }
 
@@ -571,6 +587,7 @@ mod tests {
             format!("sqcq_device_errors_total{{{dev},class=\"bad_lun\"}} 5"),
             format!("sqcq_lun_capacity_bytes{{{dev},lun=\"3\"}} 1048576"),
             "sqcq_worker_queues{worker=\"0\"} 2".into(),
+            "sqcq_wakeup_cost_seconds 0.000025".into(),
             "sqcq_worker_cpu_seconds_total{worker=\"0\"} 2.5".into(),
             "sqcq_worker_yields_total{worker=\"0\"} 7".into(),
             "sqcq_worker_contested_yields_total{worker=\"0\"} 5".into(),

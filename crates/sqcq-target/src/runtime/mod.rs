@@ -6,7 +6,8 @@
 //! streams (`stream`), used-ring
 //! batching (`used`) and batch gathering (`gather`), the kick, ring-poll and SQ-doorbell sources with
 //! the workers' spin loop (`poll`, `ring_poll`), eventfds that never
-//! block (`eventfd`, `stall`), CPU binding (`cpu`), which worker serves
+//! block (`eventfd`, `stall`), CPU binding (`cpu`), the measured wakeup
+//! cost that bounds `--poll auto`'s spinning (`wakeup`), which worker serves
 //! which queue ([`placement`]), and the figures ([`metrics`], `latency`,
 //! `stats`, `ratelimit`) with the worker's pass clock that times requests
 //! (`pass`).
@@ -36,6 +37,7 @@ pub(crate) mod stoppable;
 pub(crate) mod stream;
 pub(crate) mod tracking;
 pub(crate) mod used;
+pub(crate) mod wakeup;
 pub(crate) mod worker;
 
 /// An error with its causes, on one line.

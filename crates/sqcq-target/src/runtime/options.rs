@@ -18,12 +18,17 @@ pub const DEFAULT_STATS_INTERVAL: u64 = 10;
 pub enum RingMode {
     /// Classic virtio: sleep until the driver kicks (EVENT_IDX and
     /// VRING_USED_F_NO_NOTIFY as the driver and device agree).
-    #[default]
     Kick,
     /// `ring-poll`: poll the avail index with notifications disabled
     /// (VRING_USED_F_NO_NOTIFY, or EVENT_IDX's `avail_event` left behind),
     /// re-enable them only before sleeping.
     Ring,
+    /// `ring` with the spin window bounded by what a wakeup costs on this
+    /// machine (measured at start, `runtime::wakeup`): a busy queue is
+    /// polled, one that idles or trickles sleeps after a short window and
+    /// is served by kicks.
+    #[default]
+    Auto,
 }
 
 /// The daemon-wide poll options.
@@ -40,8 +45,10 @@ pub struct PollOptions {
     pub stats_interval: Option<Duration>,
     /// JSON snapshot of every queue's statistics.
     pub stats_file: Option<PathBuf>,
-    /// Bounds of the adaptive spin window.
-    pub spin: SpinConfig,
+    /// Bounds of the adaptive spin window (`None`: the default, whose
+    /// bound for ring-polled queues in [`RingMode::Auto`] follows the
+    /// measured wakeup cost).
+    pub spin: Option<SpinConfig>,
     /// How long a queue stop (GET_VRING_BASE, a disconnect) waits for
     /// the requests in flight before it cancels them
     /// ([`QUEUE_STOP_TIMEOUT`] by default; tests shorten it).
@@ -61,11 +68,11 @@ impl Default for PollOptions {
     fn default() -> Self {
         PollOptions {
             offer_sqcq: true,
-            ring: RingMode::Kick,
+            ring: RingMode::Auto,
             cpus: Vec::new(),
             stats_interval: Some(Duration::from_secs(DEFAULT_STATS_INTERVAL)),
             stats_file: None,
-            spin: SpinConfig::default(),
+            spin: None,
             stop_timeout: QUEUE_STOP_TIMEOUT,
             max_in_flight: None,
         }
@@ -75,13 +82,18 @@ impl Default for PollOptions {
 /// A spin configuration spinning between `min_us` and `max_us`, starting
 /// from the default initial window clamped into that range.
 pub fn spin_config(min_us: u64, max_us: u64) -> SpinConfig {
+    spin_config_ns(min_us.saturating_mul(1000), max_us.saturating_mul(1000))
+}
+
+/// [`spin_config`] in nanoseconds.
+pub fn spin_config_ns(min_ns: u64, max_ns: u64) -> SpinConfig {
     let d = SpinConfig::default();
-    let (min_ns, max_ns) = (min_us.saturating_mul(1000), max_us.saturating_mul(1000));
     SpinConfig {
         min_ns,
         max_ns,
         initial_ns: d.initial_ns.max(min_ns).min(max_ns),
         factor: d.factor,
+        wake_ns: d.wake_ns,
     }
 }
 
@@ -89,15 +101,17 @@ pub fn spin_config(min_us: u64, max_us: u64) -> SpinConfig {
 pub const MAX_CPU: usize = 1023;
 
 impl PollOptions {
-    /// The spin policy of a new polled queue.
-    pub fn spin_policy(&self) -> SpinPolicy {
-        // Checked by `validate`; an unchecked bad one falls back.
-        SpinPolicy::new(self.spin).unwrap_or_default()
+    /// Whether the spin bound of ring-polled queues is to follow the
+    /// measured wakeup cost: `--poll auto` without `--spin-us`.
+    pub fn calibrates(&self) -> bool {
+        self.ring == RingMode::Auto && self.spin.is_none()
     }
 
     /// Checks the options against the number of workers.
     pub fn validate(&self, workers: usize) -> Result<(), String> {
-        SpinPolicy::new(self.spin).map_err(|e| format!("--spin-us: {e}"))?;
+        if let Some(spin) = self.spin {
+            SpinPolicy::new(spin).map_err(|e| format!("--spin-us: {e}"))?;
+        }
         if self.cpus.len() > workers {
             return Err(format!(
                 "--poll-cpus lists {} CPUs for {workers} workers",

@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use sqcq_protocol::yielder::Yielder;
+use sqcq_protocol::{SpinConfig, SpinPolicy};
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -32,13 +33,16 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use crate::runtime::cpu::CpuWatch;
 use crate::runtime::eventfd::PeerEventFd;
 use crate::runtime::metrics::WorkerMetrics;
-use crate::runtime::options::PollOptions;
 /// The bound of the pool's calls that stop or move queues, which callers
 /// of [`WorkerPool::call`] use too.
 pub use crate::runtime::options::QUEUE_STOP_TIMEOUT;
+use crate::runtime::options::{PollOptions, spin_config_ns};
 use crate::runtime::pass;
-use crate::runtime::queue::{QueueError, QueueKey, QueueStart, ServedQueue, StopReport};
+use crate::runtime::queue::{
+    QueueError, QueueKey, QueueStart, ServedQueue, StopReport, SubmissionSource,
+};
 use crate::runtime::stats::{StatsBoard, StatsTicker};
+use crate::runtime::wakeup;
 
 /// epoll token of a worker's wake eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -235,6 +239,8 @@ pub struct WorkerInfo {
 pub struct WorkerPool {
     workers: RwLock<Vec<Option<Arc<WorkerHandle>>>>,
     options: PollOptions,
+    /// What waking a worker costs here, if measured (`--poll auto`).
+    wakeup: Option<Duration>,
     stats: Arc<StatsBoard>,
     /// The CPUs left for backstore completion work of polled queues.
     steer: Option<Vec<usize>>,
@@ -250,12 +256,58 @@ impl std::fmt::Debug for WorkerPool {
     }
 }
 
+/// Measures the wakeup cost for `--poll auto` and logs it with the spin
+/// bound it gives; `None` (the default bound) if it cannot be measured.
+fn calibrate(options: &PollOptions) -> Option<Duration> {
+    match wakeup::measure(options.cpus.first().copied()) {
+        Ok(cost) => {
+            info!(
+                wakeup_us = cost.as_micros(),
+                spin_bound_us = wakeup::auto_spin_bound(cost).as_micros(),
+                "poll auto: measured the wakeup cost; ring-polled queues spin up to the bound"
+            );
+            Some(cost)
+        }
+        Err(e) => {
+            warn!(error = %e, "poll auto: cannot measure the wakeup cost; ring-polled queues spin up to the default bound");
+            None
+        }
+    }
+}
+
+/// The spin window of a queue that learns of requests from `source`:
+/// `--spin-us` if given; for a ring-polled queue in `--poll auto` with a
+/// measured `wakeup` cost, the default minimum up to
+/// [`wakeup::auto_spin_bound`], with gaps that end in a wakeup counted
+/// [`wakeup::auto_wake_credit`] shorter (`SpinConfig::wake_ns`); else
+/// the default.
+fn spin_config(
+    options: &PollOptions,
+    wakeup: Option<Duration>,
+    source: SubmissionSource,
+) -> SpinConfig {
+    match (options.spin, source, wakeup) {
+        (Some(c), ..) => c,
+        (None, SubmissionSource::RingPoll, Some(w)) if options.calibrates() => {
+            let bound = pass::nanos(wakeup::auto_spin_bound(w));
+            SpinConfig {
+                wake_ns: pass::nanos(wakeup::auto_wake_credit(w)),
+                ..spin_config_ns(SpinConfig::default().min_ns, bound)
+            }
+        }
+        _ => SpinConfig::default(),
+    }
+}
+
 impl WorkerPool {
     /// Starts `n` worker threads (numbered from 0), bound to CPUs and
-    /// reporting statistics as `options` say.
+    /// reporting statistics as `options` say. With `--poll auto` (and no
+    /// `--spin-us`), first measures what a wakeup costs, before any
+    /// worker runs.
     pub fn new(n: usize, options: PollOptions) -> io::Result<Self> {
         // The stall guard's watchdog, before any worker.
         crate::runtime::stall::install()?;
+        let wakeup = options.calibrates().then(|| calibrate(&options)).flatten();
         let stats = Arc::new(StatsBoard::new(
             options.stats_interval,
             options.stats_file.clone(),
@@ -264,6 +316,7 @@ impl WorkerPool {
         let pool = WorkerPool {
             workers: RwLock::new(Vec::with_capacity(n)),
             options,
+            wakeup,
             stats,
             steer,
             shutdown_by: OnceLock::new(),
@@ -435,6 +488,26 @@ impl WorkerPool {
     /// The daemon's poll options.
     pub fn options(&self) -> &PollOptions {
         &self.options
+    }
+
+    /// What waking a worker costs on this machine, if it was measured
+    /// (`--poll auto` without `--spin-us`).
+    pub fn wakeup_cost(&self) -> Option<Duration> {
+        self.wakeup
+    }
+
+    /// The spin bound of ring-polled queues that follows from the
+    /// measured wakeup cost, if it was measured.
+    pub fn auto_spin_bound(&self) -> Option<Duration> {
+        self.wakeup.map(wakeup::auto_spin_bound)
+    }
+
+    /// The adaptive spin window of a new queue that learns of requests
+    /// from `source` (see [`spin_config`]).
+    pub fn spin_policy(&self, source: SubmissionSource) -> SpinPolicy {
+        // Checked by `PollOptions::validate`; an unchecked bad one falls
+        // back.
+        SpinPolicy::new(spin_config(&self.options, self.wakeup, source)).unwrap_or_default()
     }
 
     /// Every queue's latest statistics.
@@ -929,5 +1002,43 @@ impl Worker {
             }
             !done
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::options::{RingMode, spin_config as spin_us};
+
+    #[test]
+    fn auto_bounds_only_ring_polled_queues_by_the_measured_wakeup() {
+        let auto = PollOptions::default();
+        assert_eq!(auto.ring, RingMode::Auto, "the default");
+        let w = Some(Duration::from_micros(20));
+        let ring = spin_config(&auto, w, SubmissionSource::RingPoll);
+        assert_eq!(
+            (ring.min_ns, ring.max_ns, ring.wake_ns),
+            (1_000, 40_000, 10_000)
+        );
+        SpinPolicy::new(ring).unwrap();
+        let d = SpinConfig::default();
+        assert_eq!(spin_config(&auto, w, SubmissionSource::Doorbell), d);
+        assert_eq!(
+            spin_config(&auto, None, SubmissionSource::RingPoll),
+            d,
+            "not measured"
+        );
+        let ring_mode = PollOptions {
+            ring: RingMode::Ring,
+            ..PollOptions::default()
+        };
+        assert_eq!(spin_config(&ring_mode, w, SubmissionSource::RingPoll), d);
+        let explicit = PollOptions {
+            spin: Some(spin_us(5, 7)),
+            ..PollOptions::default()
+        };
+        for source in [SubmissionSource::RingPoll, SubmissionSource::Doorbell] {
+            assert_eq!(spin_config(&explicit, w, source), spin_us(5, 7));
+        }
     }
 }

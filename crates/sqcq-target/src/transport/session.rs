@@ -397,7 +397,7 @@ impl Session {
         } else {
             match self.pool.options().ring {
                 RingMode::Kick => SubmissionSource::Kick,
-                RingMode::Ring => SubmissionSource::RingPoll,
+                RingMode::Ring | RingMode::Auto => SubmissionSource::RingPoll,
             }
         }
     }
@@ -511,6 +511,7 @@ impl Session {
         let (call, err) = (clone(&v.call), clone(&v.err));
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
         let rq = u16::try_from(index - self.local).unwrap_or(u16::MAX);
+        let source = self.submission_source();
         let start = QueueStart {
             key: QueueKey {
                 device: self.dev.info.id,
@@ -522,8 +523,8 @@ impl Session {
             kick,
             call,
             err,
-            source: self.submission_source(),
-            spin: self.pool.options().spin_policy(),
+            source,
+            spin: self.pool.spin_policy(source),
             max_in_flight: self.pool.options().max_in_flight,
             handler: self.device.request_handler(),
             tracking: self
