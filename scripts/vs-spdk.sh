@@ -16,7 +16,9 @@
 #   bdevperf   -> spdk          SPDK vhost, null bdev
 #   sqcq-bench -> spdk          ring-poll (what SPDK's target offers)
 #   bdevperf   -> sqcqd-ring    sqcqd --poll ring
-#   bdevperf   -> sqcqd-kick    sqcqd (kicks and calls)
+#   bdevperf   -> sqcqd-kick    sqcqd --poll kick (kicks and calls)
+#   bdevperf   -> sqcqd-auto    sqcqd's default, --poll auto (ring polling
+#                               within its measured wakeup bound)
 #   sqcq-bench -> sqcqd         sqcq-inline, sqcq and ring-poll (bit 42 or
 #                               not: the project's best doorbell modes)
 # With --scaling the same with 2 request queues on 2 target threads (SPDK:
@@ -193,7 +195,7 @@ cell() { # REP INITIATOR TARGET MODE RW QD -- command
 }
 
 # ---------------------------------------------------------------- run
-idle_ticks=()
+idle_ticks=() auto_idle_ticks=()
 last_rw=${rws##* } last_qd=${qds##* }
 spdk_cells() { # REP RW QD
     cell "$1" bdevperf spdk poll "$2" "$3" -- bdevperf "$2" "$3"
@@ -209,13 +211,20 @@ sqcqd_cells() { # REP RW QD
     for m in sqcq-inline sqcq; do
         cell "$1" sqcq-bench sqcqd-kick "$m" "$2" "$3" -- bench "$m" "$2" "$3"
     done
-    if [ "$2" = "$last_rw" ] && [ "$3" = "$last_qd" ]; then
-        # the repeat's load is over: what does sqcqd cost idle?
-        sleep 1
-        t0=$(ticks "$tpid"); sleep "$idle_secs"; t1=$(ticks "$tpid")
-        idle_ticks+=($((t1 - t0)))
-    fi
+    last_load_idle idle_ticks "$2" "$3"
     stop_target
+    start_sqcqd auto
+    cell "$1" bdevperf sqcqd-auto auto "$2" "$3" -- bdevperf "$2" "$3"
+    last_load_idle auto_idle_ticks "$2" "$3"
+    stop_target
+}
+last_load_idle() { # ARRAY RW QD: after the repeat's last load, sqcqd's CPU ticks idle
+    if [ "$2" = "$last_rw" ] && [ "$3" = "$last_qd" ]; then
+        sleep 1
+        local t0 t1
+        t0=$(ticks "$tpid"); sleep "$idle_secs"; t1=$(ticks "$tpid")
+        eval "$1+=($((t1 - t0)))"
+    fi
 }
 for rep in $(seq "$reps"); do
     for rw in $rws; do for qd in $qds; do
@@ -234,6 +243,7 @@ for rep in $(seq "$reps"); do
     done; done
 done
 echo "# sqcqd idle after load: ${idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
+echo "# sqcqd --poll auto idle after load: ${auto_idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 "$py" - "$tsv" "$far_ns" > "$out/summary.md" << 'EOF'

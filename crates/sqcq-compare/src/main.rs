@@ -35,8 +35,8 @@ use clap::Parser;
 struct Args {
     /// Notification modes, the first one is the baseline: sqcq-bench's
     /// `--mode`, except `notify`, classic virtio on both sides (sqcqd
-    /// `--poll kick`), and `auto`, the same unmodified driver against
-    /// sqcqd's default (`--poll auto`).
+    /// `--poll kick`), and `auto` and `ring`, the same unmodified driver
+    /// against sqcqd's default (`--poll auto`) and `--poll ring`.
     #[arg(
         long,
         value_delimiter = ',',
@@ -110,6 +110,10 @@ struct Args {
     /// program under `taskset` too to keep the driver off them.
     #[arg(long)]
     target_cpus: Option<String>,
+    /// At most this many I/Os per second per job (the bench's
+    /// `--rate_iops`): an application that trickles [default: no limit].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    rate_iops: Option<u32>,
     /// Also measure this process's CPU time per I/O in each run, `NAME=PID`
     /// (repeatable): a Ceph OSD the targets share, say.
     #[arg(long, value_parser = run::Watched::parse)]
@@ -162,6 +166,7 @@ impl Args {
             repeat: self.repeat.unwrap_or(repeat).max(1),
             rbd: self.rbd.clone(),
             target_cpus: self.target_cpus.clone(),
+            rate_iops: self.rate_iops,
             watch: self.watch.clone(),
         };
         if self.long {

@@ -49,6 +49,9 @@ pub struct Plan {
     pub rbd: Option<String>,
     /// CPUs of the targets started (the bench's `--target-cpus`).
     pub target_cpus: Option<String>,
+    /// I/Os per second per job (the bench's `--rate_iops`; `None`: no
+    /// limit).
+    pub rate_iops: Option<u32>,
     /// Other processes whose CPU time per I/O each run measures.
     pub watch: Vec<Watched>,
 }
@@ -89,6 +92,7 @@ impl Plan {
             ramp: self.ramp,
             rbd: self.rbd.as_deref(),
             target_cpus: self.target_cpus.as_deref(),
+            rate_iops: self.rate_iops,
             watch: &self.watch,
         }
     }
@@ -327,6 +331,7 @@ pub(crate) mod tests {
             repeat: 1,
             rbd: None,
             target_cpus: None,
+            rate_iops: None,
             watch: Vec::new(),
         }
     }

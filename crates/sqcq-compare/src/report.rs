@@ -119,6 +119,9 @@ pub fn render(plan: &Plan, results: &[Outcome], machine: &Machine) -> String {
     if let Some(cpus) = &plan.target_cpus {
         let _ = writeln!(out, "targets on CPU(s) {cpus}");
     }
+    if let Some(rate) = plan.rate_iops {
+        let _ = writeln!(out, "at most {rate} I/Os per second per job");
+    }
     out += &table(
         plan,
         results,

@@ -204,21 +204,25 @@ pub struct Settings<'a> {
     pub rbd: Option<&'a str>,
     /// CPUs of the target (the bench's `--target-cpus`).
     pub target_cpus: Option<&'a str>,
+    /// I/Os per second per job (the bench's `--rate_iops`).
+    pub rate_iops: Option<u32>,
     /// Other processes whose CPU time per I/O the run measures.
     pub watch: &'a [Watched],
 }
 
 /// The bench's `--mode` and, for sqcqd, its `--poll` (the bench's
-/// `--target-poll`) of a mode of the matrix. Two modes differ from the
+/// `--target-poll`) of a mode of the matrix. Three modes differ from the
 /// bench's: `notify` is classic virtio on both sides (sqcqd `--poll
 /// kick`), the RFC's baseline; `auto` is the same unmodified driver
-/// against sqcqd's default, `--poll auto`. The others are the bench's
+/// against sqcqd's default, `--poll auto`, and `ring` against `--poll
+/// ring`. The others are the bench's
 /// modes, with sqcqd's default poll mode unless the mode names one
 /// (`ring-poll`).
 pub fn bench_mode(mode: &str) -> (&str, Option<&'static str>) {
     match mode {
         "notify" => ("notify", Some("kick")),
         "auto" => ("notify", Some("auto")),
+        "ring" => ("notify", Some("ring")),
         m => (m, None),
     }
 }
@@ -248,6 +252,9 @@ pub fn run_once(
     }
     if let Some(cpus) = plan.target_cpus {
         cmd.args(["--target-cpus", cpus]);
+    }
+    if let Some(rate) = plan.rate_iops {
+        cmd.args(["--rate_iops", &rate.to_string()]);
     }
     let (mode, poll) = bench_mode(&case.mode);
     if let Some(poll) = poll.filter(|_| cell.target == "sqcqd") {
@@ -403,6 +410,7 @@ mod tests {
     fn notify_is_classic_on_both_sides_and_auto_is_the_default() {
         assert_eq!(bench_mode("notify"), ("notify", Some("kick")));
         assert_eq!(bench_mode("auto"), ("notify", Some("auto")));
+        assert_eq!(bench_mode("ring"), ("notify", Some("ring")));
         assert_eq!(bench_mode("ring-poll"), ("ring-poll", None));
         assert!(!fell_back("auto", "notify"), "auto runs a notify driver");
         assert!(fell_back("sqcq", "notify"));
