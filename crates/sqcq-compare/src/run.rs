@@ -215,9 +215,8 @@ pub struct Settings<'a> {
 /// bench's: `notify` is classic virtio on both sides (sqcqd `--poll
 /// kick`), the RFC's baseline; `auto` is the same unmodified driver
 /// against sqcqd's default, `--poll auto`, and `ring` against `--poll
-/// ring`. The others are the bench's
-/// modes, with sqcqd's default poll mode unless the mode names one
-/// (`ring-poll`).
+/// ring`. The others are the bench's modes, with sqcqd's default poll
+/// mode unless the mode names one (`ring-poll`).
 pub fn bench_mode(mode: &str) -> (&str, Option<&'static str>) {
     match mode {
         "notify" => ("notify", Some("kick")),

@@ -262,9 +262,9 @@ mod tests {
             ..SpinConfig::default()
         };
         let (mut woken, mut plain) = (SpinPolicy::new(c).unwrap(), SpinPolicy::new(c).unwrap());
-        // Gaps of 30 µs of which a wakeup took 25: polling would have
-        // seen them as 5 µs; counted whole they stay above a 50 µs bound
-        // only with the wakeup in (60 µs).
+        // Gaps noticed at 60 µs, 25 of them the wakeup: counted whole
+        // they stay above the 50 µs bound, without the wakeup (35 µs)
+        // they fall within it.
         for _ in 0..100 {
             woken.record_woken_gap(60_000);
             plain.record_gap(60_000);

@@ -6,8 +6,8 @@
 //! an eventfd signal, the scheduler, and on a virtual machine an IPI and
 //! the vCPU leaving halt. Spinning pays while the gaps between requests
 //! are shorter than that. The wakeup's cost differs by an order of
-//! magnitude between machines (a few µs on bare metal, 20-30 µs on a
-//! small cloud VM) and between CPU models, so one fixed spin bound is
+//! magnitude between machines (bare metal against a small cloud VM whose
+//! vCPUs halt) and between CPU models, so one fixed spin bound is
 //! either too short for one machine or wasteful on another. The daemon
 //! measures it instead (no library does this; crosvm, QEMU and SPDK take
 //! a fixed poll time from the operator).
@@ -19,7 +19,8 @@
 //! requests of a trickling queue. The cost is the median sample of a
 //! round, the smallest of [`ROUNDS`] rounds: on a virtual machine a
 //! round can fall in a moment when the host runs something else, and
-//! wakeups then cost ten times as much as usual.
+//! its wakeups then cost many times the usual (docs/benchmarks.md and
+//! docs/target.md give the figures measured).
 //!
 //! The bound: with an unmodified guest the load that matters most is a
 //! synchronous one (QD1: the guest waits, asleep, for each completion),
@@ -133,6 +134,9 @@ pub fn measure(sleeper_cpu: Option<usize>) -> io::Result<Duration> {
                 }
                 for _ in 0..ROUNDS * SAMPLES {
                     efd.read()?;
+                    // The stamp is the only data passed, nothing else is
+                    // published with it (Relaxed would do); Release pairs
+                    // with the waker's Acquire load of it.
                     woke.store(now_ns(), Ordering::Release);
                 }
                 Ok(())
@@ -166,12 +170,11 @@ fn wake(efd: &EventFd, woke: &AtomicU64, cpus: &[usize]) -> io::Result<Vec<u64>>
     let mut samples = Vec::with_capacity(ROUNDS * SAMPLES);
     for _ in 0..ROUNDS * SAMPLES {
         std::thread::sleep(PAUSE);
-        woke.store(0, Ordering::Relaxed);
         let start = now_ns();
         efd.write(1)?;
         let sample = loop {
-            // A stamp from before `start` is a late wakeup of an earlier
-            // sample that reached its limit.
+            // A stamp from before `start` is the previous sample's (or a
+            // late wakeup of one that reached its limit): not this one.
             let t = woke.load(Ordering::Acquire);
             if t > start {
                 break t - start;

@@ -281,7 +281,7 @@ fn calibrate(options: &PollOptions) -> Option<Duration> {
 /// [`wakeup::auto_spin_bound`], with gaps that end in a wakeup counted
 /// [`wakeup::auto_wake_credit`] shorter (`SpinConfig::wake_ns`); else
 /// the default.
-fn spin_config(
+fn queue_spin_config(
     options: &PollOptions,
     wakeup: Option<Duration>,
     source: SubmissionSource,
@@ -503,11 +503,11 @@ impl WorkerPool {
     }
 
     /// The adaptive spin window of a new queue that learns of requests
-    /// from `source` (see [`spin_config`]).
+    /// from `source` (see [`queue_spin_config`]).
     pub fn spin_policy(&self, source: SubmissionSource) -> SpinPolicy {
         // Checked by `PollOptions::validate`; an unchecked bad one falls
         // back.
-        SpinPolicy::new(spin_config(&self.options, self.wakeup, source)).unwrap_or_default()
+        SpinPolicy::new(queue_spin_config(&self.options, self.wakeup, source)).unwrap_or_default()
     }
 
     /// Every queue's latest statistics.
@@ -1007,6 +1007,7 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
+    use super::queue_spin_config as spin_config;
     use super::*;
     use crate::runtime::options::{RingMode, spin_config as spin_us};
 
