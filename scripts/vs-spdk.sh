@@ -23,6 +23,19 @@
 #                               not: the project's best doorbell modes)
 # With --scaling the same with 2 request queues on 2 target threads (SPDK:
 # 2 reactors), 2 initiator jobs (bdevperf: 2 reactors).
+# With --device blk every target serves a virtio-blk disk (SPDK's vhost-blk
+# controller, sqcqd --device-type blk) and two more cells join:
+#   bdevperf   -> qsd           QEMU's qemu-storage-daemon, vhost-user-blk
+#                               export in an iothread (its adaptive polling
+#                               of the kick eventfd, poll-max-ns 32 us)
+#   sqcq-bench -> qsd           ring-poll
+# With --disk the disk is a real one instead of a null device: a 1 GiB
+# file in /dev/shm written full first (shm), a loop device with direct I/O
+# over such a file (loop), or an existing file or block device (a path,
+# used whole and overwritten by the write runs). SPDK serves it with its
+# uring bdev (--spdk-bdev aio: its aio bdev), sqcqd with its file
+# backstore (io_uring, O_DIRECT), qemu-storage-daemon with its file driver
+# (aio=io_uring, cache.direct=on).
 #
 # A repeat runs each rw/QD's cells back to back, SPDK's first in odd
 # repeats and sqcqd's first in even ones. Before and after each run, sqcq-c2c measures how long a
@@ -47,6 +60,9 @@
 #   --qd "1 32"     queue depths
 #   --rw "randread randwrite"
 #   --scaling       2 queues / 2 target threads / 2 jobs instead of 1
+#   --device T      scsi (default) or blk (adds qemu-storage-daemon)
+#   --disk D        null (default), shm, loop, or a file or block device
+#   --spdk-bdev B   uring (default) or aio: SPDK's bdev for --disk
 #   --out DIR       results (default target/vs-spdk/<stamp>)
 # sqcq-bench runs like bdevperf's virtio-user driver, which has no indirect
 # descriptors (SPDK's include/spdk_internal/virtio.h): BENCH_OPTS defaults
@@ -54,12 +70,13 @@
 # fewer of sqcq-bench's requests at QD32; sqcqd 3-6% fewer.
 # Environment: SPDK_DIR (required), SQCQ_BIN (default target/release, built
 # here if missing), TARGET_CPU (0), INIT_CPU (1), IDLE_SECS (10),
-# C2C_FAR_NS (300), BENCH_OPTS (--no-indirect), PYTHON.
+# C2C_FAR_NS (300), BENCH_OPTS (--no-indirect), PYTHON, QSD_BIN
+# (qemu-storage-daemon in PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-reps=3 secs=5 qds="1 32" rws="randread randwrite" scaling=0 out=""
+reps=3 secs=5 qds="1 32" rws="randread randwrite" scaling=0 out="" device=scsi disk=null spdk_bdev=uring
 while [ $# -gt 0 ]; do
     case "$1" in
         --reps) reps=$2; shift ;;
@@ -67,12 +84,17 @@ while [ $# -gt 0 ]; do
         --qd) qds=$2; shift ;;
         --rw) rws=$2; shift ;;
         --scaling) scaling=1 ;;
+        --device) device=$2; shift ;;
+        --disk) disk=$2; shift ;;
+        --spdk-bdev) spdk_bdev=$2; shift ;;
         --out) out=$2; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "vs-spdk: unknown option $1" >&2; exit 2 ;;
     esac
     shift
 done
+case "$device" in scsi|blk) ;; *) echo "vs-spdk: --device scsi or blk, not $device" >&2; exit 2 ;; esac
+case "$spdk_bdev" in uring|aio) ;; *) echo "vs-spdk: --spdk-bdev uring or aio, not $spdk_bdev" >&2; exit 2 ;; esac
 
 : "${SPDK_DIR:?SPDK_DIR: an SPDK tree built aside (build/bin/vhost, build/examples/bdevperf)}"
 for f in build/bin/vhost build/examples/bdevperf scripts/rpc.py; do
@@ -92,6 +114,33 @@ mkdir -p "$run"
 tsv=$out/results.tsv
 export LD_LIBRARY_PATH="$SPDK_DIR/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 exec > >(tee -a "$out/log.txt") 2>&1
+qsd_bin=${QSD_BIN:-$(command -v qemu-storage-daemon || true)}
+if [ "$device" = blk ] && [ -z "$qsd_bin" ]; then
+    echo "vs-spdk: --device blk compares with qemu-storage-daemon: install it (scripts/setup.sh) or set QSD_BIN" >&2
+    exit 2
+fi
+
+# ------------------------------------------------------------ the disk
+# $path: the file or block device every target serves ("" for null).
+path="" shm_file="" loop_dev=""
+cleanup_disk() {
+    [ -z "$loop_dev" ] || losetup -d "$loop_dev" 2>/dev/null || true
+    [ -z "$shm_file" ] || rm -f "$shm_file"
+}
+case "$disk" in
+    null) ;;
+    shm|loop)
+        shm_file=/dev/shm/sqcq-vs-spdk-$$.img
+        dd if=/dev/zero of="$shm_file" bs=1M count=1024 status=none
+        path=$shm_file
+        if [ "$disk" = loop ]; then
+            loop_dev=$(losetup --direct-io=on --show -f "$shm_file")
+            path=$loop_dev
+        fi ;;
+    *)
+        [ -e "$disk" ] || { echo "vs-spdk: --disk $disk: no such file or device" >&2; exit 2; }
+        path=$disk ;;
+esac
 
 # ------------------------------------------------------------ machine
 hz=$(getconf CLK_TCK)
@@ -114,6 +163,7 @@ busy() { awk '/^cpu /{ print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs, kernel $(uname -r)"
 echo "# sqcq $("$bin/sqcqd" --version) $(git -C "$root" rev-parse --short HEAD 2>/dev/null || true); SPDK $(cat "$SPDK_DIR/VERSION" 2>/dev/null || git -C "$SPDK_DIR" describe --tags 2>/dev/null || echo '?')"
 echo "# reps=$reps secs=$secs qd=[$qds] rw=[$rws] queues=$nq target CPUs $tmask, initiator CPUs $imask; sqcq-bench ${bench_opts[*]}"
+echo "# device $device, disk $disk${path:+ ($path; SPDK $spdk_bdev bdev)}${qsd_bin:+; $("$qsd_bin" --version | head -1)}"
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf 'rep\tinitiator\ttarget\tmode\trw\tqd\tiops\tlat_us\ttarget_ns_io\tinitiator_ns_io\tc2c_before_ns\tc2c_after_ns\n' > "$tsv"
 
@@ -126,20 +176,42 @@ start_spdk() {
         > "$run/vhost.log" 2>&1 < /dev/null &
     tpid=$!
     for _ in $(seq 100); do [ -S "$run/vhost.rpc" ] && break; sleep 0.1; done
-    spdk_rpc bdev_null_create Null0 1024 512
-    spdk_rpc vhost_create_scsi_controller --cpumask "$tmask" vhost.0
-    spdk_rpc vhost_scsi_controller_add_target vhost.0 0 Null0
+    if [ -n "$path" ]; then
+        spdk_rpc "bdev_${spdk_bdev}_create" "$path" Disk0 512
+    else
+        spdk_rpc bdev_null_create Disk0 1024 512
+    fi
+    if [ "$device" = blk ]; then
+        spdk_rpc vhost_create_blk_controller --cpumask "$tmask" vhost.0 Disk0
+    else
+        spdk_rpc vhost_create_scsi_controller --cpumask "$tmask" vhost.0
+        spdk_rpc vhost_scsi_controller_add_target vhost.0 0 Disk0
+    fi
     [ -S "$run/vhost.0" ] || { cat "$run/vhost.log"; exit 1; }
     sock=$run/vhost.0
 }
 start_sqcqd() { # POLL
     rm -f "$run/sqcqd.sock"
-    setsid "$bin/sqcqd" --socket-path "$run/sqcqd.sock" --lun kind=null,size=1G --num-queues "$nq" \
+    local lun=kind=null,size=1G
+    [ -z "$path" ] || lun=kind=file,path=$path
+    setsid "$bin/sqcqd" --socket-path "$run/sqcqd.sock" --device-type "$device" --lun "$lun" --num-queues "$nq" \
         --workers "$workers" --poll "$1" --poll-cpus "$poll_cpus" > "$run/sqcqd.log" 2>&1 < /dev/null &
     tpid=$!
     for _ in $(seq 100); do [ -S "$run/sqcqd.sock" ] && break; sleep 0.05; done
     [ -S "$run/sqcqd.sock" ] || { cat "$run/sqcqd.log"; exit 1; }
     sock=$run/sqcqd.sock
+}
+start_qsd() {
+    rm -f "$run/qsd.sock"
+    local node="driver=null-co,node-name=disk0,size=1G,read-zeroes=off"
+    [ -z "$path" ] || node="driver=file,node-name=disk0,filename=$path,aio=io_uring,cache.direct=on"
+    setsid taskset -c "$poll_cpus" "$qsd_bin" --object iothread,id=iot0 --blockdev "$node" \
+        --export "type=vhost-user-blk,id=e0,node-name=disk0,iothread=iot0,addr.type=unix,addr.path=$run/qsd.sock,writable=on,num-queues=$nq" \
+        > "$run/qsd.log" 2>&1 < /dev/null &
+    tpid=$!
+    for _ in $(seq 100); do [ -S "$run/qsd.sock" ] && break; sleep 0.05; done
+    [ -S "$run/qsd.sock" ] || { cat "$run/qsd.log"; exit 1; }
+    sock=$run/qsd.sock
 }
 stop_target() {
     [ -n "$tpid" ] || return 0
@@ -149,21 +221,21 @@ stop_target() {
     wait "$tpid" 2>/dev/null || true
     tpid=""
 }
-trap stop_target EXIT
+trap 'stop_target; cleanup_disk' EXIT
 
 # ---------------------------------------------------------- initiators
 # Each prints "iops lat_us".
 bdevperf() { # RW QD
     local conf=$run/bdevperf.json o
-    printf '{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_virtio_attach_controller","params":{"name":"V0","trtype":"user","traddr":"%s","dev_type":"scsi","vq_count":%d,"vq_size":128}},{"method":"bdev_wait_for_examine"}]}]}\n' \
-        "$sock" "$nq" > "$conf"
+    printf '{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_virtio_attach_controller","params":{"name":"V0","trtype":"user","traddr":"%s","dev_type":"%s","vq_count":%d,"vq_size":128}},{"method":"bdev_wait_for_examine"}]}]}\n' \
+        "$sock" "$device" "$nq" > "$conf"
     o=$(timeout $((secs + 60)) "$SPDK_DIR/build/examples/bdevperf" -m "$imask" "${spdk_opts[@]}" -u -g -s 512 \
         -r "$run/bdevperf.rpc" --json "$conf" "${bdevperf_opts[@]}" -q "$2" -o 4096 -w "$1" -t "$secs" 2>&1) || { echo "$o" >&2; return 1; }
     echo "$o" | tr -d '\r' | awk '/^ *Total *:/ { print $3, $7 }'
 }
 bench() { # MODE RW QD
     local o
-    o=$(timeout $((secs + 60)) "${pin[@]}" "$bin/sqcq-bench" "${bench_opts[@]}" --socket "$sock" --mode "$1" --rw "$2" \
+    o=$(timeout $((secs + 60)) "${pin[@]}" "$bin/sqcq-bench" "${bench_opts[@]}" --device-type "$device" --socket "$sock" --mode "$1" --rw "$2" \
         --iodepth "$3" --numjobs "$nq" --bs 4k --runtime "$secs" --time_based --eta never \
         --stats-interval 0 --output-format json 2> "$run/bench.err") || { cat "$run/bench.err" >&2; return 1; }
     echo "$o" | "$py" -c 'import json, sys
@@ -218,6 +290,13 @@ sqcqd_cells() { # REP RW QD
     last_load_idle auto_idle_ticks "$2" "$3"
     stop_target
 }
+qsd_cells() { # REP RW QD
+    [ "$device" = blk ] || return 0
+    start_qsd
+    cell "$1" bdevperf qsd iothread "$2" "$3" -- bdevperf "$2" "$3"
+    cell "$1" sqcq-bench qsd ring-poll "$2" "$3" -- bench ring-poll "$2" "$3"
+    stop_target
+}
 last_load_idle() { # ARRAY RW QD: after the repeat's last load, sqcqd's CPU ticks idle
     if [ "$2" = "$last_rw" ] && [ "$3" = "$last_qd" ]; then
         sleep 1
@@ -236,7 +315,9 @@ for rep in $(seq "$reps"); do
         if [ $((rep % 2)) = 1 ]; then
             spdk_cells "$rep" "$rw" "$qd"
             sqcqd_cells "$rep" "$rw" "$qd"
+            qsd_cells "$rep" "$rw" "$qd"
         else
+            qsd_cells "$rep" "$rw" "$qd"
             sqcqd_cells "$rep" "$rw" "$qd"
             spdk_cells "$rep" "$rw" "$qd"
         fi

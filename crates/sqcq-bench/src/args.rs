@@ -148,6 +148,13 @@ pub struct Args {
     /// `rbd` block driver, both with librbd's cache off.
     #[arg(long = "target-rbd", value_parser = RbdImage::parse)]
     pub target_rbd: Option<RbdImage>,
+    /// Serve an existing file or block device (all of it) instead of a
+    /// null (or RAM) disk, on a target started here (sqcqd,
+    /// qemu-storage-daemon): sqcqd with `--lun kind=file,path=PATH`
+    /// (io_uring, `O_DIRECT`), qemu-storage-daemon with its `file` driver,
+    /// `aio=io_uring,cache.direct=on`.
+    #[arg(long = "target-file", conflicts_with = "target_rbd")]
+    pub target_file: Option<PathBuf>,
     /// CPUs for a target started here (`taskset -c` syntax: `0`, `0-1`),
     /// so that it and this process can be pinned apart.
     #[arg(long = "target-cpus")]

@@ -44,7 +44,7 @@ use crate::error::{BenchError, chain};
 use crate::job::{Abort, Job, JobSpec, Progress};
 use crate::link::Link;
 use crate::report::{Report, TargetCpu};
-use crate::target::{Target, TargetOptions, find_binary};
+use crate::target::{Disk, Target, TargetOptions, find_binary};
 use crate::workload::Workload;
 use sqcq_driver::{DeviceType, NotifyMode};
 
@@ -91,14 +91,19 @@ fn check_args(args: &Args) -> Result<(), BenchError> {
         return Err(usage("--time_based needs --runtime"));
     }
     let device = DeviceType::from(args.device_type);
-    if args.target_rbd.is_some() {
+    let disk_option = match (&args.target_rbd, &args.target_file) {
+        (Some(_), _) => Some(("--target-rbd", "an RBD image")),
+        (None, Some(_)) => Some(("--target-file", "an existing file")),
+        (None, None) => None,
+    };
+    if let Some((option, what)) = disk_option {
         if !args.socket.is_empty() || args.target == TargetKind::VhostDeviceScsi {
-            return Err(usage(
-                "--target-rbd: only a sqcqd or qemu-storage-daemon started here serves an RBD image",
-            ));
+            return Err(usage(format!(
+                "{option}: only a sqcqd or qemu-storage-daemon started here serves {what}"
+            )));
         }
         if args.devices > 1 {
-            return Err(usage("--target-rbd: one device only"));
+            return Err(usage(format!("{option}: one device only")));
         }
     }
     if args.devices > 1 && !args.socket.is_empty() {
@@ -144,7 +149,11 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
             None => None,
         },
         stats_interval: Some(args.stats_interval),
-        rbd: args.target_rbd.as_ref(),
+        disk: match (&args.target_rbd, &args.target_file) {
+            (Some(rbd), _) => Disk::Rbd(rbd),
+            (None, Some(path)) => Disk::File(path),
+            (None, None) => Disk::Scratch,
+        },
         cpus: args.target_cpus.as_deref(),
         extra: &args.target_arg,
     };

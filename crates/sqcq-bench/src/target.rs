@@ -81,6 +81,19 @@ pub struct Target {
     rbd: bool,
 }
 
+/// What a started target serves.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Disk<'a> {
+    /// A scratch disk of the size asked for: null, or RAM (a sparse image
+    /// file for the peers) when the data must read back.
+    #[default]
+    Scratch,
+    /// An existing Ceph RBD image.
+    Rbd(&'a RbdImage),
+    /// An existing file or block device, all of it, with direct I/O.
+    File(&'a Path),
+}
+
 /// What the bench asks of a target it starts, beyond the LUN.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TargetOptions<'a> {
@@ -98,9 +111,8 @@ pub struct TargetOptions<'a> {
     pub poll: Option<&'static str>,
     /// Ask for per-queue statistics (`--stats-file`, `--stats-interval`).
     pub stats_interval: Option<Duration>,
-    /// Serve this RBD image instead of a null or RAM disk (sqcqd,
-    /// qemu-storage-daemon).
-    pub rbd: Option<&'a RbdImage>,
+    /// What the disk is (sqcqd and qemu-storage-daemon).
+    pub disk: Disk<'a>,
     /// Run the target on these CPUs (`taskset -c` syntax).
     pub cpus: Option<&'a str>,
     /// More arguments for a started `sqcqd` (`--target-arg`).
@@ -205,9 +217,10 @@ impl Target {
                     if options.device == DeviceType::Blk {
                         cmd.args(["--device-type", "blk"]);
                     }
-                    cmd.arg("--lun").arg(match options.rbd {
-                        Some(rbd) => sqcqd_rbd_lun(rbd),
-                        None => format!("kind={kind},size={size}"),
+                    cmd.arg("--lun").arg(match options.disk {
+                        Disk::Rbd(rbd) => sqcqd_rbd_lun(rbd),
+                        Disk::File(path) => format!("kind=file,path={}", path.display()),
+                        Disk::Scratch => format!("kind={kind},size={size}"),
                     });
                     if options.queues > 1 {
                         cmd.arg("--num-queues").arg(options.queues.to_string());
@@ -264,8 +277,10 @@ impl Target {
                 cmd.arg("--socket-path").arg(socket).arg(&image);
             }
             TargetKind::QemuStorageDaemon => {
-                let node = if let Some(rbd) = options.rbd {
+                let node = if let Disk::Rbd(rbd) = options.disk {
                     qsd_rbd_node(rbd)
+                } else if let Disk::File(path) = options.disk {
+                    qsd_file_node(path)
                 } else if keep_data {
                     let image = dir.join("disk0.img");
                     let file = File::create(&image).map_err(prepare(&image))?;
@@ -301,7 +316,7 @@ impl Target {
             stats_file,
             notes,
             waited: false,
-            rbd: options.rbd.is_some(),
+            rbd: matches!(options.disk, Disk::Rbd(_)),
         };
         target.wait_for_socket()?;
         Ok(target)
@@ -450,6 +465,16 @@ fn qsd_rbd_node(rbd: &RbdImage) -> String {
         node += &format!(",user={}", q(id));
     }
     node
+}
+
+/// qemu-storage-daemon's `--blockdev` for an existing file or block
+/// device: QEMU's `file` driver through io_uring with the page cache
+/// bypassed (`aio=io_uring,cache.direct=on`), as sqcqd's file backstore
+/// reads and writes aligned requests.
+fn qsd_file_node(path: &Path) -> String {
+    // QEMU's option syntax doubles a comma inside a value.
+    let path = path.display().to_string().replace(',', ",,");
+    format!("driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=on")
 }
 
 impl Drop for Target {

@@ -31,26 +31,30 @@ fn bench(target: &str, bin: &Path, args: &[&str]) -> (Output, Value) {
 
 /// A verify run of `jobs` jobs over 2 MiB each in 8 KiB I/Os at QD8;
 /// checks every job wrote and read back all of its 256 units.
-fn verify(target: &str, bin: &Path, mode: &str, jobs: &str) -> (Output, Value) {
+fn verify(target: &str, bin: &Path, mode: &str, jobs: &str, more: &[&str]) -> (Output, Value) {
     let (out, v) = bench(
         target,
         bin,
         &[
-            "--rw",
-            "randwrite",
-            "--verify",
-            "crc32c",
-            "--size",
-            "2m",
-            "--bs",
-            "8k",
-            "--iodepth",
-            "8",
-            "--numjobs",
-            jobs,
-            "--mode",
-            mode,
-        ],
+            &[
+                "--rw",
+                "randwrite",
+                "--verify",
+                "crc32c",
+                "--size",
+                "2m",
+                "--bs",
+                "8k",
+                "--iodepth",
+                "8",
+                "--numjobs",
+                jobs,
+                "--mode",
+                mode,
+            ][..],
+            more,
+        ]
+        .concat(),
     );
     let n: usize = jobs.parse().unwrap();
     assert_eq!(v["jobs"].as_array().unwrap().len(), n, "{target} {mode}");
@@ -75,7 +79,7 @@ const MODES: [&str; 5] = ["notify", "poll-queue", "ring-poll", "sqcq", "sqcq-inl
 fn verify_passes_against_sqcqd_in_every_mode() {
     let Some(bin) = common::sqcqd() else { return };
     for mode in MODES {
-        let (_, v) = verify("sqcqd", &bin, mode, "2");
+        let (_, v) = verify("sqcqd", &bin, mode, "2", &[]);
         assert_eq!(v["sqcq"]["mode"], mode, "{mode}: no fallback from sqcqd");
         assert!(v["sqcq"]["mode_fallback"].is_null(), "{mode}");
         assert_eq!(v["sqcq"]["device"]["serial"], "vhost.sock", "GET_ID");
@@ -122,7 +126,7 @@ fn every_rw_and_depth_runs_against_sqcqd() {
 fn verify_passes_against_qemu_storage_daemon() {
     let Some(bin) = common::qsd() else { return };
     for mode in ["notify", "poll-queue", "ring-poll"] {
-        let (_, v) = verify("qemu-storage-daemon", &bin, mode, "2");
+        let (_, v) = verify("qemu-storage-daemon", &bin, mode, "2", &[]);
         assert_eq!(v["sqcq"]["mode"], mode);
         assert_eq!(v["sqcq"]["device"]["target"], "qemu-storage-daemon");
         assert!(v["sqcq"]["kicks_per_io"].as_f64().unwrap() > 0.0, "{mode}");
@@ -130,7 +134,7 @@ fn verify_passes_against_qemu_storage_daemon() {
     // It does not offer bit 42: the doorbell modes run as notify, saying
     // so, and still verify.
     for mode in ["sqcq", "sqcq-inline"] {
-        let (out, v) = verify("qemu-storage-daemon", &bin, mode, "1");
+        let (out, v) = verify("qemu-storage-daemon", &bin, mode, "1", &[]);
         assert_eq!(v["sqcq"]["mode"], "notify");
         assert_eq!(v["sqcq"]["mode_requested"], mode);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -138,6 +142,37 @@ fn verify_passes_against_qemu_storage_daemon() {
             stderr.contains(&format!("--mode {mode} falls back to notify")),
             "{stderr}"
         );
+    }
+}
+
+/// `--target-file`: both targets serve an existing file, all of it, and
+/// what the verify run wrote is in the file afterwards.
+#[test]
+fn an_existing_file_is_served_by_sqcqd_and_qemu_storage_daemon() {
+    let targets = [
+        ("sqcqd", common::sqcqd()),
+        ("qemu-storage-daemon", common::qsd()),
+    ];
+    for (target, bin) in targets {
+        let Some(bin) = bin else { continue };
+        let dir = std::env::temp_dir().join(format!("sqcq-file-{target}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("disk.img");
+        // Two jobs' regions of 2 MiB: the file is the whole disk.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+        let file = path.to_str().unwrap();
+        let (_, v) = verify(target, &bin, "ring-poll", "2", &["--target-file", file]);
+        assert_eq!(v["sqcq"]["device"]["target"], target);
+        let data = std::fs::read(&path).unwrap();
+        let written = data
+            .chunks(512)
+            .filter(|b| b.iter().any(|&x| x != 0))
+            .count();
+        assert_eq!(written, 8192, "{target}: every block of the file written");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
