@@ -48,8 +48,12 @@
 # baseline's median among the runs of the same placement, one table per
 # placement, after a table of all runs (where the host keeps the vCPUs on
 # one kind of pair, the placement split only drops runs).
-# For each run: IOPS, mean latency, and CPU ns per I/O of each side (the
-# target's process, and the rest of the machine, i.e. the initiator).
+# For each run: IOPS, mean and median (p50) latency, and CPU ns per I/O of
+# each side (the target's process, and the rest of the machine, i.e. the
+# initiator). The summary sets QD1's p50 against the cache line round trip
+# measured in the same runs: the physical floor of a polled request, which
+# needs at least one line to go from the initiator to the target and one
+# to come back.
 # After each repeat's last cells, sqcqd's CPU over IDLE_SECS with no load.
 # SPDK's target is started for each of its runs (its reactor never sleeps
 # and would hold a probe's CPU).
@@ -165,7 +169,7 @@ echo "# sqcq $("$bin/sqcqd" --version) $(git -C "$root" rev-parse --short HEAD 2
 echo "# reps=$reps secs=$secs qd=[$qds] rw=[$rws] queues=$nq target CPUs $tmask, initiator CPUs $imask; sqcq-bench ${bench_opts[*]}"
 echo "# device $device, disk $disk${path:+ ($path; SPDK $spdk_bdev bdev)}${qsd_bin:+; $("$qsd_bin" --version | head -1)}"
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf 'rep\tinitiator\ttarget\tmode\trw\tqd\tiops\tlat_us\ttarget_ns_io\tinitiator_ns_io\tc2c_before_ns\tc2c_after_ns\n' > "$tsv"
+printf 'rep\tinitiator\ttarget\tmode\trw\tqd\tiops\tlat_us\tp50_us\ttarget_ns_io\tinitiator_ns_io\tc2c_before_ns\tc2c_after_ns\n' > "$tsv"
 
 # ------------------------------------------------------------ targets
 tpid=""
@@ -224,14 +228,17 @@ stop_target() {
 trap 'stop_target; cleanup_disk' EXIT
 
 # ---------------------------------------------------------- initiators
-# Each prints "iops lat_us".
+# Each prints "iops lat_us p50_us".
 bdevperf() { # RW QD
     local conf=$run/bdevperf.json o
     printf '{"subsystems":[{"subsystem":"bdev","config":[{"method":"bdev_virtio_attach_controller","params":{"name":"V0","trtype":"user","traddr":"%s","dev_type":"%s","vq_count":%d,"vq_size":128}},{"method":"bdev_wait_for_examine"}]}]}\n' \
         "$sock" "$device" "$nq" > "$conf"
     o=$(timeout $((secs + 60)) "$SPDK_DIR/build/examples/bdevperf" -m "$imask" "${spdk_opts[@]}" -u -g -s 512 \
-        -r "$run/bdevperf.rpc" --json "$conf" "${bdevperf_opts[@]}" -q "$2" -o 4096 -w "$1" -t "$secs" 2>&1) || { echo "$o" >&2; return 1; }
-    echo "$o" | tr -d '\r' | awk '/^ *Total *:/ { print $3, $7 }'
+        -r "$run/bdevperf.rpc" --json "$conf" "${bdevperf_opts[@]}" -q "$2" -o 4096 -w "$1" -t "$secs" -l 2>&1) || { echo "$o" >&2; return 1; }
+    # -l: the latency summary, whose 50% line follows each job (the first
+    # job's when there are several).
+    echo "$o" | tr -d '\r' | awk '/^ *Total *:/ { t = $3 " " $7 } / 50\.00000% :/ && !p { p = $3; sub(/us$/, "", p) }
+        END { print t, (p == "" ? 0 : p) }'
 }
 bench() { # MODE RW QD
     local o
@@ -242,28 +249,31 @@ bench() { # MODE RW QD
 d = json.load(sys.stdin); io = sum(j[k]["total_ios"] for j in d["jobs"] for k in ("read", "write"))
 iops = sum(j[k]["iops"] for j in d["jobs"] for k in ("read", "write"))
 lat = sum(j[k]["lat_ns"]["mean"] * j[k]["total_ios"] for j in d["jobs"] for k in ("read", "write")) / max(io, 1)
-print(iops, lat / 1000)'
+# The median of the side (read or write) and job with the most I/Os.
+top = max(((j[k]["total_ios"], j[k]["lat_ns"]) for j in d["jobs"] for k in ("read", "write")), key=lambda t: t[0])[1]
+p50 = float(top.get("percentile", {}).get("50.000000", 0))
+print(iops, lat / 1000, p50 / 1000)'
 }
 # The cache line round trip between the target's and the initiator's CPU
 # (ns), with nothing polling them.
 c2c() { "$bin/sqcq-c2c" --cpus "$tcpu,$icpu" --terse 2>/dev/null || echo 0; }
 cell() { # REP INITIATOR TARGET MODE RW QD -- command
-    local rep=$1 ini=$2 tgt=$3 mode=$4 rw=$5 qd=$6 t0 t1 b0 b1 r iops lat tns ins c0 c1
+    local rep=$1 ini=$2 tgt=$3 mode=$4 rw=$5 qd=$6 t0 t1 b0 b1 r iops lat p50 tns ins c0 c1
     shift 7
     [ "$tgt" = spdk ] && { start_spdk; sleep 0.5; }
     c0=$pre_c2c
     t0=$(ticks "$tpid") b0=$(busy)
-    r=$("$@") || r="0 0"
+    r=$("$@") || r="0 0 0"
     t1=$(ticks "$tpid") b1=$(busy)
     [ "$tgt" = spdk ] && stop_target
     sleep 0.2
     c1=$(c2c)
     pre_c2c=$c1
-    read -r iops lat <<< "$r"
+    read -r iops lat p50 <<< "$r"
     read -r tns ins < <(awk -v i="$iops" -v s="$secs" -v t=$((t1 - t0)) -v b=$((b1 - b0)) -v hz="$hz" \
         'BEGIN { n = i * s; if (n < 1) n = 1; printf "%.0f %.0f\n", t * 1e9 / hz / n, (b - t) * 1e9 / hz / n }')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%s\t%s\t%s\t%s\n' "$rep" "$ini" "$tgt" "$mode" "$rw" "$qd" \
-        "$iops" "$lat" "$tns" "$ins" "$c0" "$c1" | tee -a "$tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%s\n' "$rep" "$ini" "$tgt" "$mode" "$rw" "$qd" \
+        "$iops" "$lat" "$p50" "$tns" "$ins" "$c0" "$c1" | tee -a "$tsv"
 }
 
 # ---------------------------------------------------------------- run
@@ -366,8 +376,8 @@ for pl in ("all", "near", "far"):
         print("### %s: CPUs %s a cache (cache line round trip %s %.0f ns; median %.0f ns); cells without a run of this placement left out" % (
             pl, "sharing" if pl == "near" else "not sharing", "<" if pl == "near" else ">=", far, c2c))
     print()
-    print("| rw | QD | initiator -> target (mode) | runs | IOPS (median) | vs bdevperf -> SPDK | mean lat us | target ns/IO | initiator ns/IO |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| rw | QD | initiator -> target (mode) | runs | IOPS (median) | vs bdevperf -> SPDK | mean lat us | p50 us | p50 / c2c | target ns/IO | initiator ns/IO |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key in order:
         rw, qd, ini, tgt, mode = key
         rs = [r for r in rs_pl if (r["rw"], int(r["qd"]), r["initiator"], r["target"], r["mode"]) == key]
@@ -377,8 +387,12 @@ for pl in ("all", "near", "far"):
                 and r["initiator"] == "bdevperf" and r["target"] == "spdk"]
         iops = med(rs, "iops")
         ratio = "%.2fx" % (iops / med(base, "iops")) if base else "-"
-        print("| %s | %d | %s -> %s (%s) | %d | %s | %s | %.2f | %.0f | %.0f |" % (
-            rw, qd, ini, tgt, mode, len(rs), f"{iops:,.0f}", ratio, med(rs, "lat_us"),
+        p50 = med(rs, "p50_us")
+        # QD1's median latency in cache line round trips (those of its runs).
+        rt = statistics.median(float(r[k]) for r in rs for k in ("c2c_before_ns", "c2c_after_ns"))
+        floor = "%.1fx" % (p50 * 1000 / rt) if qd == 1 and rt > 0 and p50 > 0 else "-"
+        print("| %s | %d | %s -> %s (%s) | %d | %s | %s | %.2f | %.3f | %s | %.0f | %.0f |" % (
+            rw, qd, ini, tgt, mode, len(rs), f"{iops:,.0f}", ratio, med(rs, "lat_us"), p50, floor,
             med(rs, "target_ns_io"), med(rs, "initiator_ns_io")))
 failed = [r for r in rows if float(r["iops"]) <= 0]
 if failed:

@@ -206,6 +206,22 @@ fn config(fe: &mut vhost::vhost_user::Frontend) -> BlkConfig {
     BlkConfig::decode(&raw).unwrap()
 }
 
+#[test]
+fn a_config_read_of_the_whole_payload_gets_the_space_and_zeros() {
+    // SPDK's virtio-user initiator reads 256 bytes whatever the device.
+    let dir = TempDir::new("blk-config-256");
+    let (_daemon, socket) = start_blk(&dir, false);
+    let g = Guest::new();
+    let mut qs = blk_vqs();
+    let mut fe = connect_device(&socket, &g, &mut qs, true, 0);
+    let (_, raw) = fe
+        .get_config(0, 256, VhostUserConfigFlags::WRITABLE, &[0; 256])
+        .unwrap();
+    assert_eq!(raw.len(), 256);
+    assert_eq!(BlkConfig::decode(&raw).unwrap().capacity, SECTORS);
+    assert!(raw[blk::CONFIG_SIZE..].iter().all(|&b| b == 0));
+}
+
 fn rig(name: &str, read_only: bool, features: u64) -> Rig {
     rig_on(name, read_only, features, BackstoreKind::Ram)
 }

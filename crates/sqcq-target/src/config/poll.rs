@@ -28,6 +28,12 @@ pub struct PollArgs {
     /// Bind worker N to the Nth CPU of this list, e.g. 0,1.
     #[arg(long, value_delimiter = ',', value_name = "CPUS")]
     pub poll_cpus: Vec<usize>,
+    /// Run the io-wq threads of file LUNs (buffered writes, fsync, and
+    /// requests io_uring cannot complete inline) on these CPUs, e.g.
+    /// housekeeping CPUs away from poll threads and vCPUs [default: where
+    /// the scheduler wakes them, next to the worker that submitted].
+    #[arg(long, value_delimiter = ',', value_name = "CPUS")]
+    pub completion_cpus: Vec<usize>,
     /// Seconds between per-queue statistics (log lines and --stats-file);
     /// 0 turns them off [default: 10].
     #[arg(long, value_name = "SECS")]
@@ -80,6 +86,9 @@ impl PollArgs {
         if !self.poll_cpus.is_empty() {
             base.cpus = self.poll_cpus;
         }
+        if !self.completion_cpus.is_empty() {
+            base.completion_cpus = self.completion_cpus;
+        }
         if let Some(s) = self.stats_interval {
             base.stats_interval = interval(s);
         }
@@ -112,6 +121,8 @@ pub struct FilePoll {
     mode: Option<RingMode>,
     #[serde(default)]
     cpus: Vec<usize>,
+    #[serde(default)]
+    completion_cpus: Vec<usize>,
     stats_interval: Option<u64>,
     stats_file: Option<PathBuf>,
     spin_us: Option<[u64; 2]>,
@@ -126,6 +137,7 @@ impl From<FilePoll> for PollOptions {
             offer_sqcq: f.sqcq.unwrap_or(d.offer_sqcq),
             ring: f.mode.unwrap_or(d.ring),
             cpus: f.cpus,
+            completion_cpus: f.completion_cpus,
             stats_interval: f.stats_interval.map_or(d.stats_interval, interval),
             stats_file: f.stats_file,
             spin: f.spin_us.map(|[min, max]| spin_config(min, max)),
@@ -145,7 +157,7 @@ mod tests {
     #[test]
     fn command_line_overrides_file_options() {
         let file: FilePoll = toml::from_str(
-            "sqcq = true\nmode = \"ring\"\ncpus = [1]\nstats-interval = 5\nstop-timeout = 7\nmax-inflight = 8\n",
+            "sqcq = true\nmode = \"ring\"\ncpus = [1]\ncompletion-cpus = [3]\nstats-interval = 5\nstop-timeout = 7\nmax-inflight = 8\n",
         )
         .unwrap();
         let base = PollOptions::from(file);
@@ -165,6 +177,7 @@ mod tests {
         assert_eq!(o.stats_interval, None, "0 turns statistics off");
         assert_eq!(o.ring, RingMode::Ring, "kept from the file");
         assert_eq!(o.max_in_flight, Some(8), "kept from the file");
+        assert_eq!(o.completion_cpus, vec![3], "kept from the file");
         assert!(o.validate(1).is_err(), "two CPUs for one worker");
         o.validate(2).unwrap();
     }

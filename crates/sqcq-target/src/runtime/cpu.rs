@@ -132,15 +132,6 @@ impl CpuWatch {
     }
 }
 
-/// The CPUs of `allowed` that no poll thread is bound to.
-pub fn free_cpus(allowed: &[usize], bound: &[usize]) -> Vec<usize> {
-    allowed
-        .iter()
-        .copied()
-        .filter(|c| !bound.contains(c))
-        .collect()
-}
-
 fn capacity() -> usize {
     8 * std::mem::size_of::<libc::cpu_set_t>()
 }
@@ -161,12 +152,6 @@ fn cpu_set(cpus: &[usize]) -> io::Result<libc::cpu_set_t> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn free_cpus_are_the_unbound_ones() {
-        assert_eq!(free_cpus(&[0, 1, 2, 3], &[1, 3]), vec![0, 2]);
-        assert!(free_cpus(&[0, 1], &[0, 1]).is_empty());
-    }
 
     const S: u64 = 1_000_000_000;
 

@@ -41,6 +41,10 @@ pub struct PollOptions {
     /// `cpus[w]`: the CPU worker `w` is bound to (workers past the end of
     /// the list are not bound).
     pub cpus: Vec<usize>,
+    /// The CPUs where the io-wq threads of `file` LUNs run (what io_uring
+    /// cannot complete inline); empty: wherever the scheduler wakes them,
+    /// which is next to the submitting worker.
+    pub completion_cpus: Vec<usize>,
     /// Period of the statistics log lines and file (`None`: off).
     pub stats_interval: Option<Duration>,
     /// JSON snapshot of every queue's statistics.
@@ -70,6 +74,7 @@ impl Default for PollOptions {
             offer_sqcq: true,
             ring: RingMode::Auto,
             cpus: Vec::new(),
+            completion_cpus: Vec::new(),
             stats_interval: Some(Duration::from_secs(DEFAULT_STATS_INTERVAL)),
             stats_file: None,
             spin: None,
@@ -120,6 +125,9 @@ impl PollOptions {
         }
         if let Some(c) = self.cpus.iter().find(|&&c| c > MAX_CPU) {
             return Err(format!("--poll-cpus: CPU {c} is above {MAX_CPU}"));
+        }
+        if let Some(c) = self.completion_cpus.iter().find(|&&c| c > MAX_CPU) {
+            return Err(format!("--completion-cpus: CPU {c} is above {MAX_CPU}"));
         }
         Ok(())
     }

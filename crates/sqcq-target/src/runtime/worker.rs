@@ -242,7 +242,7 @@ pub struct WorkerPool {
     /// What waking a worker costs here, if measured (`--poll auto`).
     wakeup: Option<Duration>,
     stats: Arc<StatsBoard>,
-    /// The CPUs left for backstore completion work of polled queues.
+    /// The CPUs for backstore completion work (`--completion-cpus`).
     steer: Option<Vec<usize>>,
     /// Set when the daemon stops: no wait goes past it.
     shutdown_by: OnceLock<Instant>,
@@ -312,7 +312,7 @@ impl WorkerPool {
             options.stats_interval,
             options.stats_file.clone(),
         ));
-        let steer = steering(&options.cpus);
+        let steer = steering(&options.completion_cpus);
         let pool = WorkerPool {
             workers: RwLock::new(Vec::with_capacity(n)),
             options,
@@ -612,16 +612,25 @@ struct Worker {
     drains: Vec<(u32, SyncSender<()>)>,
     /// The CPU this worker is bound to.
     cpu: Option<usize>,
-    /// The CPUs left for backstore completion work of polled queues.
+    /// The CPUs for backstore completion work (`--completion-cpus`).
     steer: Option<Vec<usize>>,
     board: Arc<StatsBoard>,
     ticker: StatsTicker,
 }
 
-/// The CPUs no poll thread is bound to, for backstore completion work;
-/// `None` when nothing is bound or no CPU is left (logged).
-fn steering(bound: &[usize]) -> Option<Vec<usize>> {
-    if bound.is_empty() {
+/// The CPUs of `asked` (`--completion-cpus`) the daemon may run on, for
+/// backstore completion work; `None` when none were asked for, or none of
+/// them is allowed (logged).
+///
+/// Not steering is the default: io-wq threads then wake next to the
+/// worker that punted to them, a context switch on its CPU (the worker
+/// yields while another thread wants the CPU). Steered to a CPU that
+/// something else keeps busy (the vCPUs, or on this 2-CPU machine the
+/// benchmark's initiator), every punted request waits for a cross-CPU
+/// wakeup: 5 times fewer requests from a file in /dev/shm
+/// (docs/benchmarks.md, "A real backstore").
+fn steering(asked: &[usize]) -> Option<Vec<usize>> {
+    if asked.is_empty() {
         return None;
     }
     let allowed = match crate::runtime::cpu::allowed_cpus() {
@@ -631,15 +640,19 @@ fn steering(bound: &[usize]) -> Option<Vec<usize>> {
             return None;
         }
     };
-    let free = crate::runtime::cpu::free_cpus(&allowed, bound);
-    if free.is_empty() {
-        info!(
-            "every CPU of {allowed:?} runs a poll thread: backstore completion work is not steered"
+    let cpus: Vec<usize> = asked
+        .iter()
+        .copied()
+        .filter(|c| allowed.contains(c))
+        .collect();
+    if cpus.is_empty() {
+        warn!(
+            "--completion-cpus {asked:?}: none of them is among the daemon's CPUs {allowed:?}: backstore completion work is not steered"
         );
         return None;
     }
-    info!("backstore completion work of polled queues steered to CPUs {free:?}");
-    Some(free)
+    info!("backstore completion work steered to CPUs {cpus:?}");
+    Some(cpus)
 }
 
 /// Milliseconds for `epoll_wait`, rounded up so a deadline is not missed
@@ -872,9 +885,7 @@ impl Worker {
     fn start(&mut self, start: QueueStart) -> Result<(), QueueError> {
         let key = start.key;
         let mut q = ServedQueue::start(start)?;
-        if let Some(cpus) = &self.steer
-            && q.is_polled()
-        {
+        if let Some(cpus) = &self.steer {
             q.steer_completions(cpus);
         }
         let slot = match self.queues.iter().position(Option::is_none) {
@@ -1009,7 +1020,16 @@ impl Worker {
 mod tests {
     use super::queue_spin_config as spin_config;
     use super::*;
-    use crate::runtime::options::{RingMode, spin_config as spin_us};
+    use crate::runtime::options::{MAX_CPU, RingMode, spin_config as spin_us};
+
+    #[test]
+    fn completion_work_is_steered_only_where_asked_and_allowed() {
+        assert_eq!(steering(&[]), None, "not steered by default");
+        let allowed = crate::runtime::cpu::allowed_cpus().unwrap();
+        let first = allowed[0];
+        assert_eq!(steering(&[first, MAX_CPU]), Some(vec![first]));
+        assert_eq!(steering(&[MAX_CPU]), None, "no allowed CPU asked for");
+    }
 
     #[test]
     fn auto_bounds_only_ring_polled_queues_by_the_measured_wakeup() {

@@ -367,14 +367,7 @@ impl VhostUserBackendReqHandlerMut for Session {
         size: u32,
         _flags: VhostUserConfigFlags,
     ) -> Result<Vec<u8>> {
-        let space = self.device.config_space();
-        let start = usize::try_from(offset).map_err(|_| Error::InvalidParam)?;
-        let len = usize::try_from(size).map_err(|_| Error::InvalidParam)?;
-        let end = start.checked_add(len).ok_or(Error::InvalidParam)?;
-        space
-            .get(start..end)
-            .map(<[u8]>::to_vec)
-            .ok_or(Error::InvalidParam)
+        config_read(&self.device.config_space(), offset, size)
     }
 
     fn set_config(&mut self, offset: u32, buf: &[u8], _flags: VhostUserConfigFlags) -> Result<()> {
@@ -516,5 +509,47 @@ impl VhostUserBackendReqHandlerMut for Session {
             return Err(Error::BackendInternalError);
         }
         Ok(())
+    }
+}
+
+/// The largest configuration read a frontend may ask for: the payload of
+/// a VHOST_USER_GET_CONFIG message.
+const MAX_CONFIG_READ: usize = 256;
+
+/// `size` bytes of the configuration space from `offset`. A read that
+/// runs past the end of `space` (but not past the message's 256-byte
+/// payload) gets zeros there: SPDK's virtio-user initiator asks for all
+/// 256 bytes whatever the device, and takes its fields from the front, as
+/// SPDK's own target answers it. A read that starts past the space is
+/// refused.
+fn config_read(space: &[u8], offset: u32, size: u32) -> Result<Vec<u8>> {
+    let start = usize::try_from(offset).map_err(|_| Error::InvalidParam)?;
+    let len = usize::try_from(size).map_err(|_| Error::InvalidParam)?;
+    let end = start.checked_add(len).ok_or(Error::InvalidParam)?;
+    if start > space.len() || end > MAX_CONFIG_READ.max(space.len()) {
+        return Err(Error::InvalidParam);
+    }
+    let mut out = vec![0; len];
+    let present = &space[start..end.min(space.len())];
+    out[..present.len()].copy_from_slice(present);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_reads_past_the_space_get_zeros_up_to_the_payload() {
+        let space = [1, 2, 3, 4];
+        assert_eq!(config_read(&space, 1, 2).unwrap(), [2, 3]);
+        let whole = config_read(&space, 0, 256).unwrap();
+        assert_eq!(whole.len(), 256);
+        assert_eq!(whole[..4], space);
+        assert!(whole[4..].iter().all(|&b| b == 0));
+        assert_eq!(config_read(&space, 4, 0).unwrap(), [0u8; 0]);
+        assert!(config_read(&space, 5, 1).is_err(), "starts past the space");
+        assert!(config_read(&space, 0, 257).is_err(), "past the payload");
+        assert!(config_read(&space, 2, u32::MAX).is_err());
     }
 }
