@@ -38,7 +38,7 @@
 # used whole and overwritten by the write runs). SPDK serves it with its
 # uring bdev (--spdk-bdev aio: its aio bdev), sqcqd with its file
 # backstore (io_uring, O_DIRECT), qemu-storage-daemon with its file driver
-# (aio=io_uring, cache.direct=on).
+# (host_device for a block device; aio=io_uring, cache.direct=on).
 #
 # A repeat runs each rw/QD's cells back to back, SPDK's first in odd
 # repeats and sqcqd's first in even ones. Before and after each run, sqcq-c2c measures how long a
@@ -211,7 +211,12 @@ start_sqcqd() { # POLL
 start_qsd() {
     rm -f "$run/qsd.sock"
     local node="driver=null-co,node-name=disk0,size=1G,read-zeroes=off"
-    [ -z "$path" ] || node="driver=file,node-name=disk0,filename=$path,aio=io_uring,cache.direct=on"
+    if [ -n "$path" ]; then
+        # QEMU's file driver for regular files, host_device for block devices.
+        local drv=file
+        [ ! -b "$path" ] || drv=host_device
+        node="driver=$drv,node-name=disk0,filename=$path,aio=io_uring,cache.direct=on"
+    fi
     setsid taskset -c "$poll_cpus" "$qsd_bin" --object iothread,id=iot0 --blockdev "$node" \
         --export "type=vhost-user-blk,id=e0,node-name=disk0,iothread=iot0,addr.type=unix,addr.path=$run/qsd.sock,writable=on,num-queues=$nq" \
         > "$run/qsd.log" 2>&1 < /dev/null &

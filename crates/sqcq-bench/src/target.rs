@@ -468,13 +468,19 @@ fn qsd_rbd_node(rbd: &RbdImage) -> String {
 }
 
 /// qemu-storage-daemon's `--blockdev` for an existing file or block
-/// device: QEMU's `file` driver through io_uring with the page cache
-/// bypassed (`aio=io_uring,cache.direct=on`), as sqcqd's file backstore
-/// reads and writes aligned requests.
+/// device: QEMU's `file` driver (`host_device` for a block device)
+/// through io_uring with the page cache bypassed
+/// (`aio=io_uring,cache.direct=on`), as sqcqd's file backstore reads and
+/// writes aligned requests.
 fn qsd_file_node(path: &Path) -> String {
+    use std::os::unix::fs::FileTypeExt;
+    let driver = match fs::metadata(path) {
+        Ok(m) if m.file_type().is_block_device() => "host_device",
+        _ => "file",
+    };
     // QEMU's option syntax doubles a comma inside a value.
     let path = path.display().to_string().replace(',', ",,");
-    format!("driver=file,node-name=disk0,filename={path},aio=io_uring,cache.direct=on")
+    format!("driver={driver},node-name=disk0,filename={path},aio=io_uring,cache.direct=on")
 }
 
 impl Drop for Target {
@@ -522,6 +528,29 @@ fn listening(path: &Path) -> bool {
 mod tests {
     use super::*;
     use std::os::unix::net::{UnixDatagram, UnixListener};
+
+    #[test]
+    fn qemu_storage_daemon_opens_files_and_block_devices_with_their_drivers() {
+        let dir = std::env::temp_dir().join(format!("sqcq-qsd-node-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("a,b.img");
+        File::create(&file).unwrap();
+        let node = qsd_file_node(&file);
+        assert!(node.starts_with("driver=file,"), "{node}");
+        assert!(
+            node.contains("a,,b.img,aio=io_uring,cache.direct=on"),
+            "{node}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+        // Whatever block device the machine has (none in some containers).
+        let block = fs::read_dir("/dev").unwrap().flatten().find(|e| {
+            use std::os::unix::fs::FileTypeExt;
+            e.file_type().is_ok_and(|t| t.is_block_device())
+        });
+        if let Some(dev) = block {
+            assert!(qsd_file_node(&dev.path()).starts_with("driver=host_device,"));
+        }
+    }
 
     #[test]
     fn a_socket_file_counts_only_once_it_listens() {
