@@ -327,6 +327,7 @@ mod tests {
             initial_ns: window,
             factor: 1,
             wake_ns: 0,
+            floor_ns: 0,
         })
         .unwrap()
     }

@@ -17,6 +17,13 @@
 //! - a window that expires with nothing halves the next one (not below
 //!   `min`), so a load that stops costs a few shrinking windows, not a
 //!   full one each time;
+//! - while spinning pays (the average gap within `max`), the window is
+//!   never shorter than `floor`, the wakeup's cost when known: a pause
+//!   of the other side shorter than a wakeup (a timer tick, a yield) is
+//!   cheaper spun through than slept through, since sleeping costs the
+//!   wakeup and spinning at most the pause (the ski-rental bound). At
+//!   depth 1 the gaps are about a microsecond and `factor × EMA` alone
+//!   is a few: every such pause put the poller to sleep;
 //! - work noticed only after a sleep came a wakeup earlier than the
 //!   sleeper saw it: with the wakeup's cost known (`wake_ns`), such a gap
 //!   counts that much shorter. Without it a load whose gaps sit just
@@ -47,6 +54,10 @@ pub struct SpinConfig {
     /// What a wakeup costs: a gap ended by work noticed after a sleep is
     /// counted this much shorter (0: not known).
     pub wake_ns: u64,
+    /// Shortest window while spinning pays (the average gap within
+    /// `max_ns`), still within `[min_ns, max_ns]`: what a wakeup costs
+    /// (0: none).
+    pub floor_ns: u64,
 }
 
 impl Default for SpinConfig {
@@ -57,6 +68,7 @@ impl Default for SpinConfig {
             initial_ns: 20_000,
             factor: 4,
             wake_ns: 0,
+            floor_ns: 0,
         }
     }
 }
@@ -133,6 +145,7 @@ impl SpinPolicy {
         } else {
             self.ema_ns
                 .saturating_mul(self.config.factor)
+                .max(self.config.floor_ns)
                 .clamp(self.config.min_ns, self.config.max_ns)
         };
     }
@@ -193,6 +206,7 @@ mod tests {
             initial_ns: 7,
             factor: 4,
             wake_ns: 0,
+            floor_ns: 0,
         };
         assert_eq!(
             SpinPolicy::new(c).unwrap_err(),
@@ -286,6 +300,46 @@ mod tests {
     }
 
     #[test]
+    fn a_busy_window_is_never_shorter_than_the_floor() {
+        let c = SpinConfig {
+            floor_ns: 30_000,
+            ..SpinConfig::default()
+        };
+        let (mut floored, mut plain) = (SpinPolicy::new(c).unwrap(), SpinPolicy::default());
+        for _ in 0..200 {
+            floored.record_gap(1_000);
+            plain.record_gap(1_000);
+        }
+        assert!(
+            (3_900..=4_100).contains(&plain.window_ns()),
+            "{}",
+            plain.window_ns()
+        );
+        assert_eq!(
+            floored.window_ns(),
+            30_000,
+            "a pause under a wakeup is spun through"
+        );
+        // Misses still halve it (a load that stops costs little), and the
+        // next gap brings it back.
+        floored.record_miss();
+        assert_eq!(floored.window_ns(), 15_000);
+        floored.record_gap(1_000);
+        assert_eq!(floored.window_ns(), 30_000);
+        // Gaps beyond the bound: no floor, the poller sleeps at once.
+        for _ in 0..100 {
+            floored.record_gap(10_000_000);
+        }
+        assert_eq!(floored.window_ns(), 1_000);
+        // Within the bound, a long average is not cut by the floor.
+        let mut p = SpinPolicy::new(c).unwrap();
+        for _ in 0..200 {
+            p.record_gap(20_000);
+        }
+        assert!(p.window_ns() > 70_000, "{}", p.window_ns());
+    }
+
+    #[test]
     fn misses_halve_down_to_min() {
         let mut p = SpinPolicy::default();
         p.record_miss();
@@ -309,6 +363,7 @@ mod tests {
             initial_ns: 0,
             factor: u64::MAX,
             wake_ns: u64::MAX,
+            floor_ns: u64::MAX,
         };
         let mut p = SpinPolicy::new(cfg).unwrap();
         p.record_gap(u64::MAX);

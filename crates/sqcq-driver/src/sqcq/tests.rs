@@ -35,6 +35,7 @@ fn spin() -> SpinConfig {
         initial_ns: 10_000,
         factor: 4,
         wake_ns: 0,
+        floor_ns: 0,
     }
 }
 
@@ -365,6 +366,7 @@ fn a_spinning_submitter_takes_its_completions_without_the_poll_thread() {
         initial_ns: 5_000_000_000,
         factor: 4,
         wake_ns: 0,
+        floor_ns: 0,
     };
     let (_mem, mut rigs, group) = rigs_spinning(1, false, PollThreads::PerDevice, long);
     group.stop();

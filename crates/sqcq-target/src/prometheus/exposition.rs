@@ -313,7 +313,7 @@ impl Scrape {
                 out,
                 NAME,
                 Kind::Gauge,
-                "What waking a sleeping worker costs here, measured at start (--poll auto spins ring-polled queues up to twice this).",
+                "What waking a sleeping worker costs here, measured at start: busy polled queues spin at least this, ring-polled ones in --poll auto at most twice this.",
             );
             sample(out, NAME, &Labels::default(), seconds(nanos(cost)));
         }

@@ -99,6 +99,7 @@ pub fn spin_config_ns(min_ns: u64, max_ns: u64) -> SpinConfig {
         initial_ns: d.initial_ns.max(min_ns).min(max_ns),
         factor: d.factor,
         wake_ns: d.wake_ns,
+        floor_ns: d.floor_ns,
     }
 }
 
@@ -106,10 +107,11 @@ pub fn spin_config_ns(min_ns: u64, max_ns: u64) -> SpinConfig {
 pub const MAX_CPU: usize = 1023;
 
 impl PollOptions {
-    /// Whether the spin bound of ring-polled queues is to follow the
-    /// measured wakeup cost: `--poll auto` without `--spin-us`.
+    /// Whether the spin windows of polled queues are to follow the
+    /// measured wakeup cost: something may be polled (ring polling, or
+    /// bit 42 offered) and `--spin-us` does not set the windows.
     pub fn calibrates(&self) -> bool {
-        self.ring == RingMode::Auto && self.spin.is_none()
+        self.spin.is_none() && (self.ring != RingMode::Kick || self.offer_sqcq)
     }
 
     /// Checks the options against the number of workers.

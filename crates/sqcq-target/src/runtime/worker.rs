@@ -36,7 +36,7 @@ use crate::runtime::metrics::WorkerMetrics;
 /// The bound of the pool's calls that stop or move queues, which callers
 /// of [`WorkerPool::call`] use too.
 pub use crate::runtime::options::QUEUE_STOP_TIMEOUT;
-use crate::runtime::options::{PollOptions, spin_config_ns};
+use crate::runtime::options::{PollOptions, RingMode, spin_config_ns};
 use crate::runtime::pass;
 use crate::runtime::queue::{
     QueueError, QueueKey, QueueStart, ServedQueue, StopReport, SubmissionSource,
@@ -239,7 +239,8 @@ pub struct WorkerInfo {
 pub struct WorkerPool {
     workers: RwLock<Vec<Option<Arc<WorkerHandle>>>>,
     options: PollOptions,
-    /// What waking a worker costs here, if measured (`--poll auto`).
+    /// What waking a worker costs here, if measured
+    /// ([`PollOptions::calibrates`]).
     wakeup: Option<Duration>,
     stats: Arc<StatsBoard>,
     /// The CPUs for backstore completion work (`--completion-cpus`).
@@ -256,54 +257,65 @@ impl std::fmt::Debug for WorkerPool {
     }
 }
 
-/// Measures the wakeup cost for `--poll auto` and logs it with the spin
-/// bound it gives; `None` (the default bound) if it cannot be measured.
+/// Measures the wakeup cost (the floor of busy queues' spin windows, and
+/// `--poll auto`'s bound) and logs it with the bound; `None` (the
+/// default windows) if it cannot be measured.
 fn calibrate(options: &PollOptions) -> Option<Duration> {
     match wakeup::measure(options.cpus.first().copied()) {
         Ok(cost) => {
             info!(
                 wakeup_us = cost.as_micros(),
                 spin_bound_us = wakeup::auto_spin_bound(cost).as_micros(),
-                "poll auto: measured the wakeup cost; ring-polled queues spin up to the bound"
+                "measured the wakeup cost: busy polled queues spin at least that, ring-polled ones in --poll auto at most the bound"
             );
             Some(cost)
         }
         Err(e) => {
-            warn!(error = %e, "poll auto: cannot measure the wakeup cost; ring-polled queues spin up to the default bound");
+            warn!(error = %e, "cannot measure the wakeup cost: ring-polled queues spin within the default bounds");
             None
         }
     }
 }
 
 /// The spin window of a queue that learns of requests from `source`:
-/// `--spin-us` if given; for a ring-polled queue in `--poll auto` with a
-/// measured `wakeup` cost, the default minimum up to
+/// `--spin-us` if given; else, with a measured `wakeup` cost, a window
+/// never shorter than that cost while the queue is busy
+/// (`SpinConfig::floor_ns`), within the default bounds, and for a
+/// ring-polled queue in `--poll auto` from the default minimum up to
 /// [`wakeup::auto_spin_bound`], with gaps that end in a wakeup counted
-/// [`wakeup::auto_wake_credit`] shorter (`SpinConfig::wake_ns`); else
-/// the default.
+/// [`wakeup::auto_wake_credit`] shorter (`SpinConfig::wake_ns`); without
+/// one, the default.
 fn queue_spin_config(
     options: &PollOptions,
     wakeup: Option<Duration>,
     source: SubmissionSource,
 ) -> SpinConfig {
-    match (options.spin, source, wakeup) {
-        (Some(c), ..) => c,
-        (None, SubmissionSource::RingPoll, Some(w)) if options.calibrates() => {
-            let bound = pass::nanos(wakeup::auto_spin_bound(w));
-            SpinConfig {
-                wake_ns: pass::nanos(wakeup::auto_wake_credit(w)),
-                ..spin_config_ns(SpinConfig::default().min_ns, bound)
-            }
-        }
-        _ => SpinConfig::default(),
+    if let Some(c) = options.spin {
+        return c;
+    }
+    let Some(w) = wakeup else {
+        return SpinConfig::default();
+    };
+    let floor_ns = pass::nanos(w);
+    if source == SubmissionSource::RingPoll && options.ring == RingMode::Auto {
+        let bound = pass::nanos(wakeup::auto_spin_bound(w));
+        return SpinConfig {
+            wake_ns: pass::nanos(wakeup::auto_wake_credit(w)),
+            floor_ns,
+            ..spin_config_ns(SpinConfig::default().min_ns, bound)
+        };
+    }
+    SpinConfig {
+        floor_ns,
+        ..SpinConfig::default()
     }
 }
 
 impl WorkerPool {
     /// Starts `n` worker threads (numbered from 0), bound to CPUs and
-    /// reporting statistics as `options` say. With `--poll auto` (and no
-    /// `--spin-us`), first measures what a wakeup costs, before any
-    /// worker runs.
+    /// reporting statistics as `options` say. Unless nothing polls or
+    /// `--spin-us` sets the windows ([`PollOptions::calibrates`]), first
+    /// measures what a wakeup costs, before any worker runs.
     pub fn new(n: usize, options: PollOptions) -> io::Result<Self> {
         // The stall guard's watchdog, before any worker.
         crate::runtime::stall::install()?;
@@ -491,7 +503,7 @@ impl WorkerPool {
     }
 
     /// What waking a worker costs on this machine, if it was measured
-    /// (`--poll auto` without `--spin-us`).
+    /// ([`PollOptions::calibrates`]).
     pub fn wakeup_cost(&self) -> Option<Duration> {
         self.wakeup
     }
@@ -1020,7 +1032,7 @@ impl Worker {
 mod tests {
     use super::queue_spin_config as spin_config;
     use super::*;
-    use crate::runtime::options::{MAX_CPU, RingMode, spin_config as spin_us};
+    use crate::runtime::options::{MAX_CPU, spin_config as spin_us};
 
     #[test]
     fn completion_work_is_steered_only_where_asked_and_allowed() {
@@ -1032,18 +1044,26 @@ mod tests {
     }
 
     #[test]
-    fn auto_bounds_only_ring_polled_queues_by_the_measured_wakeup() {
+    fn the_measured_wakeup_bounds_only_ring_polled_queues() {
         let auto = PollOptions::default();
         assert_eq!(auto.ring, RingMode::Auto, "the default");
         let w = Some(Duration::from_micros(20));
         let ring = spin_config(&auto, w, SubmissionSource::RingPoll);
         assert_eq!(
-            (ring.min_ns, ring.max_ns, ring.wake_ns),
-            (1_000, 40_000, 10_000)
+            (ring.min_ns, ring.max_ns, ring.wake_ns, ring.floor_ns),
+            (1_000, 40_000, 10_000, 20_000)
         );
         SpinPolicy::new(ring).unwrap();
         let d = SpinConfig::default();
-        assert_eq!(spin_config(&auto, w, SubmissionSource::Doorbell), d);
+        let floored = SpinConfig {
+            floor_ns: 20_000,
+            ..d
+        };
+        assert_eq!(
+            spin_config(&auto, w, SubmissionSource::Doorbell),
+            floored,
+            "bit 42: the default bounds, the floor"
+        );
         assert_eq!(
             spin_config(&auto, None, SubmissionSource::RingPoll),
             d,
@@ -1053,7 +1073,22 @@ mod tests {
             ring: RingMode::Ring,
             ..PollOptions::default()
         };
-        assert_eq!(spin_config(&ring_mode, w, SubmissionSource::RingPoll), d);
+        assert_eq!(
+            spin_config(&ring_mode, w, SubmissionSource::RingPoll),
+            floored,
+            "--poll ring: the default bounds, the floor"
+        );
+        let kick = PollOptions {
+            ring: RingMode::Kick,
+            ..PollOptions::default()
+        };
+        assert!(kick.calibrates(), "bit 42 offered: its queues poll");
+        let classic = PollOptions {
+            offer_sqcq: false,
+            ..kick.clone()
+        };
+        assert!(!classic.calibrates(), "nothing polls");
+        assert!(ring_mode.calibrates() && auto.calibrates());
         let explicit = PollOptions {
             spin: Some(spin_us(5, 7)),
             ..PollOptions::default()
