@@ -639,8 +639,7 @@ struct Worker {
 /// yields while another thread wants the CPU). Steered to a CPU that
 /// something else keeps busy (the vCPUs, or on this 2-CPU machine the
 /// benchmark's initiator), every punted request waits for a cross-CPU
-/// wakeup: 5 times fewer requests from a file in /dev/shm
-/// (docs/benchmarks.md, "A real backstore").
+/// wakeup (docs/benchmarks.md, "A real backstore", has the figures).
 fn steering(asked: &[usize]) -> Option<Vec<usize>> {
     if asked.is_empty() {
         return None;
