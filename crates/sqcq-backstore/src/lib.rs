@@ -34,6 +34,8 @@ mod ram;
 mod rbd;
 mod slots;
 mod sq_tail;
+#[cfg(test)]
+mod test_fork;
 
 use std::os::fd::RawFd;
 

@@ -302,6 +302,7 @@ mod tests {
 
     #[test]
     fn readers_share_and_a_writer_excludes() {
+        let _no_spawn = crate::test_fork::no_spawn();
         let path = image("rw");
         let (r1, r2, w) = (lock(&path, false), lock(&path, false), lock(&path, true));
         r1.acquire().unwrap();
@@ -322,6 +323,7 @@ mod tests {
 
     #[test]
     fn a_released_image_can_be_taken_and_a_refused_attempt_holds_nothing() {
+        let _no_spawn = crate::test_fork::no_spawn();
         let path = image("handover");
         let (source, destination) = (lock(&path, true), lock(&path, true));
         source.acquire().unwrap();

@@ -202,7 +202,10 @@ mod tests {
         assert!(!me.is_dead_here(), "this process is alive");
         // A child that has exited and been reaped: its PID is free (or,
         // reused meanwhile, belongs to a process started later).
-        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let mut child = {
+            let _spawning = crate::test_fork::spawning();
+            std::process::Command::new("true").spawn().unwrap()
+        };
         let child_pid = child.id();
         let child_start = start_time(child_pid);
         child.wait().unwrap();
@@ -236,7 +239,10 @@ mod tests {
         assert!(!no_such_process(std::process::id()));
         // init exists, whoever we are (EPERM for a user: still alive).
         assert!(!no_such_process(1));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let mut child = {
+            let _spawning = crate::test_fork::spawning();
+            std::process::Command::new("true").spawn().unwrap()
+        };
         let pid = child.id();
         child.wait().unwrap();
         // Reaped: free, unless reused meanwhile by a process that lives.
