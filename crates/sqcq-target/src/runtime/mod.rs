@@ -22,6 +22,10 @@ pub(crate) mod guest;
 pub mod latency;
 pub mod metrics;
 pub(crate) mod options;
+// The device side of packed rings, not yet offered: the queue takes it in
+// the next step of issue 30 (item 2), which removes this allowance.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod packed;
 pub(crate) mod pass;
 pub(crate) mod pins;
 pub mod placement;

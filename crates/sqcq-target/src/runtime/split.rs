@@ -87,6 +87,25 @@ pub enum RingError {
         /// The queue size.
         size: u16,
     },
+    /// A packed ring's descriptor list runs on for a whole ring: every
+    /// descriptor from `at` on says NEXT, so no list ends and nothing
+    /// tells where the next one starts.
+    #[error("descriptor list at {at} does not end within {size} descriptors")]
+    Unterminated {
+        /// Offset of the list's first descriptor.
+        at: u16,
+        /// The queue size.
+        size: u16,
+    },
+    /// A packed ring's list names a buffer ID that is not below the
+    /// queue size.
+    #[error("buffer id {id} out of range for queue size {size}")]
+    BufferId {
+        /// The ID.
+        id: u16,
+        /// The queue size.
+        size: u16,
+    },
     /// Guest memory refused an access to the ring.
     #[error("ring access failed")]
     Memory(#[source] GuestMemoryError),

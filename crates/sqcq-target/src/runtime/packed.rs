@@ -1,0 +1,1070 @@
+//! The device side of a packed virtqueue (virtio 1.2, 2.8): one ring of
+//! descriptors that the driver makes available and the device marks used
+//! in place, and two event suppression structures, one per direction.
+//!
+//! Our own code: virtio-queue (0.18) defines the packed descriptor's
+//! layout but no packed queue, and crosvm's and Firecracker's are tied to
+//! their memory and queue types. It follows the specification's rules,
+//! with the same choices as the split ring (`runtime::split`):
+//!
+//! - a list is taken whole ([`PackedRing::pop`]): the device finds where
+//!   it ends (the first descriptor without NEXT, within a ring) and reads
+//!   the buffer ID there, before the driver can reuse any of it, and
+//!   skips the descriptors it occupied; the descriptors themselves come
+//!   from a walk ([`PackedWalk`]) in the split ring's [`Descriptor`]
+//!   form, so that `chain::parse` checks both kinds alike;
+//! - used descriptors are written as requests complete, and published
+//!   together: every one's flags but the first's at once, the first's
+//!   last with a `Release` store, so that the driver, which reads the ring
+//!   in order from the first, sees the batch at once (2.8.14, multi-buffer
+//!   requests, applied to a batch); the driver is notified at most once
+//!   per batch ([`PackedRing::publish`]);
+//! - what a hostile driver can write never reaches an index: a list that
+//!   does not end within a ring, or names a buffer ID at or above the
+//!   queue size, breaks the queue (a [`RingError`], as the split ring's
+//!   impossible avail index does, and as QEMU's device does); a list whose
+//!   descriptors cannot be followed (an indirect descriptor inside a list,
+//!   an indirect table whose length is not a multiple of 16) is consumed
+//!   and answered as malformed.
+//!
+//! A position in the ring is an offset below the queue size and the wrap
+//! counter of its lap ([`Position`]), encoded in 16 bits as the
+//! specification's event suppression structure and notification data
+//! encode it (offset in bits 0-14, wrap counter in bit 15).
+
+use std::sync::atomic::{Ordering, fence};
+
+use crate::runtime::batch::Batch;
+use crate::runtime::chain::Descriptor;
+use crate::runtime::split::RingError;
+
+/// The largest queue size of a packed ring (2.8: up to 2^15 entries).
+pub const MAX_SIZE: u16 = 1 << 15;
+/// Bytes of one descriptor.
+const DESC_SIZE: u64 = 16;
+/// Offset of `len` in a descriptor (`addr` le64, `len` le32, `id` le16,
+/// `flags` le16).
+const LEN_OFFSET: u64 = 8;
+/// Offset of `flags` in a descriptor.
+const FLAGS_OFFSET: u64 = 14;
+/// Offset of `id` in a descriptor.
+const ID_OFFSET: u64 = 12;
+
+/// VRING_DESC_F_NEXT.
+const NEXT: u16 = 1;
+/// VRING_DESC_F_WRITE.
+const WRITE: u16 = 2;
+/// VRING_DESC_F_INDIRECT.
+const INDIRECT: u16 = 4;
+/// VRING_PACKED_DESC_F_AVAIL (bit 7).
+const AVAIL: u16 = 1 << 7;
+/// VRING_PACKED_DESC_F_USED (bit 15).
+const USED: u16 = 1 << 15;
+/// VRING_PACKED_EVENT_FLAG_ENABLE.
+const EVENT_ENABLE: u16 = 0;
+/// VRING_PACKED_EVENT_FLAG_DISABLE.
+const EVENT_DISABLE: u16 = 1;
+/// VRING_PACKED_EVENT_FLAG_DESC.
+const EVENT_DESC: u16 = 2;
+/// The wrap counter's bit in an encoded position
+/// (VRING_PACKED_EVENT_F_WRAP_CTR).
+const WRAP: u16 = 1 << 15;
+
+/// A position in the descriptor ring: an offset below the queue size and
+/// the wrap counter of the lap it is on. Both sides start at offset 0
+/// with the counter set, and flip it each time they pass the ring's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Position {
+    off: u16,
+    wrap: bool,
+}
+
+impl Position {
+    /// Where both sides start.
+    pub const START: Position = Position { off: 0, wrap: true };
+
+    /// The position `off` on the lap with wrap counter `wrap`.
+    pub const fn new(off: u16, wrap: bool) -> Self {
+        Position { off, wrap }
+    }
+
+    /// Offset in the ring.
+    pub const fn off(self) -> u16 {
+        self.off
+    }
+
+    /// Wrap counter of its lap.
+    pub const fn wrap(self) -> bool {
+        self.wrap
+    }
+
+    /// The 16-bit form: offset in bits 0-14, wrap counter in bit 15.
+    pub const fn encode(self) -> u16 {
+        self.off | if self.wrap { WRAP } else { 0 }
+    }
+
+    /// The position a 16-bit form names in a ring of `size`, if its
+    /// offset lies in the ring.
+    pub const fn decode(v: u16, size: u16) -> Option<Self> {
+        let off = v & !WRAP;
+        if off >= size {
+            return None;
+        }
+        Some(Position {
+            off,
+            wrap: v & WRAP != 0,
+        })
+    }
+
+    /// The position `n` descriptors on (`n <= size`).
+    #[must_use]
+    pub fn advance(self, n: u16, size: u16) -> Self {
+        debug_assert!(n <= size && self.off < size);
+        // off < size and n <= size: past the end, off - (size - n) is
+        // what is left of the lap beyond it.
+        let (off, wrapped) = if self.off < size - n {
+            (self.off + n, false)
+        } else {
+            (self.off - (size - n), true)
+        };
+        Position {
+            off,
+            wrap: self.wrap ^ wrapped,
+        }
+    }
+
+    /// Where it lies on a circle of two laps (`0..2 * size`).
+    fn on_two_laps(self, size: u16) -> u32 {
+        u32::from(self.off) + if self.wrap { 0 } else { u32::from(size) }
+    }
+
+    /// How many descriptors `later` lies ahead of `self`, counted on a
+    /// circle of two laps (`0..2 * size`): the distance when `later` was
+    /// reached by advancing at most a lap.
+    pub fn ahead(self, later: Position, size: u16) -> u32 {
+        let laps = 2 * u32::from(size);
+        (later.on_two_laps(size) + laps - self.on_two_laps(size)) % laps
+    }
+}
+
+/// The vhost-user vring base of a packed ring (VHOST_USER_SET_VRING_BASE
+/// and GET_VRING_BASE, as QEMU sends and reads it): the next available
+/// position in bits 0-15, the next used position in bits 16-31, each in
+/// its 16-bit form.
+pub fn encode_base(avail: Position, used: Position) -> u32 {
+    u32::from(avail.encode()) | u32::from(used.encode()) << 16
+}
+
+/// The two positions of a vring base, if both lie in a ring of `size`.
+pub fn decode_base(base: u32, size: u16) -> Option<(Position, Position)> {
+    let [a0, a1, u0, u1] = base.to_le_bytes();
+    let avail = Position::decode(u16::from_le_bytes([a0, a1]), size)?;
+    let used = Position::decode(u16::from_le_bytes([u0, u1]), size)?;
+    Some((avail, used))
+}
+
+/// Where a packed ring is and what the two sides agreed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedConfig {
+    /// Queue size (any from 1 to 2^15).
+    pub size: u16,
+    /// Descriptor ring (guest physical).
+    pub desc: u64,
+    /// Driver event suppression structure (the driver area).
+    pub driver_event: u64,
+    /// Device event suppression structure (the device area).
+    pub device_event: u64,
+    /// Next position to take a list from.
+    pub avail: Position,
+    /// Next position to write a used descriptor to.
+    pub used: Position,
+    /// VIRTIO_F_RING_EVENT_IDX negotiated.
+    pub event_idx: bool,
+}
+
+/// Whether `flags` mark a descriptor available on the driver's lap
+/// `wrap`: AVAIL equal to the wrap counter and USED its inverse.
+fn available(flags: u16, wrap: bool) -> bool {
+    (flags & AVAIL != 0) == wrap && (flags & USED != 0) != wrap
+}
+
+/// One list taken from the ring.
+#[derive(Debug)]
+pub struct Popped<'a> {
+    /// The buffer ID, from the list's last descriptor.
+    pub id: u16,
+    /// Descriptors the list occupies in the ring.
+    pub count: u16,
+    /// Where it starts.
+    pub at: Position,
+    /// Its buffers.
+    pub walk: PackedWalk<'a>,
+}
+
+/// The device side of one packed ring.
+#[derive(Debug)]
+pub struct PackedRing {
+    desc: u64,
+    driver_event: u64,
+    device_event: u64,
+    size: u16,
+    event_idx: bool,
+    avail: Position,
+    used: Position,
+    /// The used position at the last [`Self::publish`].
+    published: Position,
+    /// The first used descriptor written since the last publication:
+    /// its offset and the flags still to be stored there.
+    held: Option<(u16, u16)>,
+}
+
+impl PackedRing {
+    /// The ring of `cfg`, checked against the specification's size and
+    /// alignment rules and against guest memory.
+    pub fn open(cfg: &PackedConfig, mem: Batch<'_>) -> Result<Self, RingError> {
+        let size = cfg.size;
+        if size == 0 || size > MAX_SIZE {
+            return Err(RingError::Size(size));
+        }
+        // Each area: (name, address, alignment, length).
+        let areas = [
+            ("descriptor ring", cfg.desc, 16, DESC_SIZE * u64::from(size)),
+            ("driver event suppression", cfg.driver_event, 4, 4),
+            ("device event suppression", cfg.device_event, 4, 4),
+        ];
+        for (area, addr, align, len) in areas {
+            if addr % align != 0 {
+                return Err(RingError::Misaligned { area, addr, align });
+            }
+            let in_memory = usize::try_from(len).is_ok_and(|l| mem.check_range(addr, l));
+            if !in_memory {
+                return Err(RingError::Outside { area, addr, len });
+            }
+        }
+        for p in [cfg.avail, cfg.used] {
+            if p.off >= size {
+                return Err(RingError::Size(size));
+            }
+        }
+        Ok(PackedRing {
+            desc: cfg.desc,
+            driver_event: cfg.driver_event,
+            device_event: cfg.device_event,
+            size,
+            event_idx: cfg.event_idx,
+            avail: cfg.avail,
+            used: cfg.used,
+            published: cfg.used,
+            held: None,
+        })
+    }
+
+    /// Queue size.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Next position to take a list from.
+    pub fn next_avail(&self) -> Position {
+        self.avail
+    }
+
+    /// Next position a used descriptor goes to.
+    pub fn next_used(&self) -> Position {
+        self.used
+    }
+
+    /// Guest address of the descriptor at `off` (below the size).
+    fn slot(&self, off: u16) -> u64 {
+        self.desc + DESC_SIZE * u64::from(off)
+    }
+
+    fn flags(&self, mem: Batch<'_>, off: u16, order: Ordering) -> Result<u16, RingError> {
+        mem.load_u16(self.slot(off) + FLAGS_OFFSET, order)
+            .map_err(RingError::Memory)
+    }
+
+    /// Whether the driver made a list available at the next position.
+    /// `Acquire`: what the driver wrote before the flags is visible after.
+    pub fn has_available(&self, mem: Batch<'_>) -> Result<bool, RingError> {
+        Ok(available(
+            self.flags(mem, self.avail.off, Ordering::Acquire)?,
+            self.avail.wrap,
+        ))
+    }
+
+    /// Takes the list at the next position, if the driver made one
+    /// available. A list that does not end within a ring, or whose buffer
+    /// ID is not below the queue size, is an error that breaks the queue:
+    /// nothing says where the next list starts, or what to answer.
+    pub fn pop<'a>(&mut self, mem: Batch<'a>) -> Result<Option<Popped<'a>>, RingError> {
+        let at = self.avail;
+        // Acquire: pairs with the driver's barrier before it stores the
+        // first descriptor's flags, which it stores after the rest of the
+        // list (2.8.6), so every descriptor read below is complete.
+        let mut flags = self.flags(mem, at.off, Ordering::Acquire)?;
+        if !available(flags, at.wrap) {
+            return Ok(None);
+        }
+        let mut last = at;
+        let mut count: u16 = 1;
+        while flags & NEXT != 0 {
+            if count == self.size {
+                return Err(RingError::Unterminated {
+                    at: at.off,
+                    size: self.size,
+                });
+            }
+            last = last.advance(1, self.size);
+            count += 1;
+            flags = self.flags(mem, last.off, Ordering::Relaxed)?;
+        }
+        let id = mem
+            .load_u16(self.slot(last.off) + ID_OFFSET, Ordering::Relaxed)
+            .map_err(RingError::Memory)?;
+        if id >= self.size {
+            return Err(RingError::BufferId {
+                id,
+                size: self.size,
+            });
+        }
+        self.avail = at.advance(count, self.size);
+        Ok(Some(Popped {
+            id,
+            count,
+            at,
+            walk: PackedWalk {
+                mem,
+                ring: self.desc,
+                size: self.size,
+                next: at.off,
+                left: count,
+                list: count,
+                table: None,
+                bytes: 0,
+            },
+        }))
+    }
+
+    /// Writes the used descriptor of buffer `id`, which took `count`
+    /// descriptors of the ring, with `len` bytes written; it becomes
+    /// visible to the driver at the next [`Self::publish_used`].
+    pub fn push(&mut self, mem: Batch<'_>, id: u16, count: u16, len: u32) -> Result<(), RingError> {
+        if id >= self.size {
+            return Err(RingError::BufferId {
+                id,
+                size: self.size,
+            });
+        }
+        let count = count.clamp(1, self.size);
+        let at = self.slot(self.used.off);
+        let mut body = [0u8; 6];
+        body[..4].copy_from_slice(&len.to_le_bytes());
+        body[4..].copy_from_slice(&id.to_le_bytes());
+        mem.write_bytes(at + LEN_OFFSET, &body)
+            .map_err(RingError::Memory)?;
+        // A used descriptor has AVAIL and USED both equal to the device's
+        // wrap counter; WRITE says that the device wrote to the buffer.
+        let mut flags = if self.used.wrap { AVAIL | USED } else { 0 };
+        if len > 0 {
+            flags |= WRITE;
+        }
+        match self.held {
+            None => self.held = Some((self.used.off, flags)),
+            // Release: this descriptor's `len` and `id` before its flags;
+            // the driver reads it only after the first's flags anyway.
+            Some(_) => mem
+                .store_u16(at + FLAGS_OFFSET, flags, Ordering::Release)
+                .map_err(RingError::Memory)?,
+        }
+        self.used = self.used.advance(count, self.size);
+        Ok(())
+    }
+
+    /// Makes every used descriptor written since the last publication
+    /// visible (the first's flags, stored last); returns how many ring
+    /// descriptors they cover.
+    pub fn publish_used(&mut self, mem: Batch<'_>) -> Result<u32, RingError> {
+        let Some((off, flags)) = self.held.take() else {
+            return Ok(0);
+        };
+        // Release: every used descriptor written since, and the requests'
+        // data, become visible before the driver sees the first of them;
+        // pairs with the driver's read barrier after it reads the flags.
+        mem.store_u16(self.slot(off) + FLAGS_OFFSET, flags, Ordering::Release)
+            .map_err(RingError::Memory)?;
+        let covered = self.published.ahead(self.used, self.size);
+        Ok(covered)
+    }
+
+    /// Publishes every used descriptor written and says whether the
+    /// driver must be notified: as its event suppression structure asks
+    /// (disabled, enabled, or, with EVENT_IDX, for the descriptor at a
+    /// position among those just used).
+    pub fn publish(&mut self, mem: Batch<'_>) -> Result<bool, RingError> {
+        let old = self.published;
+        if self.publish_used(mem)? == 0 {
+            return Ok(false);
+        }
+        let new = self.used;
+        self.published = new;
+        // SeqCst: the flags stored above before the event structure read
+        // below; pairs with the driver's full barrier between writing its
+        // event structure and re-reading the ring (2.8.21.3.1), else both
+        // sides can miss the other's store and the interrupt is lost.
+        fence(Ordering::SeqCst);
+        let flags = mem
+            .load_u16(self.driver_event + 2, Ordering::Relaxed)
+            .map_err(RingError::Memory)?;
+        Ok(match flags & 3 {
+            EVENT_DISABLE => false,
+            EVENT_DESC if self.event_idx => {
+                let off_wrap = mem
+                    .load_u16(self.driver_event, Ordering::Relaxed)
+                    .map_err(RingError::Memory)?;
+                // Notify when the position asked for lies among those
+                // just used; a position outside the ring asks for every
+                // notification.
+                Position::decode(off_wrap, self.size)
+                    .is_none_or(|event| old.ahead(event, self.size) < old.ahead(new, self.size))
+            }
+            // ENABLE, DESC without EVENT_IDX, and the reserved value.
+            _ => true,
+        })
+    }
+
+    /// Asks the driver not to notify (a queue that looks at its ring
+    /// anyway: being served, or polled).
+    pub fn disable_notification(&self, mem: Batch<'_>) -> Result<(), RingError> {
+        mem.store_u16(self.device_event + 2, EVENT_DISABLE, Ordering::Relaxed)
+            .map_err(RingError::Memory)
+    }
+
+    /// Asks the driver to notify again (with EVENT_IDX, for the list at
+    /// the next position), then says whether it made one available
+    /// meanwhile (it will not be notified).
+    ///
+    /// The stores, `fence(SeqCst)`, then the re-read of the flags pair
+    /// with the full barrier the driver executes between making a list
+    /// available and reading this structure (2.8.21.1, and virtio_ring's
+    /// `virtqueue_kick_prepare_packed`): one of the two sides sees the
+    /// other's store.
+    pub fn enable_notification(&self, mem: Batch<'_>) -> Result<bool, RingError> {
+        let flags = if self.event_idx {
+            mem.store_u16(self.device_event, self.avail.encode(), Ordering::Relaxed)
+                .map_err(RingError::Memory)?;
+            EVENT_DESC
+        } else {
+            EVENT_ENABLE
+        };
+        mem.store_u16(self.device_event + 2, flags, Ordering::Relaxed)
+            .map_err(RingError::Memory)?;
+        fence(Ordering::SeqCst);
+        Ok(available(
+            self.flags(mem, self.avail.off, Ordering::Relaxed)?,
+            self.avail.wrap,
+        ))
+    }
+}
+
+/// The buffers of one list, in the split ring's [`Descriptor`] form
+/// (NEXT on every one but the last, WRITE as the driver set it), with
+/// the same limits as the split ring's walk: one level of indirection to
+/// a table whose length is a multiple of 16, at most 2^32 bytes in all.
+/// It ends early where the list breaks a rule (an indirect descriptor in
+/// a list of several, a bad table): `chain::parse` then sees a last
+/// descriptor that still says NEXT, or none, and reports it malformed.
+#[derive(Debug)]
+pub struct PackedWalk<'a> {
+    mem: Batch<'a>,
+    ring: u64,
+    size: u16,
+    /// Offset of the next ring descriptor.
+    next: u16,
+    /// Ring descriptors not yet read.
+    left: u16,
+    /// Ring descriptors in the list.
+    list: u16,
+    /// The indirect table being read: address of its next entry and the
+    /// entries left.
+    table: Option<(u64, u32)>,
+    bytes: u32,
+}
+
+impl PackedWalk<'_> {
+    fn read(&self, gpa: u64) -> Option<(u64, u32, u16)> {
+        let raw = self.mem.read_bytes::<16>(gpa).ok()?;
+        let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, _, _, f0, f1] = raw;
+        Some((
+            u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+            u32::from_le_bytes([l0, l1, l2, l3]),
+            u16::from_le_bytes([f0, f1]),
+        ))
+    }
+
+    fn yield_desc(&mut self, addr: u64, len: u32, flags: u16, more: bool) -> Option<Descriptor> {
+        self.bytes = self.bytes.checked_add(len)?;
+        let flags = (flags & WRITE) | if more { NEXT } else { 0 };
+        Some(Descriptor::new(addr, len, flags, 0))
+    }
+}
+
+impl Iterator for PackedWalk<'_> {
+    type Item = Descriptor;
+
+    fn next(&mut self) -> Option<Descriptor> {
+        if let Some((at, left)) = self.table {
+            if left == 0 {
+                return None;
+            }
+            let (addr, len, flags) = self.read(at)?;
+            // In a table only WRITE counts (2.8.8); the entries follow
+            // each other to the table's end.
+            self.table = Some((at + DESC_SIZE, left - 1));
+            return self.yield_desc(addr, len, flags, left > 1);
+        }
+        if self.left == 0 {
+            return None;
+        }
+        let (addr, len, flags) = self.read(self.ring + DESC_SIZE * u64::from(self.next))?;
+        self.left -= 1;
+        self.next = if self.next + 1 == self.size {
+            0
+        } else {
+            self.next + 1
+        };
+        if flags & INDIRECT != 0 {
+            // Alone in its list, and a table of whole descriptors.
+            if self.list != 1 || len == 0 || !len.is_multiple_of(16) {
+                self.left = 0;
+                return None;
+            }
+            self.table = Some((addr, len / 16));
+            return self.next();
+        }
+        self.yield_desc(addr, len, flags, self.left > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::Arc;
+
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
+    use crate::runtime::batch::Mapped;
+    use crate::runtime::chain::{ChainBuffers, ChainError, Segment, parse};
+    use crate::runtime::guest::test_memory;
+
+    const DESC: u64 = 0x0;
+    const DRIVER_EVENT: u64 = 0x8000;
+    const DEVICE_EVENT: u64 = 0x8004;
+    const TABLES: u64 = 0x9000;
+
+    fn memory() -> Mapped {
+        Mapped::new(Arc::new(test_memory(&[(GuestAddress(0), 0x10_0000)])))
+    }
+
+    fn config(size: u16, event_idx: bool) -> PackedConfig {
+        PackedConfig {
+            size,
+            desc: DESC,
+            driver_event: DRIVER_EVENT,
+            device_event: DEVICE_EVENT,
+            avail: Position::START,
+            used: Position::START,
+            event_idx,
+        }
+    }
+
+    /// A small xorshift: reproducible, no dependency.
+    fn rng(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        }
+    }
+
+    /// The driver of the specification's example (2.8.21.1 and 2.8.22):
+    /// lists written with the first descriptor's flags last, the buffer
+    /// ID in the last descriptor, used descriptors read in order and
+    /// skipped by the length of their list.
+    struct Driver {
+        size: u16,
+        avail: Position,
+        used: Position,
+        free: Vec<u16>,
+        /// Descriptors of each buffer ID in flight.
+        lists: HashMap<u16, u16>,
+    }
+
+    impl Driver {
+        fn new(size: u16) -> Self {
+            Driver {
+                size,
+                avail: Position::START,
+                used: Position::START,
+                free: (0..size).rev().collect(),
+                lists: HashMap::new(),
+            }
+        }
+
+        fn room(&self) -> u16 {
+            self.size - self.lists.values().sum::<u16>()
+        }
+
+        fn write_desc(m: &Mapped, off: u16, addr: u64, len: u32, id: u16, flags: u16) {
+            let mut raw = [0u8; 16];
+            raw[..8].copy_from_slice(&addr.to_le_bytes());
+            raw[8..12].copy_from_slice(&len.to_le_bytes());
+            raw[12..14].copy_from_slice(&id.to_le_bytes());
+            raw[14..].copy_from_slice(&flags.to_le_bytes());
+            m.map()
+                .write_slice(&raw, GuestAddress(DESC + 16 * u64::from(off)))
+                .unwrap();
+        }
+
+        /// Makes `bufs` (address, length, flags) available as one list;
+        /// returns its buffer ID.
+        fn add(&mut self, m: &Mapped, bufs: &[(u64, u32, u16)]) -> u16 {
+            let n = u16::try_from(bufs.len()).unwrap();
+            assert!(n >= 1 && n <= self.room());
+            let id = self.free.pop().unwrap();
+            let first = self.avail;
+            let mut first_flags = 0;
+            for (i, &(addr, len, f)) in bufs.iter().enumerate() {
+                let mut flags = f;
+                if self.avail.wrap {
+                    flags |= AVAIL;
+                } else {
+                    flags |= USED;
+                }
+                if i + 1 < bufs.len() {
+                    flags |= NEXT;
+                }
+                // The buffer ID goes in the last descriptor only: the
+                // others carry one the device must not take.
+                let desc_id = if i + 1 == bufs.len() { id } else { 0xbeef };
+                if i == 0 {
+                    // The first keeps the flags it had until the whole
+                    // list is written.
+                    first_flags = flags;
+                    let old = self.flags_of(m, self.avail.off);
+                    Self::write_desc(m, self.avail.off, addr, len, desc_id, old);
+                } else {
+                    Self::write_desc(m, self.avail.off, addr, len, desc_id, flags);
+                }
+                self.avail = self.avail.advance(1, self.size);
+            }
+            m.batch()
+                .store_u16(
+                    DESC + 16 * u64::from(first.off) + 14,
+                    first_flags,
+                    Ordering::Release,
+                )
+                .unwrap();
+            self.lists.insert(id, n);
+            id
+        }
+
+        fn flags_of(&self, m: &Mapped, off: u16) -> u16 {
+            m.batch()
+                .load_u16(DESC + 16 * u64::from(off) + 14, Ordering::Relaxed)
+                .unwrap()
+        }
+
+        /// The next used buffer: its ID and length.
+        fn get_used(&mut self, m: &Mapped) -> Option<(u16, u32)> {
+            let at = DESC + 16 * u64::from(self.used.off);
+            let flags = m.batch().load_u16(at + 14, Ordering::Acquire).unwrap();
+            if (flags & USED != 0) != self.used.wrap || (flags & AVAIL != 0) != self.used.wrap {
+                return None;
+            }
+            let id: u16 = m.map().read_obj(GuestAddress(at + 12)).unwrap();
+            let len: u32 = m.map().read_obj(GuestAddress(at + 8)).unwrap();
+            let n = self.lists.remove(&id).expect("used ID in flight");
+            self.used = self.used.advance(n, self.size);
+            self.free.push(id);
+            Some((id, len))
+        }
+    }
+
+    fn buffers(popped: Popped<'_>, m: &Mapped) -> (Result<(), ChainError>, ChainBuffers) {
+        let mut out = ChainBuffers::with_capacity(64);
+        let r = parse(popped.walk, m.batch(), 64, &mut out);
+        (r, out)
+    }
+
+    #[test]
+    fn positions_advance_wrap_and_encode_as_the_specification_says() {
+        let size = 5;
+        let mut p = Position::START;
+        let mut seen = vec![];
+        for _ in 0..12 {
+            seen.push((p.off(), p.wrap()));
+            p = p.advance(1, size);
+        }
+        assert_eq!(
+            seen,
+            [
+                (0, true),
+                (1, true),
+                (2, true),
+                (3, true),
+                (4, true),
+                (0, false),
+                (1, false),
+                (2, false),
+                (3, false),
+                (4, false),
+                (0, true),
+                (1, true)
+            ]
+        );
+        assert_eq!(
+            Position::new(3, true).advance(5, 5),
+            Position::new(3, false)
+        );
+        assert_eq!(
+            Position::new(4, false).advance(2, 5),
+            Position::new(1, true)
+        );
+        assert_eq!(Position::new(3, true).encode(), 0x8003);
+        assert_eq!(Position::new(3, false).encode(), 3);
+        assert_eq!(Position::decode(0x8004, 5), Some(Position::new(4, true)));
+        assert_eq!(Position::decode(0x8005, 5), None);
+        assert_eq!(Position::new(4, true).ahead(Position::new(1, false), 5), 2);
+        assert_eq!(Position::new(1, false).ahead(Position::new(4, true), 5), 8);
+        assert_eq!(Position::new(2, true).ahead(Position::new(2, true), 5), 0);
+        assert_eq!(Position::new(2, true).ahead(Position::new(2, false), 5), 5);
+        let base = encode_base(Position::new(2, false), Position::new(7, true));
+        assert_eq!(base, 0x8007_0002);
+        assert_eq!(
+            decode_base(base, 8),
+            Some((Position::new(2, false), Position::new(7, true)))
+        );
+        assert_eq!(decode_base(base, 7), None);
+    }
+
+    #[test]
+    fn a_ring_is_refused_where_the_specification_refuses_it() {
+        let m = memory();
+        let ok = |cfg: PackedConfig| PackedRing::open(&cfg, m.batch()).is_ok();
+        // Any size from 1 to 2^15, powers of two or not.
+        for size in [1, 3, 7, 256, 1000, 32768] {
+            let ring = PackedRing::open(&config(size, false), m.batch()).unwrap();
+            assert_eq!(ring.size(), size);
+        }
+        for size in [0, 32769, 65535] {
+            assert!(!ok(config(size, false)), "{size}");
+        }
+        let c = config(8, true);
+        assert!(!ok(PackedConfig { desc: 8, ..c }));
+        assert!(!ok(PackedConfig {
+            driver_event: 2,
+            ..c
+        }));
+        assert!(!ok(PackedConfig {
+            device_event: 0x8006,
+            ..c
+        }));
+        // The ring must lie in memory: 16 descriptors at the end do not.
+        assert!(!ok(PackedConfig {
+            size: 16,
+            desc: 0x10_0000 - 0x80,
+            ..c
+        }));
+        assert!(!ok(PackedConfig {
+            device_event: 0x10_0000,
+            ..c
+        }));
+        assert!(!ok(PackedConfig {
+            avail: Position::new(8, true),
+            ..c
+        }));
+    }
+
+    /// Lists of 1 to 4 descriptors over many laps of rings whose size is
+    /// not a power of two, completed in random order in random batches:
+    /// the device takes each list whole with the driver's buffers and ID,
+    /// and the driver gets every ID back once, with its length.
+    #[test]
+    fn lists_go_round_many_laps_completed_out_of_order() {
+        for size in [1u16, 2, 5, 7, 16] {
+            let m = memory();
+            let mut ring = PackedRing::open(&config(size, false), m.batch()).unwrap();
+            let mut driver = Driver::new(size);
+            let mut rand = rng(0x9e37_79b9_7f4a_7c15 ^ u64::from(size));
+            let mut expected: HashMap<u16, Vec<Segment>> = HashMap::new();
+            let mut in_device: Vec<(u16, u16, u32)> = vec![];
+            let mut returned = 0u32;
+            for round in 0..400u64 {
+                // The driver adds what fits.
+                while driver.room() > 0 && rand(3) != 0 {
+                    let n = 1 + u16::try_from(rand(4)).unwrap().min(driver.room() - 1);
+                    let bufs: Vec<(u64, u32, u16)> = (0..n)
+                        .map(|i| {
+                            let write = i > 0 && i + 1 == n;
+                            (
+                                0x2_0000 + round * 0x100 + u64::from(i) * 0x10,
+                                u32::from(i) + 1,
+                                if write { WRITE } else { 0 },
+                            )
+                        })
+                        .collect();
+                    let id = driver.add(&m, &bufs);
+                    let segs = bufs
+                        .iter()
+                        .map(|&(a, l, _)| Segment {
+                            addr: GuestAddress(a),
+                            len: l,
+                        })
+                        .collect();
+                    assert!(expected.insert(id, segs).is_none());
+                }
+                // The device takes everything available.
+                let mut at = ring.next_avail();
+                while let Some(p) = ring.pop(m.batch()).unwrap() {
+                    let (id, count) = (p.id, p.count);
+                    assert_eq!(p.at, at);
+                    at = at.advance(count, size);
+                    assert_eq!(ring.next_avail(), at);
+                    let (r, out) = buffers(p, &m);
+                    r.unwrap();
+                    let mut all = out.readable.clone();
+                    all.extend(&out.writable);
+                    assert_eq!(all, expected[&id], "size {size} id {id}");
+                    assert_eq!(usize::from(count), all.len());
+                    in_device.push((id, count, u32::from(id) * 3));
+                }
+                assert!(!ring.has_available(m.batch()).unwrap());
+                // It completes some, in random order, in one batch.
+                let k = usize::try_from(rand(in_device.len() as u64 + 1)).unwrap();
+                for _ in 0..k {
+                    let i = usize::try_from(rand(in_device.len() as u64)).unwrap();
+                    let (id, count, len) = in_device.swap_remove(i);
+                    ring.push(m.batch(), id, count, len).unwrap();
+                }
+                // Nothing is visible before the publication.
+                if k > 0 {
+                    assert_eq!(driver.get_used(&m), None);
+                }
+                ring.publish(m.batch()).unwrap();
+                let mut got = 0;
+                while let Some((id, len)) = driver.get_used(&m) {
+                    assert_eq!(len, u32::from(id) * 3);
+                    assert!(expected.remove(&id).is_some());
+                    got += 1;
+                }
+                assert_eq!(got, k, "size {size} round {round}");
+                returned += u32::try_from(got).unwrap();
+            }
+            assert!(returned > 100, "size {size}: {returned}");
+            assert_eq!(
+                ring.next_used().ahead(ring.next_avail(), size),
+                u32::from(size - driver.room())
+            );
+        }
+    }
+
+    #[test]
+    fn an_indirect_table_is_read_whole_with_only_its_write_flags() {
+        let m = memory();
+        let mut ring = PackedRing::open(&config(4, false), m.batch()).unwrap();
+        let mut driver = Driver::new(4);
+        // Three entries; NEXT, INDIRECT and AVAIL set on them are
+        // ignored, so is the table descriptor's WRITE.
+        for (i, (addr, len, flags)) in [
+            (0x3_0000u64, 51u32, NEXT | INDIRECT),
+            (0x3_1000, 512, AVAIL),
+            (0x3_2000, 108, WRITE),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut raw = [0u8; 16];
+            raw[..8].copy_from_slice(&addr.to_le_bytes());
+            raw[8..12].copy_from_slice(&len.to_le_bytes());
+            raw[12..14].copy_from_slice(&77u16.to_le_bytes());
+            raw[14..].copy_from_slice(&flags.to_le_bytes());
+            m.map()
+                .write_slice(&raw, GuestAddress(TABLES + 16 * i as u64))
+                .unwrap();
+        }
+        let id = driver.add(&m, &[(TABLES, 48, INDIRECT | WRITE)]);
+        let p = ring.pop(m.batch()).unwrap().unwrap();
+        assert_eq!((p.id, p.count), (id, 1));
+        let (r, out) = buffers(p, &m);
+        r.unwrap();
+        assert_eq!(
+            out.readable,
+            [
+                Segment {
+                    addr: GuestAddress(0x3_0000),
+                    len: 51
+                },
+                Segment {
+                    addr: GuestAddress(0x3_1000),
+                    len: 512
+                }
+            ]
+        );
+        assert_eq!(out.writable.len(), 1);
+        assert_eq!(out.writable_len, 108);
+    }
+
+    #[test]
+    fn lists_that_cannot_be_followed_are_consumed_and_reported_malformed() {
+        let m = memory();
+        let mut ring = PackedRing::open(&config(8, false), m.batch()).unwrap();
+        let mut driver = Driver::new(8);
+        // An indirect descriptor inside a list of two.
+        let a = driver.add(&m, &[(0x4_0000, 16, 0), (TABLES, 32, INDIRECT)]);
+        // Tables of no entry, and of a length not a multiple of 16.
+        let b = driver.add(&m, &[(TABLES, 0, INDIRECT)]);
+        let c = driver.add(&m, &[(TABLES, 40, INDIRECT)]);
+        // A good list after them is still found.
+        let d = driver.add(&m, &[(0x4_1000, 8, WRITE)]);
+        for (id, count) in [(a, 2), (b, 1), (c, 1)] {
+            let p = ring.pop(m.batch()).unwrap().unwrap();
+            assert_eq!((p.id, p.count), (id, count));
+            assert_eq!(buffers(p, &m).0, Err(ChainError::Malformed));
+        }
+        let p = ring.pop(m.batch()).unwrap().unwrap();
+        assert_eq!(p.id, d);
+        assert_eq!(buffers(p, &m).0, Ok(()));
+        assert!(ring.pop(m.batch()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_list_without_end_or_with_a_bad_id_breaks_the_queue() {
+        let m = memory();
+        let mut ring = PackedRing::open(&config(4, false), m.batch()).unwrap();
+        // Four descriptors, all with NEXT and available.
+        for off in 0..4 {
+            Driver::write_desc(&m, off, 0x5000, 16, 0, NEXT | AVAIL);
+        }
+        assert!(matches!(
+            ring.pop(m.batch()),
+            Err(RingError::Unterminated { at: 0, size: 4 })
+        ));
+        let m = memory();
+        let mut ring = PackedRing::open(&config(4, false), m.batch()).unwrap();
+        Driver::write_desc(&m, 0, 0x5000, 16, 0, NEXT | AVAIL);
+        Driver::write_desc(&m, 1, 0x5000, 16, 4, AVAIL);
+        assert!(matches!(
+            ring.pop(m.batch()),
+            Err(RingError::BufferId { id: 4, size: 4 })
+        ));
+        assert!(ring.push(m.batch(), 4, 1, 0).is_err());
+    }
+
+    #[test]
+    fn only_a_descriptor_marked_for_the_current_lap_is_available() {
+        let m = memory();
+        let mut ring = PackedRing::open(&config(2, false), m.batch()).unwrap();
+        // The zeroed ring, a used descriptor of the first lap, and one
+        // marked for the second lap: none is available on the first.
+        for flags in [0, AVAIL | USED, USED] {
+            Driver::write_desc(&m, 0, 0x5000, 16, 0, flags);
+            assert!(ring.pop(m.batch()).unwrap().is_none(), "{flags:#x}");
+            assert!(!ring.has_available(m.batch()).unwrap());
+        }
+        Driver::write_desc(&m, 0, 0x5000, 16, 0, AVAIL);
+        assert!(ring.has_available(m.batch()).unwrap());
+        assert_eq!(ring.pop(m.batch()).unwrap().unwrap().id, 0);
+    }
+
+    /// Every notification decision against the rule it implements: with
+    /// EVENT_IDX and RING_EVENT_FLAGS_DESC, notify when the position asked
+    /// for is one of those the batch used; otherwise as the flags say.
+    #[test]
+    fn notifications_follow_the_drivers_event_suppression() {
+        let size = 6u16;
+        let mut rand = rng(0x5151_7272_abcd_0001);
+        for event_idx in [false, true] {
+            let m = memory();
+            let mut ring = PackedRing::open(&config(size, event_idx), m.batch()).unwrap();
+            let mut driver = Driver::new(size);
+            for _ in 0..600 {
+                while driver.room() > 0 {
+                    let n = 1 + u16::try_from(rand(3)).unwrap().min(driver.room() - 1);
+                    let bufs = vec![(0x6000u64, 4u32, 0u16); usize::from(n)];
+                    driver.add(&m, &bufs);
+                }
+                let mut popped = vec![];
+                while let Some(p) = ring.pop(m.batch()).unwrap() {
+                    popped.push((p.id, p.count));
+                }
+                let k = 1 + usize::try_from(rand(popped.len() as u64)).unwrap();
+                let old = ring.next_used();
+                let mut used = HashSet::new();
+                let mut at = old;
+                for &(id, count) in &popped[..k] {
+                    ring.push(m.batch(), id, count, 0).unwrap();
+                    for _ in 0..count {
+                        used.insert(at);
+                        at = at.advance(1, size);
+                    }
+                }
+                let flags = u16::try_from(rand(4)).unwrap();
+                let event =
+                    Position::new(u16::try_from(rand(u64::from(size))).unwrap(), rand(2) == 0);
+                let mem = m.batch();
+                mem.store_u16(DRIVER_EVENT, event.encode(), Ordering::Relaxed)
+                    .unwrap();
+                mem.store_u16(DRIVER_EVENT + 2, flags, Ordering::Relaxed)
+                    .unwrap();
+                let want = match flags {
+                    1 => false,
+                    2 if event_idx => used.contains(&event),
+                    _ => true,
+                };
+                assert_eq!(
+                    ring.publish(mem).unwrap(),
+                    want,
+                    "{flags} {event:?} {used:?}"
+                );
+                // What was not completed is completed in the next batch,
+                // with notifications off.
+                mem.store_u16(DRIVER_EVENT + 2, 1, Ordering::Relaxed)
+                    .unwrap();
+                for &(id, count) in &popped[k..] {
+                    ring.push(m.batch(), id, count, 0).unwrap();
+                }
+                assert!(!ring.publish(mem).unwrap());
+                while driver.get_used(&m).is_some() {}
+                assert_eq!(driver.room(), size);
+            }
+        }
+    }
+
+    #[test]
+    fn enabling_notifications_writes_the_device_area_and_reports_a_race() {
+        for event_idx in [false, true] {
+            let m = memory();
+            let mut ring = PackedRing::open(&config(4, event_idx), m.batch()).unwrap();
+            let mut driver = Driver::new(4);
+            let read = |at: u64| -> u16 { m.map().read_obj(GuestAddress(at)).unwrap() };
+            let id = driver.add(&m, &[(0x7000, 4, 0), (0x7100, 4, WRITE)]);
+            assert_eq!(ring.pop(m.batch()).unwrap().unwrap().id, id);
+            ring.disable_notification(m.batch()).unwrap();
+            assert_eq!(read(DEVICE_EVENT + 2), 1);
+            assert!(!ring.enable_notification(m.batch()).unwrap());
+            if event_idx {
+                // The next list starts at offset 2 of the first lap.
+                assert_eq!(read(DEVICE_EVENT + 2), 2);
+                assert_eq!(read(DEVICE_EVENT), 0x8002);
+            } else {
+                assert_eq!(read(DEVICE_EVENT + 2), 0);
+            }
+            // A list made available before the re-check is reported.
+            driver.add(&m, &[(0x7200, 4, 0)]);
+            assert!(ring.enable_notification(m.batch()).unwrap());
+        }
+    }
+}
