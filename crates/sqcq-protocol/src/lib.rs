@@ -15,6 +15,7 @@
 //!
 //! - [`layout`]: where the doorbells are ([`doorbell_location`]) and which
 //!   doorbell values make sense ([`check_index`]);
+//! - [`packed`]: positions in a packed ring, as its doorbells name them;
 //! - [`doorbell`]: the cache line itself and the [`DoorbellCell`] seam over
 //!   the memory it lives in;
 //! - [`handshake`]: the four roles ([`SqProducer`], [`SqConsumer`],
@@ -53,6 +54,7 @@ pub mod doorbell;
 pub mod guest;
 pub mod handshake;
 pub mod layout;
+pub mod packed;
 pub mod poller;
 pub mod spin;
 pub mod stats;

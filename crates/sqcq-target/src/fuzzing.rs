@@ -289,6 +289,8 @@ impl ChainHarness {
             used: USED,
             next_avail: 0,
             event_idx,
+            packed: false,
+            next_used: 0,
         };
         let queue = ServedQueue::start(QueueStart {
             key: QueueKey { device: 0, vq: 2 },

@@ -290,7 +290,7 @@ impl DeviceSession for BlkSession {
         Err(QueueError::Ring(crate::runtime::split::RingError::Size(0)))
     }
 
-    fn stop_local(&mut self, _index: usize) -> Option<u16> {
+    fn stop_local(&mut self, _index: usize) -> Option<u32> {
         None
     }
 

@@ -33,12 +33,13 @@ use crate::blk::device::{Disk, MAX_RANGE_SECTORS};
 use crate::guest_warn;
 use crate::runtime::backstore;
 use crate::runtime::batch::Batch;
-use crate::runtime::chain::{ChainBuffers, HeadWalk, Segment as Buf};
+use crate::runtime::chain::{ChainBuffers, Segment as Buf};
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::pins::{MapPin, MapPins};
 use crate::runtime::queue::{
     Accepted, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
 };
+use crate::runtime::ring::Chain;
 use crate::runtime::stream;
 
 /// What a request in flight keeps until it completes.
@@ -409,7 +410,7 @@ fn finish(
 }
 
 impl RequestHandler for BlkQueue {
-    fn handle(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: HeadWalk<'_>) {
+    fn handle(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: Chain<'_>) {
         let slots = &self.slots;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             slots[usize::from(h)].busy

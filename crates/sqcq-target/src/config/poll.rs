@@ -18,6 +18,13 @@ pub struct PollArgs {
     /// classic notifications.
     #[arg(long)]
     pub no_sqcq: bool,
+    /// Offer packed rings (VIRTIO_F_RING_PACKED), without bit 42, whose
+    /// doorbells the daemon implements for split rings only. Experimental:
+    /// no in-flight record is kept for a packed queue, so the requests it
+    /// has in flight when the daemon dies are not resubmitted by the next
+    /// instance.
+    #[arg(long)]
+    pub packed: bool,
     /// How request queues without bit 42 are served: kick (classic), ring
     /// (poll the avail ring with notifications disabled), or auto (ring
     /// polling within a spin window bounded by the wakeup cost measured at
@@ -80,6 +87,9 @@ impl PollArgs {
         if self.no_sqcq {
             base.offer_sqcq = false;
         }
+        if self.packed {
+            base.offer_packed = true;
+        }
         if let Some(m) = self.poll {
             base.ring = m;
         }
@@ -118,6 +128,8 @@ fn interval(secs: u64) -> Option<Duration> {
 pub struct FilePoll {
     #[serde(default, deserialize_with = "crate::spec::de_opt_bool")]
     sqcq: Option<bool>,
+    #[serde(default, deserialize_with = "crate::spec::de_opt_bool")]
+    packed: Option<bool>,
     mode: Option<RingMode>,
     #[serde(default)]
     cpus: Vec<usize>,
@@ -135,6 +147,7 @@ impl From<FilePoll> for PollOptions {
         let d = PollOptions::default();
         PollOptions {
             offer_sqcq: f.sqcq.unwrap_or(d.offer_sqcq),
+            offer_packed: f.packed.unwrap_or(d.offer_packed),
             ring: f.mode.unwrap_or(d.ring),
             cpus: f.cpus,
             completion_cpus: f.completion_cpus,

@@ -36,6 +36,10 @@ pub enum RingMode {
 pub struct PollOptions {
     /// Offer VIRTIO_F_SQCQ_POLL (bit 42).
     pub offer_sqcq: bool,
+    /// Offer VIRTIO_F_RING_PACKED, and then not bit 42, whose doorbells
+    /// for packed rings (spec section 10) the daemon does not implement
+    /// yet.
+    pub offer_packed: bool,
     /// How queues without bit 42 are served.
     pub ring: RingMode,
     /// `cpus[w]`: the CPU worker `w` is bound to (workers past the end of
@@ -72,6 +76,7 @@ impl Default for PollOptions {
     fn default() -> Self {
         PollOptions {
             offer_sqcq: true,
+            offer_packed: false,
             ring: RingMode::Auto,
             cpus: Vec::new(),
             completion_cpus: Vec::new(),
@@ -111,7 +116,13 @@ impl PollOptions {
     /// measured wakeup cost: something may be polled (ring polling, or
     /// bit 42 offered) and `--spin-us` does not set the windows.
     pub fn calibrates(&self) -> bool {
-        self.spin.is_none() && (self.ring != RingMode::Kick || self.offer_sqcq)
+        self.spin.is_none() && (self.ring != RingMode::Kick || self.sqcq_offered())
+    }
+
+    /// Whether bit 42 is offered: asked for, and not withheld for packed
+    /// rings (see [`Self::offer_packed`]).
+    pub fn sqcq_offered(&self) -> bool {
+        self.offer_sqcq && !self.offer_packed
     }
 
     /// Checks the options against the number of workers.

@@ -4,8 +4,8 @@
 //! A [`ServedQueue`] is created inside its worker thread from a
 //! [`QueueStart`] and owned by that thread alone until it is stopped:
 //! nothing on the request path is shared with another worker. It is two
-//! parts: the [`Vring`] (the split ring, `runtime::split`, with its
-//! batched used ring, the kick/call/error eventfds, the poll state of a
+//! parts: the [`Vring`] (the ring, split or packed, `runtime::ring`, with
+//! its batched used side, the kick/call/error eventfds, the poll state of a
 //! polled queue), which this module and [`crate::runtime::poll`] run the
 //! same way for every device type, and the device's [`RequestHandler`],
 //! which turns chains into requests and completes them through the
@@ -29,14 +29,15 @@ use crate::runtime::shared_memory::{MemoryView, SharedMemory};
 
 use crate::guest_warn;
 use crate::runtime::batch::{Batch, Mapped};
-use crate::runtime::chain::{self, ChainBuffers, ChainError, HeadWalk};
+use crate::runtime::chain::{self, ChainBuffers, ChainError};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::gather::Gather;
 use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
 use crate::runtime::pass;
 use crate::runtime::ratelimit::RateLimiter;
+use crate::runtime::ring::{Chain, Ring};
 pub use crate::runtime::split::RingConfig;
-use crate::runtime::split::{HEADS_AHEAD, RingError, SplitRing};
+use crate::runtime::split::{HEADS_AHEAD, RingError};
 use crate::runtime::tracking::{Recovery, TrackedQueue};
 
 mod counters;
@@ -111,7 +112,7 @@ pub struct DeviceInfo {
 pub trait RequestHandler {
     /// A chain taken from the available ring (its head index is within
     /// the ring).
-    fn handle(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: HeadWalk<'_>);
+    fn handle(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: Chain<'_>);
 
     /// Submits to the backstores what [`Self::handle`] queued (once per
     /// batch).
@@ -269,8 +270,8 @@ pub enum QueueError {
 /// Where a stopped queue left off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StopReport {
-    /// Next available index to process (the vring base).
-    pub next_avail: u16,
+    /// Where to resume: the vring base (`Ring::base`).
+    pub base: u32,
     /// Requests taken while the queue ran.
     pub requests: u64,
 }
@@ -282,7 +283,7 @@ pub struct Vring {
     key: QueueKey,
     device: Arc<DeviceInfo>,
     mem: MemoryView,
-    split: SplitRing,
+    vq: Ring,
     /// Whether to look again for more requests before taking a few.
     gather: Gather,
     /// The in-flight record, if the frontend keeps one.
@@ -333,16 +334,25 @@ impl ServedQueue {
     /// requests leave the ring and resubmits the ones it had in flight.
     pub fn start(s: QueueStart) -> Result<Self, QueueError> {
         let mut ring = s.ring;
-        let mut split = SplitRing::open(&ring, Mapped::new(s.mem.memory().into_inner()).batch())
+        let mut vq = Ring::open(&ring, Mapped::new(s.mem.memory().into_inner()).batch())
             .map_err(QueueError::Ring)?;
         let mem = s.mem.view();
         let mut tracking = s.tracking;
+        if vq.split().is_none() && tracking.take().is_some() {
+            warn!(device = %s.device.name, vq = s.key.vq,
+                "packed ring: no in-flight record is kept for it (not implemented), \
+                 so requests in flight when the daemon dies are not resubmitted");
+        }
         let mut resubmit = Vec::new();
+        let recovered = match (tracking.as_mut(), vq.split()) {
+            (Some(t), Some(split)) => Some(t.recover(split.next_used())),
+            _ => None,
+        };
         if let Some(Recovery::Resumed {
             heads,
             next_avail,
             ignored,
-        }) = tracking.as_mut().map(|t| t.recover(split.next_used()))
+        }) = recovered
         {
             if next_avail != ring.next_avail || !heads.is_empty() || ignored > 0 {
                 info!(device = %s.device.name, vq = s.key.vq, in_flight = heads.len(), ignored,
@@ -350,7 +360,9 @@ impl ServedQueue {
                     "in-flight record of an earlier run: resubmitting its requests");
             }
             ring.next_avail = next_avail;
-            split.set_next_avail(next_avail);
+            if let Some(split) = vq.split() {
+                split.set_next_avail(next_avail);
+            }
             resubmit = heads;
         }
         let handler = (s.handler)(&ring)?;
@@ -358,7 +370,7 @@ impl ServedQueue {
             key: s.key,
             device: s.device,
             mem,
-            split,
+            vq,
             gather: Gather::default(),
             tracking,
             notifiers: Notifiers::new(s.kick, s.call, s.err),
@@ -392,11 +404,15 @@ impl ServedQueue {
         self.with_pass(|q, mem| {
             q.ring.counters.start_batch();
             for &head in heads {
+                // Only split rings keep an in-flight record.
+                let Some(split) = q.ring.vq.split() else {
+                    break;
+                };
+                let walk = Chain::Split(split.chain(mem, head));
                 q.ring.counters.taken();
                 if let Some(m) = q.ring.metrics() {
                     m.resubmitted();
                 }
-                let walk = q.ring.split.chain(mem, head);
                 q.handler.handle(&mut q.ring, mem, walk);
             }
             q.complete_batch(mem);
@@ -549,7 +565,7 @@ impl ServedQueue {
         }
         self.with_pass(|q, mem| {
             loop {
-                if let Err(e) = q.ring.split.disable_notification(mem) {
+                if let Err(e) = q.ring.vq.disable_notification(mem) {
                     q.ring.ring_broken(&e);
                     return;
                 }
@@ -563,7 +579,7 @@ impl ServedQueue {
                     // `resume_taking` comes back here once it is not.
                     return;
                 }
-                match q.ring.split.enable_notification(mem) {
+                match q.ring.vq.enable_notification(mem) {
                     Ok(true) => continue,
                     Ok(false) => return,
                     Err(e) => {
@@ -625,7 +641,7 @@ impl ServedQueue {
         let ring = &mut self.ring;
         #[cfg(feature = "fault-injection")]
         if ring.break_armed {
-            match ring.split.has_available(mem) {
+            match ring.vq.has_available(mem) {
                 Ok(false) => return true,
                 Ok(true) => {
                     ring.break_armed = false;
@@ -636,9 +652,13 @@ impl ServedQueue {
             return false;
         }
         ring.counters.start_batch();
+        let Some(split) = ring.vq.split() else {
+            return self.take_packed(mem);
+        };
         // `avail->idx` (Acquire, pairing with the driver's Release store),
         // then the entries up to it, each chain walked by `HeadWalk`.
-        let layout = *ring.split.layout();
+        let layout = *split.layout();
+        let (next_avail, size) = (split.next_avail(), split.size());
         let avail_idx = || layout.avail_idx(mem, Ordering::Acquire);
         let avail = match avail_idx() {
             Ok(idx) => idx,
@@ -647,23 +667,32 @@ impl ServedQueue {
                 return false;
             }
         };
-        let avail = ring.gather.extend(
-            ring.split.next_avail(),
-            avail,
-            || avail_idx().ok(),
-            pass::now_ns,
-        );
-        if let Err(e) = ring.split.check_avail(avail) {
+        let avail = ring
+            .gather
+            .extend(next_avail, avail, || avail_idx().ok(), pass::now_ns);
+        let Some(split) = ring.vq.split() else {
+            return false;
+        };
+        if let Err(e) = split.check_avail(avail) {
             ring.ring_broken(&e);
             return false;
         }
-        let entries = ring.split.entries(mem);
-        let size = ring.split.size();
+        let entries = split.entries(mem);
         // A backstore refuses work at a commit, after a batch: once per
         // batch is enough.
         let saturated = self.handler.commit_retry_in().is_some();
         let mut heads = [0u16; HEADS_AHEAD];
-        while ring.split.next_avail() != avail {
+        // The split ring, borrowed again at each use since the handler
+        // takes the whole `Vring` in between (a split ring, checked above).
+        macro_rules! split {
+            () => {
+                match ring.vq.split() {
+                    Some(split) => split,
+                    None => return false,
+                }
+            };
+        }
+        while split!().next_avail() != avail {
             // The heads of up to HEADS_AHEAD entries first, then their
             // chains: read right after `avail->idx`, the entries are in
             // the line(s) that load brought in. Read one per request,
@@ -672,8 +701,8 @@ impl ServedQueue {
             // had taken the line back to write the next ones
             // (docs/benchmarks.md, "Target: reading a batch's avail
             // entries together").
-            let n = usize::from(avail.wrapping_sub(ring.split.next_avail())).min(HEADS_AHEAD);
-            let got = ring.split.read_heads(mem, entries, &mut heads[..n]);
+            let n = usize::from(avail.wrapping_sub(split!().next_avail())).min(HEADS_AHEAD);
+            let got = split!().read_heads(mem, entries, &mut heads[..n]);
             for &head in &heads[..got] {
                 if saturated || ring.backpressure.limit.reached(ring.counters.in_flight()) {
                     // Full: this chain and the ones after it stay on the
@@ -681,8 +710,8 @@ impl ServedQueue {
                     ring.hold();
                     return true;
                 }
-                let next = ring.split.next_avail().wrapping_add(1);
-                ring.split.set_next_avail(next);
+                let split = split!();
+                split.set_next_avail(split.next_avail().wrapping_add(1));
                 if head >= size {
                     let d = &ring.device;
                     DeviceMetrics::bump(&d.metrics.malformed_chains);
@@ -696,7 +725,7 @@ impl ServedQueue {
                     // flight already is a duplicate the handler ignores.
                     t.taken(head);
                 }
-                let chain = ring.split.chain(mem, head);
+                let chain = Chain::Split(split!().chain(mem, head));
                 self.handler.handle(ring, mem, chain);
             }
             if got < n {
@@ -704,6 +733,41 @@ impl ServedQueue {
                 break;
             }
         }
+        true
+    }
+
+    /// [`Self::take_available`] on a packed ring: list after list while
+    /// the descriptor at the next position is available, at most a ring's
+    /// worth; false if the ring turned out corrupt.
+    fn take_packed(&mut self, mem: Batch<'_>) -> bool {
+        let ring = &mut self.ring;
+        let saturated = self.handler.commit_retry_in().is_some();
+        for _ in 0..ring.vq.size() {
+            match ring.vq.has_available(mem) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    ring.ring_broken(&e);
+                    return false;
+                }
+            }
+            if saturated || ring.backpressure.limit.reached(ring.counters.in_flight()) {
+                // Full: this list and the ones after it stay on the ring.
+                ring.hold();
+                break;
+            }
+            let chain = match ring.vq.pop(mem) {
+                Ok(Some(chain)) => chain,
+                Ok(None) => break,
+                Err(e) => {
+                    ring.ring_broken(&e);
+                    return false;
+                }
+            };
+            ring.counters.taken();
+            self.handler.handle(ring, mem, chain);
+        }
+        ring.follow_packed();
         true
     }
 
@@ -792,7 +856,7 @@ impl ServedQueue {
             m.stopped();
         }
         StopReport {
-            next_avail: self.ring.split.next_avail(),
+            base: self.ring.vq.base(),
             requests,
         }
     }
@@ -826,7 +890,7 @@ impl Vring {
     /// this pass, until [`Self::complete`].
     pub fn accept(
         &mut self,
-        chain: HeadWalk<'_>,
+        chain: Chain<'_>,
         mem: Batch<'_>,
         max_segments: usize,
         out: &mut ChainBuffers,
@@ -888,7 +952,7 @@ impl Vring {
 
     /// The queue size.
     pub fn size(&self) -> u16 {
-        self.split.size()
+        self.vq.size()
     }
 
     /// Puts a completed request on the used ring (published with the
@@ -896,7 +960,7 @@ impl Vring {
     /// that cannot be written is logged.
     pub fn complete(&mut self, mem: Batch<'_>, head: u16, len: u32) {
         self.counters.completed(head);
-        match self.split.used().push(mem, head, len) {
+        match self.vq.push(mem, head, len) {
             Ok(()) => {
                 if let Some(t) = self.tracking.as_mut() {
                     t.completed(head);
@@ -919,8 +983,8 @@ impl Vring {
     /// The used index now covers `batch` more requests: their in-flight
     /// records go.
     fn published(&mut self, batch: u16) {
-        if let Some(t) = self.tracking.as_mut() {
-            t.published(batch, self.split.next_used());
+        if let (Some(t), Some(split)) = (self.tracking.as_mut(), self.vq.split()) {
+            t.published(batch, split.next_used());
         }
     }
 
@@ -956,8 +1020,8 @@ impl Vring {
         if self.publish_doorbell(mem) {
             return;
         }
-        let batch = self.split.used().pending();
-        let result = self.split.used().publish(mem);
+        let batch = self.vq.pending();
+        let result = self.vq.publish(mem);
         if batch > 0 && result.is_ok() {
             self.published(batch);
         }

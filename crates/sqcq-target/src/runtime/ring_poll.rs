@@ -8,9 +8,16 @@
 //! ring's own [`RingLayout::enable_notification`]: the flag (or
 //! `avail_event`), `fence(SeqCst)`, and the re-read of `avail->idx`.
 //!
+//! A packed ring ([`PackedWatch`]) is watched the same way: the flags of
+//! the descriptor at the device's next position, with the device event
+//! suppression structure set to DISABLE while polling and to ENABLE (or,
+//! with EVENT_IDX, to that position) before the re-check.
+//!
 //! The watch works on a copy of the ring's layout and keeps its own view
 //! of the memory map: the ring state that takes requests belongs to the
-//! request path, and a [`Watch`] takes no context.
+//! request path, and a [`Watch`] takes no context. A packed ring has no
+//! index to compare with, so its request path tells the watch where it
+//! stands after each batch ([`PackedWatch::follow`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
@@ -19,6 +26,7 @@ use sqcq_protocol::{SleepCheck, Watch};
 
 use crate::runtime::batch::Mapped;
 use crate::runtime::guest::GuestMem;
+use crate::runtime::packed::{PackedConfig, PackedLayout, Position, decode_base};
 use crate::runtime::split::{RingConfig, RingError, RingLayout};
 
 /// Watches a split ring's avail index.
@@ -118,6 +126,101 @@ impl Watch for RingWatch {
     }
 }
 
+/// Watches the descriptor at a packed ring's next position.
+#[derive(Debug)]
+pub struct PackedWatch {
+    layout: PackedLayout,
+    mem: Mapped,
+    /// The request path's next position.
+    at: Position,
+    error: Option<RingError>,
+}
+
+impl PackedWatch {
+    /// Watches the packed ring `ring` in `mem` from its base and disables
+    /// notifications.
+    pub fn new(ring: &RingConfig, mem: Arc<GuestMem>) -> Result<Self, RingError> {
+        let mem = Mapped::new(mem);
+        let base = ring.base();
+        let (avail, used) = decode_base(base, ring.size).ok_or(RingError::Base {
+            base,
+            size: ring.size,
+        })?;
+        let layout = PackedLayout::new(
+            &PackedConfig {
+                size: ring.size,
+                desc: ring.desc,
+                driver_event: ring.avail,
+                device_event: ring.used,
+                avail,
+                used,
+                event_idx: ring.event_idx,
+            },
+            mem.batch(),
+        )?;
+        layout.disable_notification(mem.batch())?;
+        Ok(PackedWatch {
+            layout,
+            mem,
+            at: avail,
+            error: None,
+        })
+    }
+
+    /// Follows a new memory map (the frontend replaced the memory table).
+    pub fn set_memory(&mut self, mem: Arc<GuestMem>) {
+        self.mem = Mapped::new(mem);
+    }
+
+    /// The request path took everything before `at`.
+    pub fn follow(&mut self, at: Position) {
+        self.at = at;
+    }
+
+    /// The first guest memory error met, if any.
+    pub fn take_error(&mut self) -> Option<RingError> {
+        self.error.take()
+    }
+
+    fn available(&mut self, order: Ordering) -> bool {
+        match self.layout.available_at(self.mem.batch(), self.at, order) {
+            Ok(a) => a,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                false
+            }
+        }
+    }
+}
+
+impl Watch for PackedWatch {
+    fn poll(&mut self) -> Option<u16> {
+        // Acquire: pairs with the driver's barrier before the flags store;
+        // the request path reads the list right after.
+        self.available(Ordering::Acquire).then(|| self.at.encode())
+    }
+
+    fn prepare_sleep(&mut self) -> SleepCheck {
+        match self.layout.enable_notification(self.mem.batch(), self.at) {
+            Ok(false) => SleepCheck::Sleep,
+            Ok(true) => {
+                self.finish_sleep();
+                SleepCheck::Work(self.at.encode())
+            }
+            Err(e) => {
+                self.error.get_or_insert(e);
+                SleepCheck::Sleep
+            }
+        }
+    }
+
+    fn finish_sleep(&mut self) {
+        if let Err(e) = self.layout.disable_notification(self.mem.batch()) {
+            self.error.get_or_insert(e);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +237,8 @@ mod tests {
             used: USED,
             next_avail: 0,
             event_idx,
+            packed: false,
+            next_used: 0,
         }
     }
 

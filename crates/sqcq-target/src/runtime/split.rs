@@ -39,10 +39,30 @@ pub struct RingConfig {
     pub avail: u64,
     /// Used ring (guest physical).
     pub used: u64,
-    /// Next available index to process.
+    /// Next available index to process; of a packed ring, the position
+    /// of the next descriptor to read (`packed::Position::encode`).
     pub next_avail: u16,
     /// VIRTIO_RING_F_EVENT_IDX negotiated.
     pub event_idx: bool,
+    /// VIRTIO_F_RING_PACKED negotiated: `desc` is the descriptor ring,
+    /// `avail` the driver area and `used` the device area.
+    pub packed: bool,
+    /// Of a packed ring, the position of the next used descriptor to
+    /// write (encoded); a split ring keeps its used index in the ring.
+    pub next_used: u16,
+}
+
+impl RingConfig {
+    /// The vring base (VHOST_USER_SET_VRING_BASE): the next avail index,
+    /// or a packed ring's two positions (`packed::encode_base`).
+    pub fn base(&self) -> u32 {
+        let used = if self.packed {
+            u32::from(self.next_used) << 16
+        } else {
+            0
+        };
+        u32::from(self.next_avail) | used
+    }
 }
 
 /// VRING_USED_F_NO_NOTIFY.
@@ -103,6 +123,14 @@ pub enum RingError {
     BufferId {
         /// The ID.
         id: u16,
+        /// The queue size.
+        size: u16,
+    },
+    /// A packed ring's vring base names a position outside the ring.
+    #[error("vring base {base:#x} names a position outside a ring of {size}")]
+    Base {
+        /// The base.
+        base: u32,
         /// The queue size.
         size: u16,
     },
@@ -408,6 +436,8 @@ mod tests {
             used: USED,
             next_avail: 0,
             event_idx,
+            packed: false,
+            next_used: 0,
         }
     }
 
@@ -462,6 +492,8 @@ mod tests {
                 used: rand(0x4400),
                 next_avail: 0,
                 event_idx: rand(2) == 0,
+                packed: false,
+                next_used: 0,
             };
             let ours = RingLayout::new(&cfg, m.batch()).is_ok();
             let theirs = Queue::new(32768).is_ok_and(|mut q| {

@@ -26,7 +26,8 @@ use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{PollError, QueueError, RingConfig};
-use crate::runtime::split::{RingError, SplitRing};
+use crate::runtime::ring::Ring;
+use crate::runtime::split::RingError;
 use crate::runtime::stream;
 use crate::scsi::device::ScsiSession;
 use crate::transport::device_type::{LocalQueueFds, SessionCtx};
@@ -54,7 +55,7 @@ const MAX_PENDING_EVENTS: usize = 64;
 const CONTROL_BUDGET: u32 = 16;
 
 struct CtrlQueue {
-    ring: SplitRing,
+    ring: Ring,
     kick: PeerEventFd,
     call: Option<PeerEventFd>,
     /// A notification fell due while there was no call eventfd (see
@@ -150,8 +151,8 @@ impl ControlPlane {
         fds: LocalQueueFds,
         doorbells: bool,
     ) -> Result<(), QueueError> {
-        let split = SplitRing::open(ring, Mapped::new(Arc::clone(mem)).batch())
-            .map_err(QueueError::Ring)?;
+        let vq =
+            Ring::open(ring, Mapped::new(Arc::clone(mem)).batch()).map_err(QueueError::Ring)?;
         let doorbells = if doorbells {
             let addrs = RingAddrs {
                 desc: ring.desc,
@@ -182,7 +183,7 @@ impl ControlPlane {
             EpollEvent::new(EventSet::IN, token),
         );
         self.queues[index] = Some(CtrlQueue {
-            ring: split,
+            ring: vq,
             kick,
             call,
             call_owed: false,
@@ -193,14 +194,14 @@ impl ControlPlane {
     }
 
     /// Stops vq `index`; returns where it stopped.
-    pub(crate) fn stop(&mut self, index: usize) -> Option<u16> {
+    pub(crate) fn stop(&mut self, index: usize) -> Option<u32> {
         let q = self.queues.get_mut(index)?.take()?;
         let _ = self.epoll.ctl(
             ControlOperation::Delete,
             q.kick.as_raw_fd(),
             EpollEvent::default(),
         );
-        Some(q.ring.next_avail())
+        Some(q.ring.base())
     }
 
     pub(crate) fn set_call(&mut self, index: usize, call: Option<PeerEventFd>) {
@@ -234,8 +235,8 @@ impl ControlPlane {
 /// call descriptor that fails otherwise is dropped (the queue goes on, the
 /// driver polls or times out: control traffic is rare).
 fn publish(q: &mut CtrlQueue, mem: Batch<'_>) {
-    let published = q.ring.used().pending() > 0;
-    let standard = matches!(q.ring.used().publish(mem), Ok(true));
+    let published = q.ring.pending() > 0;
+    let standard = matches!(q.ring.publish(mem), Ok(true));
     // With doorbells: publish cq.idx too; fence 3 is inside `publish`.
     let owed = published
         && q.doorbells
@@ -359,7 +360,7 @@ impl ScsiSession {
                 DeviceMetrics::bump(&self.info.metrics.bad_control);
                 guest_warn!(self.info.limiter, device = %self.info.name, "bad event buffer at head {head}");
             }
-            let _ = q.ring.used().push(mem, head, len);
+            let _ = q.ring.push(mem, head, len);
         }
         publish(q, mem);
     }
@@ -416,7 +417,7 @@ impl ScsiSession {
                 }
             };
             if let Some(q) = self.control.queues[CONTROL_VQ].as_mut() {
-                let _ = q.ring.used().push(mem, head, len);
+                let _ = q.ring.push(mem, head, len);
             }
         }
     }

@@ -222,7 +222,7 @@ impl DeviceSession for ScsiSession {
         self.start_control_queue(ctx, index, ring, fds)
     }
 
-    fn stop_local(&mut self, index: usize) -> Option<u16> {
+    fn stop_local(&mut self, index: usize) -> Option<u32> {
         self.control.stop(index)
     }
 

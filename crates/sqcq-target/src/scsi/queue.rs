@@ -151,12 +151,7 @@ impl ScsiQueue {
 }
 
 impl RequestHandler for ScsiQueue {
-    fn handle(
-        &mut self,
-        ring: &mut Vring,
-        mem: Batch<'_>,
-        chain: crate::runtime::chain::HeadWalk<'_>,
-    ) {
+    fn handle(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: crate::runtime::ring::Chain<'_>) {
         self.handle_chain(ring, mem, chain);
     }
 

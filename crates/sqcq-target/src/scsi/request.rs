@@ -26,9 +26,10 @@ use sqcq_scsi::{
 
 use crate::guest_warn;
 use crate::runtime::batch::Batch;
-use crate::runtime::chain::{HeadWalk, Segment};
+use crate::runtime::chain::Segment;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{Accepted, Vring};
+use crate::runtime::ring::Chain;
 use crate::runtime::stream;
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
 use crate::scsi::queue::{LunQueue, ScsiQueue};
@@ -120,7 +121,7 @@ impl ScsiQueue {
     /// Handles one chain popped from the available ring: parse, execute
     /// (emulated commands complete at once, medium commands are submitted
     /// to the backstore and complete when reaped).
-    pub(crate) fn handle_chain(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: HeadWalk<'_>) {
+    pub(crate) fn handle_chain(&mut self, ring: &mut Vring, mem: Batch<'_>, chain: Chain<'_>) {
         let inflight = &self.inflight;
         let head = match ring.accept(chain, mem, self.max_segments, &mut self.chain, |h| {
             inflight.is_busy(h)

@@ -66,6 +66,8 @@ impl Fixture {
             used: vq.used_addr().0,
             next_avail: 0,
             event_idx: false,
+            packed: false,
+            next_used: 0,
         };
         let queue = ServedQueue::start(QueueStart {
             key: QueueKey { device: 0, vq: 2 },

@@ -138,7 +138,7 @@ pub trait DeviceSession: Send {
     ) -> Result<(), QueueError>;
 
     /// Stops local queue `index`; where it stopped.
-    fn stop_local(&mut self, index: usize) -> Option<u16>;
+    fn stop_local(&mut self, index: usize) -> Option<u32>;
 
     /// A new call eventfd for local queue `index`.
     fn set_local_call(&mut self, index: usize, call: Option<PeerEventFd>);

@@ -183,9 +183,9 @@ impl VhostUserBackendReqHandlerMut for Session {
         if features & !self.offered_features() != 0 {
             return Err(Error::InvalidParam);
         }
-        // Doorbells are defined for split rings only (spec 2.2). Packed is
-        // not offered, so the check above refuses it already; this one
-        // states the rule where it would matter.
+        // Doorbells are implemented for split rings only: the two bits are
+        // never offered together, so the check above refuses the pair
+        // already; this one states the rule (spec 2.2) where it matters.
         let both = (1 << sqcq_protocol::VIRTIO_F_SQCQ_POLL) | (1 << VIRTIO_F_RING_PACKED);
         if features & both == both {
             return Err(Error::InvalidParam);
@@ -257,7 +257,9 @@ impl VhostUserBackendReqHandlerMut for Session {
     fn set_vring_num(&mut self, index: u32, num: u32) -> Result<()> {
         let i = self.index(index)?;
         let max = u32::from(self.dev.params.queue_size);
-        if num == 0 || num > max || !num.is_power_of_two() {
+        // A split ring's size is a power of two; a packed ring's any size
+        // up to the maximum (virtio 1.2, 2.7 and 2.8).
+        if num == 0 || num > max || !(num.is_power_of_two() || self.packed()) {
             return Err(Error::InvalidParam);
         }
         let v = &mut self.vrings[i];
@@ -287,7 +289,13 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> Result<()> {
         let i = self.index(index)?;
-        self.vrings[i].base = u16::try_from(base).map_err(|_| Error::InvalidParam)?;
+        // A split ring's base is its next avail index; a packed ring's
+        // holds two positions (`runtime::packed::encode_base`), which
+        // `Ring::open` checks against the ring when the queue starts.
+        if !self.packed() && base > u32::from(u16::MAX) {
+            return Err(Error::InvalidParam);
+        }
+        self.vrings[i].base = base;
         Ok(())
     }
 
@@ -297,7 +305,7 @@ impl VhostUserBackendReqHandlerMut for Session {
         let v = &mut self.vrings[i];
         v.kick = None;
         v.call = None;
-        Ok(VhostUserVringState::new(index, u32::from(v.base)))
+        Ok(VhostUserVringState::new(index, v.base))
     }
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {

@@ -141,10 +141,12 @@ pub enum Running {
 pub struct VringSetup {
     /// Queue size (0: not set).
     pub size: u16,
-    /// Descriptor table, available ring, used ring (guest physical).
+    /// Descriptor table, available ring, used ring (guest physical); of a
+    /// packed ring, its descriptor ring, driver area and device area.
     pub addrs: Option<(u64, u64, u64)>,
-    /// Next available index (SET_VRING_BASE, or where it stopped).
-    pub base: u16,
+    /// The vring base (SET_VRING_BASE, or where it stopped): the next
+    /// available index, or a packed ring's two positions.
+    pub base: u32,
     /// Kick eventfd.
     pub kick: Option<PeerEventFd>,
     /// Call eventfd.
@@ -257,15 +259,26 @@ impl Session {
         self.acked_features & (1u64 << bit) != 0
     }
 
+    /// Whether the rings are packed (VIRTIO_F_RING_PACKED negotiated).
+    pub fn packed(&self) -> bool {
+        self.has_feature(virtio_bindings::bindings::virtio_config::VIRTIO_F_RING_PACKED)
+    }
+
     /// Virtio features the device offers: VIRTIO_F_SQCQ_POLL unless the
     /// daemon withholds it.
     pub fn offered_features(&self) -> u64 {
-        let sqcq = if self.pool.options().offer_sqcq {
+        let options = self.pool.options();
+        // Never both: doorbells are implemented for split rings only, and
+        // a device that does not implement them for packed rings offers
+        // one or the other (spec section 2.2).
+        let ring = if options.offer_packed {
+            1 << virtio_bindings::bindings::virtio_config::VIRTIO_F_RING_PACKED
+        } else if options.sqcq_offered() {
             1 << sqcq_protocol::VIRTIO_F_SQCQ_POLL
         } else {
             0
         };
-        crate::transport::handler::OFFERED_FEATURES | self.dev.device.features() | sqcq
+        crate::transport::handler::OFFERED_FEATURES | self.dev.device.features() | ring
     }
 
     /// Whether the device marks what it writes in the frontend's dirty
@@ -439,14 +452,22 @@ impl Session {
     fn ring_config(&self, index: usize) -> Option<RingConfig> {
         let v = &self.vrings[index];
         let (desc, avail, used) = v.addrs?;
+        let [a0, a1, u0, u1] = v.base.to_le_bytes();
+        let packed = self.packed();
         Some(RingConfig {
             size: v.size,
             desc,
             avail,
             used,
-            next_avail: v.base,
+            next_avail: u16::from_le_bytes([a0, a1]),
             event_idx: self
                 .has_feature(virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX),
+            packed,
+            next_used: if packed {
+                u16::from_le_bytes([u0, u1])
+            } else {
+                0
+            },
         })
     }
 
@@ -612,7 +633,7 @@ impl Session {
             }
         };
         let v = &mut self.vrings[index];
-        v.base = report.next_avail;
+        v.base = report.base;
         v.running = Running::No;
         self.dev.placement.set_running(rq, None);
         if self.start_on(index, to).is_ok() {
@@ -655,7 +676,7 @@ impl Session {
                     .pool
                     .call(w, call, deadline + CANCEL_GRACE + REPLY_MARGIN)
                 {
-                    Ok(Some(report)) => Some(report.next_avail),
+                    Ok(Some(report)) => Some(report.base),
                     Ok(None) => None,
                     Err(WorkerGone::TimedOut(_)) => stop_failed(&self.dev.info, vq, w),
                     Err(e @ WorkerGone::Exited(_)) => {

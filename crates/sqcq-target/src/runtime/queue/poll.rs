@@ -32,7 +32,8 @@ use crate::guest_warn;
 use crate::runtime::batch::Batch;
 use crate::runtime::guest::{self, GuestMem};
 use crate::runtime::metrics::QueueMode;
-use crate::runtime::ring_poll::RingWatch;
+use crate::runtime::ring::Ring;
+use crate::runtime::ring_poll::{PackedWatch, RingWatch};
 use crate::runtime::split::RingError;
 
 type Cell = GuestDoorbell<GuestMem>;
@@ -65,6 +66,8 @@ pub(crate) enum SqWatch {
     Doorbell(SqConsumer<Cell>),
     /// The avail index (`ring-poll`).
     Ring(RingWatch),
+    /// The descriptor at a packed ring's next position (`ring-poll`).
+    Packed(PackedWatch),
 }
 
 impl Watch for SqWatch {
@@ -72,18 +75,21 @@ impl Watch for SqWatch {
         match self {
             SqWatch::Doorbell(c) => c.poll(),
             SqWatch::Ring(r) => r.poll(),
+            SqWatch::Packed(p) => p.poll(),
         }
     }
     fn prepare_sleep(&mut self) -> SleepCheck {
         match self {
             SqWatch::Doorbell(c) => c.prepare_sleep(),
             SqWatch::Ring(r) => r.prepare_sleep(),
+            SqWatch::Packed(p) => p.prepare_sleep(),
         }
     }
     fn finish_sleep(&mut self) {
         match self {
             SqWatch::Doorbell(c) => c.finish_sleep(),
             SqWatch::Ring(r) => r.finish_sleep(),
+            SqWatch::Packed(p) => p.finish_sleep(),
         }
     }
 }
@@ -151,6 +157,9 @@ impl QueuePoll {
             let watch = SqWatch::Doorbell(SqConsumer::new(sq, ring.next_avail));
             let cq = CqDoorbell { producer, location };
             (watch, Some(cq), owed)
+        } else if ring.packed {
+            let watch = PackedWatch::new(ring, Arc::clone(&map)).map_err(PollError::Ring)?;
+            (SqWatch::Packed(watch), None, false)
         } else {
             let watch = RingWatch::new(ring, Arc::clone(&map)).map_err(PollError::Ring)?;
             (SqWatch::Ring(watch), None, false)
@@ -192,6 +201,7 @@ impl QueuePoll {
                 d.producer = CqProducer::new(cq);
             }
             (SqWatch::Ring(r), _) => r.set_memory(Arc::clone(current)),
+            (SqWatch::Packed(p), _) => p.set_memory(Arc::clone(current)),
             // Not built: a doorbell watch always has its CQ doorbell.
             (SqWatch::Doorbell(_), None) => {}
         }
@@ -202,6 +212,7 @@ impl QueuePoll {
     fn take_error(&mut self) -> Option<PollError> {
         match self.poller.watch_mut() {
             SqWatch::Ring(r) => r.take_error().map(PollError::Ring),
+            SqWatch::Packed(p) => p.take_error().map(PollError::Ring),
             SqWatch::Doorbell(_) => None,
         }
     }
@@ -218,7 +229,7 @@ impl Vring {
         match QueuePoll::open(
             self.source,
             ring,
-            self.split.next_used(),
+            self.vq.next_used(),
             map,
             spin,
             self.key.vq,
@@ -239,6 +250,19 @@ impl Vring {
             && let Some(p) = self.poll.as_mut()
         {
             p.park();
+        }
+    }
+
+    /// A packed ring's request path took everything before its next
+    /// position: the watch looks there from now on.
+    pub(crate) fn follow_packed(&mut self) {
+        let Ring::Packed(q) = &self.vq else {
+            return;
+        };
+        if let Some(p) = self.poll.as_mut()
+            && let SqWatch::Packed(w) = p.poller.watch_mut()
+        {
+            w.follow(q.ring().next_avail());
         }
     }
 
@@ -316,14 +340,19 @@ impl Vring {
         let Some(cq) = self.poll.as_mut().and_then(|p| p.cq.as_mut()) else {
             return false;
         };
-        match self.split.used().publish_index(mem) {
+        // Doorbells are offered for split rings only (`set_features`).
+        let Some(split) = self.vq.split() else {
+            return false;
+        };
+        match split.used().publish_index(mem) {
             Ok(0) => {}
             // Fence 3 of the protocol is inside `publish`: `cq.idx`
             // store, fence(SeqCst), `cq.flags` load.
             Ok(batch) => {
-                let owed = cq.producer.publish(self.split.next_used()) == Wake::Owed;
+                let next_used = split.next_used();
+                let owed = cq.producer.publish(next_used) == Wake::Owed;
                 if let Some(t) = self.tracking.as_mut() {
-                    t.published(batch, self.split.next_used());
+                    t.published(batch, next_used);
                 }
                 if let Some(p) = &self.poll {
                     p.log_doorbells();
@@ -474,7 +503,8 @@ impl ServedQueue {
     fn on_index(&mut self, idx: u16) {
         let ring = &mut self.ring;
         if ring.source == SubmissionSource::Doorbell
-            && let Err(e) = check_index(idx, ring.split.next_avail(), ring.split.size())
+            && let Some(split) = ring.vq.split()
+            && let Err(e) = check_index(idx, split.next_avail(), split.size())
         {
             ring.poll_broken(&PollError::Index(e));
             return;

@@ -1,0 +1,227 @@
+//! A virtqueue's ring, split or packed, as the request path sees it: one
+//! type for taking chains, completing them and publishing, whichever
+//! layout the driver negotiated (VIRTIO_F_RING_PACKED).
+//!
+//! A request is named by a 16-bit value below the queue size in both
+//! layouts: the head index of its chain in a split ring, its buffer ID in
+//! a packed ring. The handlers, the duplicate check and the counters use
+//! that name alone; what else a packed ring needs to complete a request
+//! (how many descriptors its list took) stays here.
+
+use crate::runtime::batch::Batch;
+use crate::runtime::chain::{Descriptor, HeadWalk};
+use crate::runtime::packed::{self, PackedConfig, PackedRing, PackedWalk};
+use crate::runtime::split::{RingConfig, RingError, SplitRing};
+
+/// The descriptors of one chain taken from a ring.
+#[derive(Debug)]
+pub enum Chain<'a> {
+    /// A chain of a split ring, walked from its head index.
+    Split(HeadWalk<'a>),
+    /// A list of a packed ring, with its buffer ID.
+    Packed {
+        /// The buffer ID.
+        id: u16,
+        /// Its descriptors.
+        walk: PackedWalk<'a>,
+    },
+}
+
+impl Chain<'_> {
+    /// The name of the request: the head index, or the buffer ID.
+    pub fn head_index(&self) -> u16 {
+        match self {
+            Chain::Split(w) => w.head_index(),
+            Chain::Packed { id, .. } => *id,
+        }
+    }
+}
+
+impl Iterator for Chain<'_> {
+    type Item = Descriptor;
+
+    #[inline]
+    fn next(&mut self) -> Option<Descriptor> {
+        match self {
+            Chain::Split(w) => w.next(),
+            Chain::Packed { walk, .. } => walk.next(),
+        }
+    }
+}
+
+/// A packed ring and what completing its requests needs.
+#[derive(Debug)]
+pub struct PackedQueue {
+    ring: PackedRing,
+    /// Descriptors each buffer ID's list took, recorded when it was
+    /// taken: its used descriptor skips that many.
+    counts: Box<[u16]>,
+    /// Requests completed and not yet published.
+    pending: u16,
+}
+
+impl PackedQueue {
+    /// The ring.
+    pub fn ring(&self) -> &PackedRing {
+        &self.ring
+    }
+
+    /// Takes the next list, recording its length under its ID.
+    pub fn pop<'a>(&mut self, mem: Batch<'a>) -> Result<Option<Chain<'a>>, RingError> {
+        let Some(p) = self.ring.pop(mem)? else {
+            return Ok(None);
+        };
+        // `pop` refuses an ID at or above the size, the length of `counts`.
+        if let Some(c) = self.counts.get_mut(usize::from(p.id)) {
+            *c = p.count;
+        }
+        Ok(Some(Chain::Packed {
+            id: p.id,
+            walk: p.walk,
+        }))
+    }
+}
+
+/// The ring of one virtqueue.
+#[derive(Debug)]
+pub enum Ring {
+    /// A split ring.
+    Split(SplitRing),
+    /// A packed ring.
+    Packed(PackedQueue),
+}
+
+impl Ring {
+    /// The ring `cfg` describes, checked against the specification and
+    /// against guest memory.
+    pub fn open(cfg: &RingConfig, mem: Batch<'_>) -> Result<Self, RingError> {
+        if !cfg.packed {
+            return SplitRing::open(cfg, mem).map(Ring::Split);
+        }
+        let (avail, used) = packed::decode_base(cfg.base(), cfg.size).ok_or(RingError::Base {
+            base: cfg.base(),
+            size: cfg.size,
+        })?;
+        let ring = PackedRing::open(
+            &PackedConfig {
+                size: cfg.size,
+                desc: cfg.desc,
+                driver_event: cfg.avail,
+                device_event: cfg.used,
+                avail,
+                used,
+                event_idx: cfg.event_idx,
+            },
+            mem,
+        )?;
+        Ok(Ring::Packed(PackedQueue {
+            ring,
+            counts: vec![1; usize::from(cfg.size)].into_boxed_slice(),
+            pending: 0,
+        }))
+    }
+
+    /// The queue size.
+    pub fn size(&self) -> u16 {
+        match self {
+            Ring::Split(r) => r.size(),
+            Ring::Packed(q) => q.ring.size(),
+        }
+    }
+
+    /// Where a restart resumes: the vring base of VHOST_USER_GET_VRING_BASE
+    /// (a split ring's next avail index; a packed ring's two positions,
+    /// `packed::encode_base`).
+    pub fn base(&self) -> u32 {
+        match self {
+            Ring::Split(r) => u32::from(r.next_avail()),
+            Ring::Packed(q) => packed::encode_base(q.ring.next_avail(), q.ring.next_used()),
+        }
+    }
+
+    /// The value that names the device's next used entry: the used index
+    /// of a split ring, the encoded next used position of a packed one
+    /// (what a CQ doorbell holds, spec sections 3.1 and 10.2).
+    pub fn next_used(&self) -> u16 {
+        match self {
+            Ring::Split(r) => r.next_used(),
+            Ring::Packed(q) => q.ring.next_used().encode(),
+        }
+    }
+
+    /// The split ring, for what only a split ring has (its avail index,
+    /// read ahead in batches; the in-flight record; doorbells).
+    pub fn split(&mut self) -> Option<&mut SplitRing> {
+        match self {
+            Ring::Split(r) => Some(r),
+            Ring::Packed(_) => None,
+        }
+    }
+
+    /// Takes the next available chain, if any.
+    pub fn pop<'a>(&mut self, mem: Batch<'a>) -> Result<Option<Chain<'a>>, RingError> {
+        match self {
+            Ring::Split(r) => Ok(r.pop(mem)?.map(Chain::Split)),
+            Ring::Packed(q) => q.pop(mem),
+        }
+    }
+
+    /// Whether a chain is available now.
+    pub fn has_available(&self, mem: Batch<'_>) -> Result<bool, RingError> {
+        match self {
+            Ring::Split(r) => r.has_available(mem),
+            Ring::Packed(q) => q.ring.has_available(mem),
+        }
+    }
+
+    /// Puts the completion of request `head` (`len` bytes written) on the
+    /// used side, visible at the next [`Self::publish`].
+    pub fn push(&mut self, mem: Batch<'_>, head: u16, len: u32) -> Result<(), RingError> {
+        match self {
+            Ring::Split(r) => Ok(r.used().push(mem, head, len)?),
+            Ring::Packed(q) => {
+                let count = q.counts.get(usize::from(head)).copied().unwrap_or(1);
+                q.ring.push(mem, head, count, len)?;
+                q.pending = q.pending.wrapping_add(1);
+                Ok(())
+            }
+        }
+    }
+
+    /// Completions pushed and not yet published.
+    pub fn pending(&mut self) -> u16 {
+        match self {
+            Ring::Split(r) => r.used().pending(),
+            Ring::Packed(q) => q.pending,
+        }
+    }
+
+    /// Publishes every completion pushed and says whether the driver asked
+    /// to be notified of them.
+    pub fn publish(&mut self, mem: Batch<'_>) -> Result<bool, RingError> {
+        match self {
+            Ring::Split(r) => Ok(r.used().publish(mem)?),
+            Ring::Packed(q) => {
+                q.pending = 0;
+                q.ring.publish(mem)
+            }
+        }
+    }
+
+    /// Asks the driver to notify again, then says whether it made a chain
+    /// available meanwhile.
+    pub fn enable_notification(&self, mem: Batch<'_>) -> Result<bool, RingError> {
+        match self {
+            Ring::Split(r) => r.enable_notification(mem),
+            Ring::Packed(q) => q.ring.enable_notification(mem),
+        }
+    }
+
+    /// Asks the driver not to notify.
+    pub fn disable_notification(&self, mem: Batch<'_>) -> Result<(), RingError> {
+        match self {
+            Ring::Split(r) => r.disable_notification(mem),
+            Ring::Packed(q) => q.ring.disable_notification(mem),
+        }
+    }
+}
