@@ -186,6 +186,11 @@ pub struct Args {
     /// Do not negotiate indirect descriptors.
     #[arg(long = "no-indirect")]
     pub no_indirect: bool,
+    /// The virtqueue layout: split, or packed (VIRTIO_F_RING_PACKED, which
+    /// the device must offer: `sqcqd --packed`, passed to a started
+    /// sqcqd). Packed rings run the notify, ring-poll and busy-poll modes.
+    #[arg(long, value_enum, default_value = "split")]
+    pub ring: RingLayout,
     /// Back the driver's memory (rings, headers, data buffers) with huge
     /// pages (a hugetlb memfd): fewer TLB misses on both sides, since the
     /// device maps the same pages. Needs huge pages reserved in
@@ -626,4 +631,14 @@ pub enum ThrottleArg {
     Honour,
     /// Publish regardless.
     Ignore,
+}
+
+/// `--ring`: the virtqueue layout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RingLayout {
+    /// Split rings (virtio 1.2, 2.7).
+    #[default]
+    Split,
+    /// Packed rings (virtio 1.2, 2.8).
+    Packed,
 }

@@ -15,9 +15,10 @@ use sqcq_driver::scsi::{
 use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollStats, PollThreads, parked_queue};
 use sqcq_driver::{
     Buffer, DeviceType, DriverMemory, Frontend, FrontendConfig, MemoryConfig, Negotiated,
-    NotifyMode, QueueConfig, QueueEvents, SplitQueue, Virtqueue,
+    NotifyMode, QueueConfig, QueueEvents, Ring, Virtqueue,
 };
 use sqcq_protocol::SpinConfig;
+use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX as EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC as INDIRECT_DESC,
 };
@@ -58,6 +59,8 @@ pub struct DeviceSpec {
     pub event_idx: bool,
     /// Negotiate indirect descriptors if offered.
     pub indirect: bool,
+    /// Packed rings (VIRTIO_F_RING_PACKED), which the device must offer.
+    pub packed: bool,
     /// Back the driver memory with huge pages.
     pub huge_pages: bool,
     /// Bound on every wait.
@@ -141,6 +144,11 @@ impl Device {
             event_idx: spec.event_idx,
             indirect: spec.indirect,
             extra_features: spec.mode.required_features()
+                | if spec.packed {
+                    1 << VIRTIO_F_RING_PACKED
+                } else {
+                    0
+                }
                 | match spec.device {
                     DeviceType::Scsi => 0,
                     DeviceType::Blk => blk::FEATURES,
@@ -150,6 +158,13 @@ impl Device {
         };
         let mut frontend = Frontend::connect(&frontend_config)?;
         let neg = frontend.negotiated().clone();
+        if spec.packed && neg.acked & (1 << VIRTIO_F_RING_PACKED) == 0 {
+            return Err(BenchError::Usage(format!(
+                "--ring packed: the device does not offer VIRTIO_F_RING_PACKED (offered {:#x}; \
+                 sqcqd offers it with --packed)",
+                neg.offered
+            )));
+        }
         let missing = spec.mode.required_features() & !neg.acked;
         let (mode, fallback) = if missing == 0 {
             (spec.mode, None)
@@ -203,7 +218,7 @@ impl Device {
         let small_queue = |mem: &mut DriverMemory, index| -> Result<Virtqueue, BenchError> {
             let events = events(&frontend)?;
             Ok(if mode.doorbells() {
-                let ring = SplitQueue::new(mem, config(SMALL_QUEUE))?;
+                let ring = Ring::new(mem, config(SMALL_QUEUE))?;
                 parked_queue(mem, index, ring, events)?
             } else {
                 Virtqueue::new(mem, index, config(SMALL_QUEUE), NotifyMode::Notify, events)?
@@ -226,7 +241,7 @@ impl Device {
             let mut events = events(&frontend)?;
             let vq = match &mut poll {
                 Some(poll) => {
-                    let ring = SplitQueue::new(&mut mem, config(spec.queue_size))?;
+                    let ring = Ring::new(&mut mem, config(spec.queue_size))?;
                     let inline = mode == NotifyMode::SqcqInline;
                     let notifier = poll.attach(&mem, index, &ring, &mut events, inline)?;
                     Virtqueue::with_notifier(index, ring, notifier, events)

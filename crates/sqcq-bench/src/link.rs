@@ -127,7 +127,12 @@ impl Link {
     /// flight).
     fn hand_over(&self, frontend: &mut Frontend, queue: &mut IoQueue) -> Result<(), BenchError> {
         let vq = queue.virtqueue();
-        let base = vq.ring().used_index();
+        // The device resubmits what its in-flight record holds, which it
+        // keeps for split rings only.
+        let split = vq.ring().split().ok_or(BenchError::Protocol(
+            "reconnecting needs split rings: no in-flight record is kept for packed ones",
+        ))?;
+        let base = u32::from(split.used_index());
         frontend.resume_queue(&self.mem, vq, base)?;
         frontend.sync()?;
         queue.reattach(frontend.hangup_fd()?);

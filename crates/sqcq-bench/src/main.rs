@@ -37,7 +37,7 @@ use clap::Parser;
 use serde_json::{Value, json};
 use sqcq_driver::scsi::Lun;
 
-use crate::args::{Args, OutputFormat, TargetKind, ThrottleArg};
+use crate::args::{Args, OutputFormat, RingLayout, TargetKind, ThrottleArg};
 use crate::cpu::{self_cpu_time, threads_since};
 use crate::device::{Device, DeviceSpec, has_event_idx, has_indirect};
 use crate::error::{BenchError, chain};
@@ -128,6 +128,21 @@ fn check_args(args: &Args) -> Result<(), BenchError> {
     if args.fua && device == DeviceType::Blk {
         return Err(usage("--fua: virtio-blk has no FUA"));
     }
+    if args.ring == RingLayout::Packed {
+        if args.mode.doorbells() {
+            return Err(usage(format!(
+                "--ring packed --mode {}: doorbells are implemented for split rings only \
+                 (use notify, ring-poll or busy-poll)",
+                args.mode.name()
+            )));
+        }
+        if args.reconnect.is_some() {
+            return Err(usage(
+                "--ring packed --reconnect: no in-flight record is kept for packed rings, \
+                 so a restarted device could not resubmit what was in flight",
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -155,6 +170,7 @@ fn start_target(args: &Args, lun_size: u64) -> Result<Target, BenchError> {
             (None, None) => Disk::Scratch,
         },
         cpus: args.target_cpus.as_deref(),
+        packed: args.ring == RingLayout::Packed,
         extra: &args.target_arg,
     };
     if let Some(bin) = find_binary(args.target.binary(), explicit) {
@@ -398,6 +414,7 @@ fn run(args: &Args) -> Result<(Report, bool), BenchError> {
         poll_threads: args.poll_threads.into(),
         event_idx: !args.no_event_idx,
         indirect: !args.no_indirect,
+        packed: args.ring == RingLayout::Packed,
         huge_pages: args.hugepages,
         timeout: args.io_timeout,
         lun,

@@ -115,6 +115,8 @@ pub struct TargetOptions<'a> {
     pub disk: Disk<'a>,
     /// Run the target on these CPUs (`taskset -c` syntax).
     pub cpus: Option<&'a str>,
+    /// Offer packed rings (a started `sqcqd`: `--packed`).
+    pub packed: bool,
     /// More arguments for a started `sqcqd` (`--target-arg`).
     pub extra: &'a [String],
 }
@@ -249,6 +251,13 @@ impl Target {
                             "{} has no --poll option: its queues are kick-driven, not --poll {poll}",
                             bin.display()
                         ));
+                    }
+                }
+                if options.packed {
+                    if supports(&bin, "--packed") {
+                        cmd.arg("--packed");
+                    } else {
+                        notes.push(format!("{} has no --packed option", bin.display()));
                     }
                 }
                 cmd.args(options.extra);

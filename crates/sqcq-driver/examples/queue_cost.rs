@@ -36,6 +36,7 @@ fn setup() -> (
         size: SIZE,
         event_idx: true,
         indirect_max: 4,
+        packed: false,
     };
     let vq = Virtqueue::new(&mut mem, 0, config, NotifyMode::PollQueue, events).expect("queue");
     let [desc, avail, used] = vq.addresses();

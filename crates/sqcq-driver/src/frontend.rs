@@ -461,7 +461,7 @@ impl Frontend {
     /// and ENABLE when protocol features were negotiated. `mem` must be the
     /// memory given to [`Self::set_mem_table`], holding the ring.
     pub fn start_queue(&mut self, mem: &DriverMemory, vq: &Virtqueue) -> Result<(), FrontendError> {
-        self.hand_over(mem, vq, vq.ring().next_avail())
+        self.hand_over(mem, vq, vq.ring().vring_base())
     }
 
     /// Hands `vq` back to the device after [`Self::stop_queue`], as
@@ -472,7 +472,7 @@ impl Frontend {
         &mut self,
         mem: &DriverMemory,
         vq: &Virtqueue,
-        base: u16,
+        base: u32,
     ) -> Result<(), FrontendError> {
         self.hand_over(mem, vq, base)
     }
@@ -481,7 +481,7 @@ impl Frontend {
         &mut self,
         mem: &DriverMemory,
         vq: &Virtqueue,
-        base: u16,
+        base: u32,
     ) -> Result<(), FrontendError> {
         let index = vq.index();
         if u64::from(index) >= self.negotiated.vrings {
@@ -507,9 +507,13 @@ impl Frontend {
         self.inner
             .set_vring_num(i, ring.size())
             .map_err(request("SET_VRING_NUM"))?;
-        self.inner
-            .set_vring_base(i, base)
-            .map_err(request("SET_VRING_BASE"))?;
+        match u16::try_from(base) {
+            Ok(base) => self
+                .inner
+                .set_vring_base(i, base)
+                .map_err(request("SET_VRING_BASE"))?,
+            Err(_) => self.set_vring_base_u32(index, base)?,
+        }
         self.inner
             .set_vring_addr(i, &addr)
             .map_err(request("SET_VRING_ADDR"))?;
@@ -586,6 +590,69 @@ impl Frontend {
             .contains(VhostUserProtocolFeatures::REPLY_ACK)
         {
             self.inner.get_features().map_err(request("GET_FEATURES"))?;
+        }
+        Ok(())
+    }
+
+    /// SET_VRING_BASE with all 32 bits: a packed ring's base holds its
+    /// next available position in bits 0-15 and its next used position in
+    /// bits 16-31 (the vhost-user specification; QEMU sends it so), which
+    /// the `vhost` crate's `set_vring_base` cannot carry (it takes a
+    /// `u16`). The message goes on the connection's socket like the
+    /// crate's own requests, which are synchronous, so the two never
+    /// interleave; with REPLY_ACK it asks for the acknowledgement and
+    /// reads it.
+    fn set_vring_base_u32(&self, index: u16, base: u32) -> Result<(), FrontendError> {
+        use std::io::{Read, Write};
+        use vhost::vhost_user::message::FrontendReq;
+
+        let code = u32::from(FrontendReq::SET_VRING_BASE);
+        let ack = self
+            .negotiated
+            .protocol_acked
+            .contains(VhostUserProtocolFeatures::REPLY_ACK);
+        // Header (request, flags: version 1 and NEED_REPLY, body size),
+        // then the body, a `VhostUserVringState` (index, num); all
+        // little-endian u32.
+        let mut flags = 0x1;
+        if ack {
+            flags |= VhostUserHeaderFlag::NEED_REPLY.bits();
+        }
+        let mut msg = [0u8; 20];
+        for (i, v) in [code, flags, 8, u32::from(index), base]
+            .into_iter()
+            .enumerate()
+        {
+            msg[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        (&self.socket)
+            .write_all(&msg)
+            .map_err(FrontendError::Socket)?;
+        if !ack {
+            return Ok(());
+        }
+        // The reply: a header with REPLY set and an 8-byte body, 0 for
+        // success.
+        let mut reply = [0u8; 20];
+        (&self.socket)
+            .read_exact(&mut reply)
+            .map_err(FrontendError::Socket)?;
+        let word = |i: usize| {
+            u32::from_le_bytes([
+                reply[4 * i],
+                reply[4 * i + 1],
+                reply[4 * i + 2],
+                reply[4 * i + 3],
+            ])
+        };
+        let is_reply = word(1) & VhostUserHeaderFlag::REPLY.bits() != 0;
+        if word(0) != code || !is_reply || word(2) != 8 || word(3) != 0 || word(4) != 0 {
+            return Err(FrontendError::Request {
+                request: "SET_VRING_BASE",
+                source: vhost::Error::VhostUserProtocol(
+                    vhost::vhost_user::Error::BackendInternalError,
+                ),
+            });
         }
         Ok(())
     }

@@ -51,4 +51,7 @@ pub use notify::{
 };
 pub use slots::QueueFailure;
 pub use virtqueue::Virtqueue;
-pub use vring::{Buffer, DeviceError, NotifyDecision, QueueConfig, QueueError, SplitQueue, Used};
+pub use vring::{
+    Buffer, DeviceError, NotifyDecision, PackedQueue, QueueConfig, QueueError, Ring, SplitQueue,
+    Used,
+};

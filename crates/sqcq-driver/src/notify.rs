@@ -1,7 +1,7 @@
 //! How a queue tells the device about new requests and learns about
 //! completions: the notification mode, a strategy chosen once per queue.
 //!
-//! [`SplitQueue`] decides *whether* a kick is needed (EVENT_IDX
+//! [`Ring`] decides *whether* a kick is needed (EVENT_IDX
 //! `avail_event`, `VRING_USED_F_NO_NOTIFY`) and whether it is safe to wait
 //! for a call; a [`Notifier`] decides *what to do* about it: kick the
 //! eventfd, sleep on the call eventfd, or poll the used ring. The hot path
@@ -42,7 +42,7 @@ use sqcq_protocol::{
 };
 
 use crate::poll_stats::{PollStats, StatsCell};
-use crate::vring::SplitQueue;
+use crate::vring::Ring;
 use sqcq_protocol::clock::now_ns;
 use sqcq_protocol::yielder::Yielder;
 
@@ -420,16 +420,12 @@ pub trait Notifier: Send + fmt::Debug {
 
     /// Prepares the ring before the first request (interrupt suppression
     /// for the polling modes) and the events' reporting.
-    fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents);
+    fn start(&mut self, ring: &mut Ring, events: &mut QueueEvents);
 
     /// Makes the requests added to `ring` visible to the device and
     /// notifies it if needed: by default the standard rule, a kick when
     /// the ring's EVENT_IDX or NO_NOTIFY decision asks for one.
-    fn publish(
-        &mut self,
-        ring: &mut SplitQueue,
-        events: &mut QueueEvents,
-    ) -> Result<(), NotifyError> {
+    fn publish(&mut self, ring: &mut Ring, events: &mut QueueEvents) -> Result<(), NotifyError> {
         events.count_publish();
         if ring.publish().needs_kick() {
             events.kick()?;
@@ -441,7 +437,7 @@ pub trait Notifier: Send + fmt::Debug {
     /// at `deadline` or when the device hangs up. Never blocks unbounded.
     fn wait(
         &mut self,
-        ring: &mut SplitQueue,
+        ring: &mut Ring,
         events: &mut QueueEvents,
         deadline: Instant,
     ) -> Result<(), NotifyError>;
@@ -469,7 +465,7 @@ pub trait Notifier: Send + fmt::Debug {
     /// A mode whose submitter is its own CQ consumer asks the device for a
     /// call now, as a poll thread does before it sleeps, so that the
     /// doorbells show the idle state and the next completion wakes it.
-    fn park(&mut self, _ring: &mut SplitQueue) {}
+    fn park(&mut self, _ring: &mut Ring) {}
 
     /// Whether the device asks for no more requests for now (THROTTLE in
     /// `sq.flags`, doorbell modes; spec section "Backpressure"): as read
@@ -573,11 +569,11 @@ impl Notifier for Interrupts {
         NotifyMode::Notify
     }
 
-    fn start(&mut self, _ring: &mut SplitQueue, _events: &mut QueueEvents) {}
+    fn start(&mut self, _ring: &mut Ring, _events: &mut QueueEvents) {}
 
     fn wait(
         &mut self,
-        ring: &mut SplitQueue,
+        ring: &mut Ring,
         events: &mut QueueEvents,
         deadline: Instant,
     ) -> Result<(), NotifyError> {
@@ -597,7 +593,7 @@ impl Notifier for Interrupts {
 
 /// The used ring as a [`Watch`], for the length of one wait: the
 /// submitter owns the ring and pops it between waits.
-pub(crate) struct UsedRing<'a>(pub(crate) &'a mut SplitQueue);
+pub(crate) struct UsedRing<'a>(pub(crate) &'a mut Ring);
 
 impl Watch for UsedRing<'_> {
     fn poll(&mut self) -> Option<u16> {
@@ -634,7 +630,7 @@ pub(crate) struct UsedCount {
 }
 
 impl UsedCount {
-    pub(crate) fn advance(&mut self, ring: &SplitQueue) -> u64 {
+    pub(crate) fn advance(&mut self, ring: &Ring) -> u64 {
         let idx = ring.used_index();
         let n = idx.wrapping_sub(self.last).min(ring.size());
         self.last = idx;
@@ -693,7 +689,7 @@ impl Notifier for BusyPoll {
         NotifyMode::PollQueue
     }
 
-    fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents) {
+    fn start(&mut self, ring: &mut Ring, events: &mut QueueEvents) {
         ring.disable_interrupts();
         events.report_to(Arc::clone(&self.stats));
         self.stats.store(&QueueStats {
@@ -704,7 +700,7 @@ impl Notifier for BusyPoll {
 
     fn wait(
         &mut self,
-        ring: &mut SplitQueue,
+        ring: &mut Ring,
         events: &mut QueueEvents,
         deadline: Instant,
     ) -> Result<(), NotifyError> {
@@ -760,7 +756,7 @@ impl Notifier for AdaptiveRingPoll {
         NotifyMode::RingPoll
     }
 
-    fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents) {
+    fn start(&mut self, ring: &mut Ring, events: &mut QueueEvents) {
         ring.disable_interrupts();
         events.report_to(Arc::clone(&self.stats));
         self.stats.store(&self.state.stats());
@@ -768,7 +764,7 @@ impl Notifier for AdaptiveRingPoll {
 
     fn wait(
         &mut self,
-        ring: &mut SplitQueue,
+        ring: &mut Ring,
         events: &mut QueueEvents,
         deadline: Instant,
     ) -> Result<(), NotifyError> {

@@ -12,7 +12,7 @@ use crate::DriverMemory;
 use crate::notify::{NotifyMode, QueueEvents};
 use crate::sqcq::{PollGroup, PollGroupBuilder, PollThreads};
 use crate::virtqueue::Virtqueue;
-use crate::vring::{QueueConfig, SplitQueue};
+use crate::vring::{QueueConfig, Ring};
 
 /// Vring `index` in `mode` (with its driver poll thread in the doorbell
 /// modes), and the device's `Queue` at its addresses, ready.
@@ -28,7 +28,7 @@ pub(crate) fn queue_pair(
     let (vq, poll) = if mode.doorbells() {
         let mut group =
             PollGroupBuilder::new(PollThreads::PerDevice, sqcq_protocol::SpinConfig::default());
-        let ring = SplitQueue::new(mem, config).unwrap();
+        let ring = Ring::new(mem, config).unwrap();
         let inline = mode == NotifyMode::SqcqInline;
         let notifier = group
             .attach(mem, index, &ring, &mut events, inline)

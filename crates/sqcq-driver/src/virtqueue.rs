@@ -13,14 +13,14 @@ use crate::notify::{
     DoorbellState, IdleState, Notifier, NotifyCounters, NotifyError, NotifyMode, QueueEvents,
 };
 use crate::poll_stats::PollStats;
-use crate::vring::{QueueConfig, QueueError, SplitQueue};
+use crate::vring::{QueueConfig, QueueError, Ring};
 
-/// A [`SplitQueue`] with its kick and call eventfds and the [`Notifier`]
+/// A [`Ring`] with its kick and call eventfds and the [`Notifier`]
 /// of its notification mode.
 #[derive(Debug)]
 pub struct Virtqueue {
     index: u16,
-    ring: SplitQueue,
+    ring: Ring,
     notifier: Box<dyn Notifier>,
     events: QueueEvents,
 }
@@ -41,7 +41,7 @@ impl Virtqueue {
         let notifier = mode
             .notifier(index)
             .ok_or(QueueError::NeedsPollThread(mode.name()))?;
-        let ring = SplitQueue::new(mem, config)?;
+        let ring = Ring::new(mem, config)?;
         Ok(Self::with_notifier(index, ring, notifier, events))
     }
 
@@ -49,7 +49,7 @@ impl Virtqueue {
     /// that live outside this crate).
     pub fn with_notifier(
         index: u16,
-        mut ring: SplitQueue,
+        mut ring: Ring,
         mut notifier: Box<dyn Notifier>,
         mut events: QueueEvents,
     ) -> Self {
@@ -73,12 +73,12 @@ impl Virtqueue {
     }
 
     /// The ring.
-    pub fn ring(&self) -> &SplitQueue {
+    pub fn ring(&self) -> &Ring {
         &self.ring
     }
 
     /// The ring, to add requests and pop completions.
-    pub fn ring_mut(&mut self) -> &mut SplitQueue {
+    pub fn ring_mut(&mut self) -> &mut Ring {
         &mut self.ring
     }
 
@@ -94,13 +94,10 @@ impl Virtqueue {
     }
 
     /// Guest-physical addresses of the descriptor table, avail and used
-    /// rings.
+    /// rings (of a packed ring: its descriptor ring, driver and device
+    /// areas).
     pub fn addresses(&self) -> [GuestAddress; 3] {
-        [
-            self.ring.desc_table(),
-            self.ring.avail_ring(),
-            self.ring.used_ring(),
-        ]
+        self.ring.addresses()
     }
 
     /// Publishes the requests added since the last publish and notifies the

@@ -79,6 +79,7 @@ fn setup(mode: NotifyMode) -> (DriverMemory, Virtqueue, Queue, GuestAddress) {
         size: SIZE,
         event_idx: true,
         indirect_max: 4,
+        packed: false,
     };
     let vq = Virtqueue::new(&mut mem, 0, config, mode, events).unwrap();
     let [desc, avail, used] = vq.addresses();

@@ -202,7 +202,7 @@ fn ring_poll_needs_no_kick_after_the_first() {
         let q = &mut d.rqs[0];
         if !event_idx {
             assert_eq!(
-                q.queue.virtqueue().ring().used_flags() & NO_NOTIFY,
+                q.queue.virtqueue().ring().split().unwrap().used_flags() & NO_NOTIFY,
                 NO_NOTIFY
             );
         }

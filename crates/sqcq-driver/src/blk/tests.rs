@@ -34,6 +34,7 @@ fn rig_with(mode: NotifyMode, hangup: Option<OwnedFd>, timeout: Duration) -> Rig
         size: SIZE,
         event_idx: true,
         indirect_max: 4,
+        packed: false,
     };
     let mut mem = DriverMemory::new(4 << 20).unwrap();
     let (vq, poll, device) =
@@ -135,14 +136,16 @@ impl Rig {
             let mem = std::sync::Arc::new(self.mem.guest_memory().clone());
             let ring = self.queue.virtqueue().ring();
             let addrs = sqcq_protocol::RingAddrs {
-                desc: ring.desc_table().0,
-                avail: ring.avail_ring().0,
-                used: ring.used_ring().0,
+                desc: ring.addresses()[0].0,
+                avail: ring.addresses()[1].0,
+                used: ring.addresses()[2].0,
             };
             let location = sqcq_protocol::doorbell_location(addrs, SIZE).unwrap();
             let (_, cq) = sqcq_protocol::guest_doorbells(&mem, location).unwrap();
-            let used: u16 =
-                u16::from_le(mem.read_obj(GuestAddress(ring.used_ring().0 + 2)).unwrap());
+            let used: u16 = u16::from_le(
+                mem.read_obj(GuestAddress(ring.addresses()[2].0 + 2))
+                    .unwrap(),
+            );
             let _ = sqcq_protocol::CqProducer::new(&cq).publish(used);
         }
         self.queue.virtqueue().events().call_fd().write(1).unwrap();
@@ -447,7 +450,7 @@ fn a_bogus_used_entry_fails_every_request_in_flight() {
     rig.device_complete(&seen, Some(0), 0, None);
     // An entry naming a descriptor past the table.
     let gm = rig.mem.guest_memory();
-    let used = rig.queue.virtqueue().ring().used_ring();
+    let used = rig.queue.virtqueue().ring().addresses()[2];
     gm.write_obj(1000u32.to_le(), GuestAddress(used.0 + 4 + 8))
         .unwrap();
     gm.write_obj(2u16.to_le(), GuestAddress(used.0 + 2))

@@ -34,6 +34,7 @@ fn config(event_idx: bool) -> QueueConfig {
         size: SIZE,
         event_idx,
         indirect_max: 4,
+        packed: false,
     }
 }
 
@@ -143,7 +144,7 @@ impl Rig {
     /// publishes `used_idx`.
     fn forge_used(&self, slot: u16, id: u32, len: u32, used_idx: u16) {
         let gm = self.mem.guest_memory();
-        let used = self.queue.virtqueue().ring().used_ring();
+        let used = self.queue.virtqueue().ring().addresses()[2];
         let elem = used.0 + 4 + 8 * u64::from(slot);
         gm.write_obj(id.to_le(), GuestAddress(elem)).unwrap();
         gm.write_obj(len.to_le(), GuestAddress(elem + 4)).unwrap();
@@ -297,7 +298,7 @@ fn polling_modes_suppress_interrupts() {
             let avail_flags: u16 = rig
                 .mem
                 .guest_memory()
-                .read_obj(rig.queue.virtqueue().ring().avail_ring())
+                .read_obj(rig.queue.virtqueue().ring().addresses()[1])
                 .unwrap();
             assert_eq!(
                 avail_flags != 0,
@@ -388,9 +389,9 @@ fn a_bogus_used_entry_fails_every_request_in_flight() {
             let mem = std::sync::Arc::new(rig.mem.guest_memory().clone());
             let ring = rig.queue.virtqueue().ring();
             let addrs = sqcq_protocol::RingAddrs {
-                desc: ring.desc_table().0,
-                avail: ring.avail_ring().0,
-                used: ring.used_ring().0,
+                desc: ring.addresses()[0].0,
+                avail: ring.addresses()[1].0,
+                used: ring.addresses()[2].0,
             };
             let location = sqcq_protocol::doorbell_location(addrs, SIZE).unwrap();
             let (_, cq) = sqcq_protocol::guest_doorbells(&mem, location).unwrap();

@@ -11,7 +11,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::memory::{DriverMemory, MemoryError};
 use crate::poll_stats::StatsCell;
-use crate::vring::{DOORBELL_RESERVE, SplitQueue};
+use crate::vring::{DOORBELL_RESERVE, Ring};
 
 /// Byte offset of the CQ doorbell from the SQ doorbell.
 const CQ_OFFSET: usize = 64;
@@ -55,12 +55,12 @@ impl GuestBell {
     }
 }
 
-/// The SQ and CQ doorbells of `ring`, at [`SplitQueue::doorbell_area`],
+/// The SQ and CQ doorbells of `ring`, at [`Ring::doorbell_area`],
 /// zeroed (spec 3.3: before the queue is enabled; call this before
 /// `start_queue`).
 pub fn queue_doorbells(
     mem: &DriverMemory,
-    ring: &SplitQueue,
+    ring: &Ring,
 ) -> Result<(GuestBell, GuestBell), DoorbellError> {
     let gpa: GuestAddress = ring.doorbell_area();
     if !gpa.0.is_multiple_of(128) {

@@ -63,7 +63,7 @@ pub use poll_thread::{PollGroup, PollGroupBuilder, PollThreads};
 use crate::memory::DriverMemory;
 use crate::notify::QueueEvents;
 use crate::virtqueue::Virtqueue;
-use crate::vring::SplitQueue;
+use crate::vring::Ring;
 
 /// A queue nobody polls while VIRTIO_F_SQCQ_POLL is negotiated (spec 4.5):
 /// its doorbells zeroed, `sq.idx` written at every publication, a kick
@@ -74,7 +74,7 @@ use crate::vring::SplitQueue;
 pub fn parked_queue(
     mem: &DriverMemory,
     index: u16,
-    ring: SplitQueue,
+    ring: Ring,
     events: QueueEvents,
 ) -> Result<Virtqueue, DoorbellError> {
     let (sq, cq) = bell::queue_doorbells(mem, &ring)?;

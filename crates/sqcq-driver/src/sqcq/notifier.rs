@@ -16,7 +16,7 @@ use crate::notify::{
     DoorbellState, IdleState, Notifier, NotifyError, NotifyMode, QueueEvents, UsedCount, pace,
 };
 use crate::poll_stats::PollStats;
-use crate::vring::SplitQueue;
+use crate::vring::Ring;
 
 /// Tries of [`Notifier::park`] when `cq.idx` moves under it.
 const PARK_TRIES: usize = 8;
@@ -100,7 +100,7 @@ impl Notifier for DoorbellNotifier {
         }
     }
 
-    fn start(&mut self, ring: &mut SplitQueue, events: &mut QueueEvents) {
+    fn start(&mut self, ring: &mut Ring, events: &mut QueueEvents) {
         // The device decides on calls from `cq.flags` alone (spec 6.2); the
         // ring flag is kept consistent with a driver that polls.
         ring.disable_interrupts();
@@ -110,17 +110,13 @@ impl Notifier for DoorbellNotifier {
         }
     }
 
-    fn publish(
-        &mut self,
-        ring: &mut SplitQueue,
-        events: &mut QueueEvents,
-    ) -> Result<(), NotifyError> {
+    fn publish(&mut self, ring: &mut Ring, events: &mut QueueEvents) -> Result<(), NotifyError> {
         publish_sq(&mut self.sq, ring, events)
     }
 
     fn wait(
         &mut self,
-        ring: &mut SplitQueue,
+        ring: &mut Ring,
         events: &mut QueueEvents,
         deadline: Instant,
     ) -> Result<(), NotifyError> {
@@ -154,7 +150,7 @@ impl Notifier for DoorbellNotifier {
         Some(PollStats::new(vec![Arc::clone(&self.shared.stats)]))
     }
 
-    fn park(&mut self, ring: &mut SplitQueue) {
+    fn park(&mut self, ring: &mut Ring) {
         let Completions::Inline { cq, park, .. } = &mut self.completions else {
             return;
         };
@@ -215,7 +211,7 @@ impl Notifier for DoorbellNotifier {
 /// device's poller asked for one.
 fn publish_sq<C: DoorbellCell>(
     sq: &mut SqProducer<C>,
-    ring: &mut SplitQueue,
+    ring: &mut Ring,
     events: &mut QueueEvents,
 ) -> Result<(), NotifyError> {
     events.count_publish();
@@ -237,7 +233,7 @@ fn publish_sq<C: DoorbellCell>(
 fn wait_mailbox(
     mailbox: &mut Poller<CqConsumer<Arc<QueueShared>>>,
     shared: &QueueShared,
-    ring: &mut SplitQueue,
+    ring: &mut Ring,
     events: &mut QueueEvents,
     deadline: Instant,
 ) -> Result<(), NotifyError> {
@@ -251,7 +247,7 @@ fn wait_mailbox(
 fn spin_on_mailbox(
     mailbox: &mut Poller<CqConsumer<Arc<QueueShared>>>,
     shared: &QueueShared,
-    ring: &mut SplitQueue,
+    ring: &mut Ring,
     events: &mut QueueEvents,
     deadline: Instant,
 ) -> Result<(), NotifyError> {
@@ -305,7 +301,7 @@ fn spin_on_mailbox(
 fn wait_inline(
     cq: &mut Poller<CqConsumer<CqBell>>,
     park: &mut Park,
-    ring: &mut SplitQueue,
+    ring: &mut Ring,
     events: &mut QueueEvents,
     deadline: Instant,
 ) -> Result<(), NotifyError> {
@@ -398,23 +394,19 @@ impl Notifier for ParkedNotifier {
         NotifyMode::Notify
     }
 
-    fn start(&mut self, _ring: &mut SplitQueue, _events: &mut QueueEvents) {
+    fn start(&mut self, _ring: &mut Ring, _events: &mut QueueEvents) {
         // Before the first buffer is made available (spec 4.5); the
         // doorbells were zeroed just before.
         self.cq.park();
     }
 
-    fn publish(
-        &mut self,
-        ring: &mut SplitQueue,
-        events: &mut QueueEvents,
-    ) -> Result<(), NotifyError> {
+    fn publish(&mut self, ring: &mut Ring, events: &mut QueueEvents) -> Result<(), NotifyError> {
         publish_sq(&mut self.sq, ring, events)
     }
 
     fn wait(
         &mut self,
-        ring: &mut SplitQueue,
+        ring: &mut Ring,
         events: &mut QueueEvents,
         deadline: Instant,
     ) -> Result<(), NotifyError> {

@@ -28,7 +28,7 @@ use super::notifier::DoorbellNotifier;
 use crate::memory::DriverMemory;
 use crate::notify::{Notifier, QueueEvents};
 use crate::poll_stats::PollStats;
-use crate::vring::SplitQueue;
+use crate::vring::Ring;
 use sqcq_protocol::clock::now_ns;
 use sqcq_protocol::yielder::Yielder;
 
@@ -89,7 +89,7 @@ impl PollGroupBuilder {
         &mut self,
         mem: &DriverMemory,
         index: u16,
-        ring: &SplitQueue,
+        ring: &Ring,
         events: &mut QueueEvents,
         inline: bool,
     ) -> Result<Box<dyn Notifier>, DoorbellError> {

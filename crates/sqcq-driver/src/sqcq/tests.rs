@@ -48,11 +48,11 @@ fn device_queue(mem: &GuestMemoryMmap, vq: &Virtqueue) -> Queue {
         )
     };
     let mut q = Queue::new(ring.size()).unwrap();
-    let (lo, hi) = split(ring.desc_table());
+    let (lo, hi) = split(ring.addresses()[0]);
     q.set_desc_table_address(lo, hi);
-    let (lo, hi) = split(ring.avail_ring());
+    let (lo, hi) = split(ring.addresses()[1]);
     q.set_avail_ring_address(lo, hi);
-    let (lo, hi) = split(ring.used_ring());
+    let (lo, hi) = split(ring.addresses()[2]);
     q.set_used_ring_address(lo, hi);
     q.set_event_idx(ring.event_idx());
     q.set_ready(true);
@@ -166,7 +166,7 @@ fn rigs_spinning(
     let mut builder = PollGroupBuilder::new(threads, driver_spin);
     let mut rigs = Vec::new();
     for i in 0..n {
-        let ring = crate::SplitQueue::new(&mut mem, QueueConfig::new(16)).unwrap();
+        let ring = crate::Ring::new(&mut mem, QueueConfig::new(16)).unwrap();
         let mut events = QueueEvents::new(None, BOUND).unwrap();
         let notifier = builder
             .attach(&mem, 2 + i, &ring, &mut events, inline)
@@ -175,9 +175,9 @@ fn rigs_spinning(
         let gm = mem.guest_memory().clone();
         let queue = device_queue(&gm, &vq);
         let addrs = RingAddrs {
-            desc: vq.ring().desc_table().0,
-            avail: vq.ring().avail_ring().0,
-            used: vq.ring().used_ring().0,
+            desc: vq.ring().addresses()[0].0,
+            avail: vq.ring().addresses()[1].0,
+            used: vq.ring().addresses()[2].0,
         };
         let kick = vq.events().kick_fd().try_clone().unwrap();
         let call = vq.events().call_fd().try_clone().unwrap();
@@ -409,7 +409,7 @@ fn continuous_load_completes_every_request_once() {
 #[test]
 fn doorbells_are_zeroed_and_at_the_spec_location() {
     let mut mem = DriverMemory::new(4 << 20).unwrap();
-    let ring = crate::SplitQueue::new(&mut mem, QueueConfig::new(64)).unwrap();
+    let ring = crate::Ring::new(&mut mem, QueueConfig::new(64)).unwrap();
     let area = ring.doorbell_area();
     vm_memory::Bytes::write_slice(mem.guest_memory(), &[0xff; 128], area).unwrap();
     let (sq, cq) = bell::queue_doorbells(&mem, &ring).unwrap();
@@ -418,9 +418,9 @@ fn doorbells_are_zeroed_and_at_the_spec_location() {
     assert_eq!(back, [0; 128]);
     assert!(!sq.need_wakeup() && !cq.need_wakeup());
     let addrs = RingAddrs {
-        desc: ring.desc_table().0,
-        avail: ring.avail_ring().0,
-        used: ring.used_ring().0,
+        desc: ring.addresses()[0].0,
+        avail: ring.addresses()[1].0,
+        used: ring.addresses()[2].0,
     };
     assert_eq!(doorbell_location(addrs, 64).unwrap().sq, area.0);
 }
@@ -434,6 +434,7 @@ fn ring_poll_sleeps_after_its_window_and_a_call_wakes_it() {
             size: 16,
             event_idx,
             indirect_max: 0,
+            packed: false,
         };
         let mut vq =
             Virtqueue::new(&mut mem, 2, config, crate::NotifyMode::RingPoll, events).unwrap();
@@ -489,15 +490,15 @@ fn ring_poll_sleeps_after_its_window_and_a_call_wakes_it() {
 #[test]
 fn parked_queue_keeps_the_protocol_without_a_poller() {
     let mut mem = DriverMemory::new(4 << 20).unwrap();
-    let ring = crate::SplitQueue::new(&mut mem, QueueConfig::new(16)).unwrap();
+    let ring = crate::Ring::new(&mut mem, QueueConfig::new(16)).unwrap();
     let events = QueueEvents::new(None, BOUND).unwrap();
     let mut vq = parked_queue(&mem, 0, ring, events).unwrap();
     let gm = Arc::new(mem.guest_memory().clone());
     let mut queue = device_queue(&gm, &vq);
     let addrs = RingAddrs {
-        desc: vq.ring().desc_table().0,
-        avail: vq.ring().avail_ring().0,
-        used: vq.ring().used_ring().0,
+        desc: vq.ring().addresses()[0].0,
+        avail: vq.ring().addresses()[1].0,
+        used: vq.ring().addresses()[2].0,
     };
     let (sq, cq) = guest_doorbells(&gm, doorbell_location(addrs, 16).unwrap()).unwrap();
     let mut consumer = SqConsumer::new(&sq, 0);

@@ -1,5 +1,6 @@
 //! The shape of a queue: size and negotiated ring features.
 
+use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
 /// The largest queue size a split virtqueue may have.
@@ -9,7 +10,8 @@ pub const MAX_QUEUE_SIZE: u16 = 32768;
 /// negotiated with the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueConfig {
-    /// Number of descriptors: a power of two up to [`MAX_QUEUE_SIZE`].
+    /// Number of descriptors: a power of two up to [`MAX_QUEUE_SIZE`]
+    /// (a packed ring: any size up to it).
     pub size: u16,
     /// VIRTIO_RING_F_EVENT_IDX was negotiated.
     pub event_idx: bool,
@@ -17,6 +19,8 @@ pub struct QueueConfig {
     /// VIRTIO_RING_F_INDIRECT_DESC was not negotiated. Requests of 2 to
     /// `indirect_max` buffers then take one descriptor of the ring.
     pub indirect_max: u16,
+    /// VIRTIO_F_RING_PACKED was negotiated: the ring is packed.
+    pub packed: bool,
 }
 
 impl QueueConfig {
@@ -26,6 +30,7 @@ impl QueueConfig {
             size,
             event_idx: false,
             indirect_max: 0,
+            packed: false,
         }
     }
 
@@ -42,6 +47,7 @@ impl QueueConfig {
             } else {
                 0
             },
+            packed: has(VIRTIO_F_RING_PACKED),
         }
     }
 }

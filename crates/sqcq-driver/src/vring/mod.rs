@@ -1,4 +1,5 @@
-//! The driver side of a split virtqueue (virtio 1.2, section 2.7).
+//! The driver side of a virtqueue: split (virtio 1.2, section 2.7) or
+//! packed (section 2.8, [`PackedQueue`]), behind one [`Ring`].
 //!
 //! [`SplitQueue`] plays the role of the guest kernel's `virtio_ring.c`: it
 //! owns the descriptor table and the avail ring, reads the used ring, and
@@ -17,6 +18,7 @@ mod avail;
 mod config;
 mod error;
 mod layout;
+mod packed;
 pub(crate) mod shared;
 #[cfg(test)]
 mod tests;
@@ -32,6 +34,7 @@ pub use config::{MAX_QUEUE_SIZE, QueueConfig};
 pub use error::{DeviceError, QueueError};
 pub use layout::DOORBELL_RESERVE;
 use layout::{DESC_SIZE, RingLayout};
+pub use packed::{MAX_PACKED_SIZE, PackedQueue};
 use shared::SharedWindow;
 
 // Flag values of the virtio specification (checked against virtio-bindings
@@ -126,6 +129,7 @@ impl SplitQueue {
             size,
             event_idx,
             indirect_max,
+            ..
         } = config;
         if !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
             return Err(QueueError::InvalidSize { size });
@@ -280,5 +284,179 @@ impl SplitQueue {
         for offset in (0..self.layout.rings_len()).step_by(8) {
             self.ring.u64(offset).store(0, Ordering::Relaxed);
         }
+    }
+}
+
+/// The driver side of one virtqueue, split or packed
+/// (VIRTIO_F_RING_PACKED, [`QueueConfig::packed`]): what the notification
+/// modes and the device queues use, the same for both layouts.
+#[derive(Debug)]
+pub enum Ring {
+    /// A split ring.
+    Split(SplitQueue),
+    /// A packed ring.
+    Packed(PackedQueue),
+}
+
+/// Forwards a call to the ring of either layout.
+macro_rules! either {
+    ($ring:expr, $q:ident => $e:expr) => {
+        match $ring {
+            Ring::Split($q) => $e,
+            Ring::Packed($q) => $e,
+        }
+    };
+}
+
+impl Ring {
+    /// Lays out a ring of `config`'s layout in `mem`.
+    pub fn new(mem: &mut DriverMemory, config: QueueConfig) -> Result<Self, QueueError> {
+        if config.packed {
+            PackedQueue::new(mem, config).map(Ring::Packed)
+        } else {
+            SplitQueue::new(mem, config).map(Ring::Split)
+        }
+    }
+
+    /// The split ring, for what only it has.
+    pub fn split(&self) -> Option<&SplitQueue> {
+        match self {
+            Ring::Split(q) => Some(q),
+            Ring::Packed(_) => None,
+        }
+    }
+
+    /// Whether the ring is packed.
+    pub fn is_packed(&self) -> bool {
+        matches!(self, Ring::Packed(_))
+    }
+
+    /// Queue size (number of descriptors).
+    pub fn size(&self) -> u16 {
+        either!(self, q => q.size())
+    }
+
+    /// Whether EVENT_IDX is in use.
+    pub fn event_idx(&self) -> bool {
+        either!(self, q => q.event_idx())
+    }
+
+    /// Entries per indirect table (0: indirect descriptors unused).
+    pub fn indirect_max(&self) -> u16 {
+        either!(self, q => q.indirect_max())
+    }
+
+    /// Requests added and not yet completed.
+    pub fn in_flight(&self) -> u16 {
+        either!(self, q => q.in_flight())
+    }
+
+    /// Free descriptors.
+    pub fn num_free(&self) -> u16 {
+        either!(self, q => q.num_free())
+    }
+
+    /// The device error that broke the queue, if any.
+    pub fn broken(&self) -> Option<&DeviceError> {
+        either!(self, q => q.broken())
+    }
+
+    /// Guest-physical addresses of the three areas, in the order of
+    /// VHOST_USER_SET_VRING_ADDR: descriptor table (ring), available ring
+    /// (driver area), used ring (device area).
+    pub fn addresses(&self) -> [GuestAddress; 3] {
+        match self {
+            Ring::Split(q) => [q.desc_table(), q.avail_ring(), q.used_ring()],
+            Ring::Packed(q) => [q.desc_ring(), q.driver_area(), q.device_area()],
+        }
+    }
+
+    /// Guest-physical address of the bytes reserved for the doorbells.
+    pub fn doorbell_area(&self) -> GuestAddress {
+        either!(self, q => q.doorbell_area())
+    }
+
+    /// The vring base a device starts this ring at (SET_VRING_BASE): the
+    /// next avail index of a split ring; a packed ring's next available
+    /// and next used positions (`sqcq_protocol::packed::encode_base`).
+    pub fn vring_base(&self) -> u32 {
+        match self {
+            Ring::Split(q) => u32::from(q.next_avail()),
+            Ring::Packed(q) => sqcq_protocol::packed::encode_base(q.next_avail(), q.last_used()),
+        }
+    }
+
+    /// Where the driver stands in consuming completions, as a doorbell
+    /// names it: the next used index of a split ring, the next used
+    /// position of a packed one (spec sections 3.1 and 10.2).
+    pub fn last_used(&self) -> u16 {
+        match self {
+            Ring::Split(q) => q.last_used(),
+            Ring::Packed(q) => q.last_used().encode(),
+        }
+    }
+
+    /// A count of completions for the statistics, wrapping: a split ring's
+    /// `used->idx` as the device last stored it; a packed ring has no such
+    /// index and counts the completions the driver took.
+    pub fn used_index(&self) -> u16 {
+        match self {
+            Ring::Split(q) => q.used_index(),
+            Ring::Packed(q) => q.taken(),
+        }
+    }
+
+    /// Adds a request (see [`SplitQueue::add`]).
+    pub fn add(&mut self, out: &[Buffer], in_: &[Buffer], token: usize) -> Result<u16, QueueError> {
+        either!(self, q => q.add(out, in_, token))
+    }
+
+    /// Publishes what was added and says whether to notify the device.
+    pub fn publish(&mut self) -> NotifyDecision {
+        either!(self, q => q.publish())
+    }
+
+    /// Publishes what was added without deciding about a notification;
+    /// returns what a doorbell's `sq.idx` then holds (the new avail index,
+    /// or the next avail position), `None` when nothing was added.
+    pub fn publish_index(&mut self) -> Option<u16> {
+        match self {
+            Ring::Split(q) => q.publish_index(),
+            Ring::Packed(q) => q.publish_position().map(|p| p.encode()),
+        }
+    }
+
+    /// Takes the next completed request, validated.
+    pub fn pop_used(&mut self) -> Option<Result<Used, DeviceError>> {
+        either!(self, q => q.pop_used())
+    }
+
+    /// Whether [`Self::pop_used`] has something to return (a hint).
+    pub fn has_used(&self) -> bool {
+        either!(self, q => q.has_used())
+    }
+
+    /// Asks the device not to interrupt.
+    pub fn disable_interrupts(&mut self) {
+        either!(self, q => q.disable_interrupts())
+    }
+
+    /// Asks the device to interrupt on the next completion; whether one
+    /// arrived meanwhile.
+    #[must_use]
+    pub fn enable_interrupts(&mut self) -> bool {
+        either!(self, q => q.enable_interrupts())
+    }
+
+    /// Asks the device to interrupt after `count` completions; whether
+    /// they arrived meanwhile.
+    #[must_use]
+    pub fn enable_interrupts_after(&mut self, count: u16) -> bool {
+        either!(self, q => q.enable_interrupts_after(count))
+    }
+
+    /// Fails every request in flight and resets the ring.
+    pub fn fail_in_flight(&mut self, on_failed: impl FnMut(usize)) {
+        either!(self, q => q.fail_in_flight(on_failed))
     }
 }

@@ -955,6 +955,11 @@ impl Vring {
         self.vq.size()
     }
 
+    /// Where the ring stands: its vring base (`Ring::base`).
+    pub fn base(&self) -> u32 {
+        self.vq.base()
+    }
+
     /// Puts a completed request on the used ring (published with the
     /// batch), and its service time in the queue's figures. A used ring
     /// that cannot be written is logged.

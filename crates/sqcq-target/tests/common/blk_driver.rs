@@ -10,7 +10,7 @@ use sqcq_driver::blk::{self, BlkQueue, Completion, Done, Request, RequestError, 
 use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollThreads};
 use sqcq_driver::{
     Buffer, DeviceType, DriverMemory, Frontend, FrontendConfig, NotifyMode, QueueConfig,
-    QueueEvents, SplitQueue, Virtqueue,
+    QueueEvents, Ring, Virtqueue,
 };
 use sqcq_protocol::SpinConfig;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -46,18 +46,24 @@ impl BlkDriver {
     /// `mode`, asking for sqcq-driver's blk features, and starts every
     /// request queue.
     pub fn connect(socket: &Path, mode: NotifyMode) -> BlkDriver {
+        Self::connect_features(socket, mode, 0)
+    }
+
+    /// [`Self::connect`], asking for and requiring `features` too (e.g.
+    /// VIRTIO_F_RING_PACKED).
+    pub fn connect_features(socket: &Path, mode: NotifyMode, features: u64) -> BlkDriver {
         let config = FrontendConfig {
             device: DeviceType::Blk,
             event_idx: true,
             indirect: false,
-            extra_features: blk::FEATURES | mode.required_features(),
+            extra_features: blk::FEATURES | mode.required_features() | features,
             timeout: WAIT,
             inflight: false,
             ..FrontendConfig::new(socket)
         };
         let mut frontend = super::driver::connect_retrying(&config);
         let neg = frontend.negotiated().clone();
-        let required = mode.required_features();
+        let required = mode.required_features() | features;
         assert_eq!(neg.acked & required, required, "{neg:?}");
         let mut mem = DriverMemory::new(MEM_SIZE).unwrap();
         let qconfig = QueueConfig::negotiated(QUEUE_SIZE, neg.acked, 0);
@@ -70,7 +76,7 @@ impl BlkDriver {
             let mut events = QueueEvents::new(Some(frontend.hangup_fd().unwrap()), WAIT).unwrap();
             let vq = match &mut poll {
                 Some(poll) => {
-                    let ring = SplitQueue::new(&mut mem, qconfig).unwrap();
+                    let ring = Ring::new(&mut mem, qconfig).unwrap();
                     let inline = mode == NotifyMode::SqcqInline;
                     let notifier = poll
                         .attach(&mem, index, &ring, &mut events, inline)

@@ -16,7 +16,7 @@ use sqcq_driver::scsi::{
 use sqcq_driver::sqcq::{PollGroup, PollGroupBuilder, PollThreads, parked_queue};
 use sqcq_driver::{
     Buffer, DriverMemory, Frontend, FrontendConfig, FrontendError, NotifyMode, QueueConfig,
-    QueueEvents, SplitQueue, Virtqueue,
+    QueueEvents, Ring, Virtqueue,
 };
 use sqcq_protocol::SpinConfig;
 use sqcq_wire::scsi::{VIRTIO_SCSI_F_CHANGE, VIRTIO_SCSI_F_HOTPLUG};
@@ -134,7 +134,7 @@ impl Driver {
         let small_queue = |mem: &mut DriverMemory, index| {
             let events = events(&frontend);
             if opts.mode.doorbells() {
-                let ring = SplitQueue::new(mem, qconfig(SMALL_QUEUE)).unwrap();
+                let ring = Ring::new(mem, qconfig(SMALL_QUEUE)).unwrap();
                 parked_queue(mem, index, ring, events).unwrap()
             } else {
                 Virtqueue::new(mem, index, qconfig(SMALL_QUEUE), NotifyMode::Notify, events)
@@ -153,7 +153,7 @@ impl Driver {
             let mut events = events(&frontend);
             let vq = match &mut poll {
                 Some(poll) => {
-                    let ring = SplitQueue::new(&mut mem, qconfig(QUEUE_SIZE)).unwrap();
+                    let ring = Ring::new(&mut mem, qconfig(QUEUE_SIZE)).unwrap();
                     let inline = opts.mode == NotifyMode::SqcqInline;
                     let notifier = poll
                         .attach(&mem, index, &ring, &mut events, inline)

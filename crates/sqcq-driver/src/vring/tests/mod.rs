@@ -6,6 +6,7 @@ mod hostile;
 mod notify;
 mod threads;
 
+use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
@@ -168,9 +169,11 @@ fn config_is_validated() {
         QueueConfig {
             size: 64,
             event_idx: true,
-            indirect_max: 16
+            indirect_max: 16,
+            packed: false,
         }
     );
+    assert!(QueueConfig::negotiated(64, 1 << VIRTIO_F_RING_PACKED, 16).packed);
     assert_eq!(QueueConfig::negotiated(64, 0, 16), QueueConfig::new(64));
 }
 
