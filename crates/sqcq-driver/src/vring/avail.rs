@@ -27,6 +27,48 @@ impl NotifyDecision {
     }
 }
 
+/// What [`check_request`] found out about a request.
+pub(super) struct Checked {
+    /// Buffers.
+    pub(super) len: u16,
+    /// Total bytes of the device-writable buffers.
+    pub(super) writable: u64,
+}
+
+/// The checks every request passes before it is laid out in a ring of
+/// `size`, split or packed: the queue is not broken, the request has 1 to
+/// `size` buffers of at most 4 GiB in all.
+pub(super) fn check_request(
+    broken: Option<&super::DeviceError>,
+    out: &[Buffer],
+    in_: &[Buffer],
+    size: u16,
+) -> Result<Checked, QueueError> {
+    if let Some(e) = broken {
+        return Err(QueueError::Broken(e.clone()));
+    }
+    let total = out.len().saturating_add(in_.len());
+    if total == 0 {
+        return Err(QueueError::EmptyChain);
+    }
+    let len =
+        u16::try_from(total)
+            .ok()
+            .filter(|&len| len <= size)
+            .ok_or(QueueError::ChainTooLong {
+                len: total,
+                max: size,
+            })?;
+    // At most 32768 buffers of u32::MAX bytes: no u64 overflow.
+    let readable: u64 = out.iter().map(|b| u64::from(b.len)).sum();
+    let writable: u64 = in_.iter().map(|b| u64::from(b.len)).sum();
+    let bytes = readable + writable;
+    if bytes > u64::from(u32::MAX) {
+        return Err(QueueError::ChainTooLarge { bytes });
+    }
+    Ok(Checked { len, writable })
+}
+
 /// The virtio `vring_need_event`: whether moving an index from `old` to
 /// `new` crosses `event`, the index the other side asked to be notified
 /// after (all in wrapping 16-bit arithmetic).
@@ -42,27 +84,7 @@ impl SplitQueue {
     /// preallocated table and one descriptor of the ring. Returns the head
     /// descriptor index.
     pub fn add(&mut self, out: &[Buffer], in_: &[Buffer], token: usize) -> Result<u16, QueueError> {
-        if let Some(e) = &self.broken {
-            return Err(QueueError::Broken(e.clone()));
-        }
-        let total = out.len().saturating_add(in_.len());
-        if total == 0 {
-            return Err(QueueError::EmptyChain);
-        }
-        let len = u16::try_from(total)
-            .ok()
-            .filter(|&len| len <= self.size)
-            .ok_or(QueueError::ChainTooLong {
-                len: total,
-                max: self.size,
-            })?;
-        // At most 32768 buffers of u32::MAX bytes: no u64 overflow.
-        let readable: u64 = out.iter().map(|b| u64::from(b.len)).sum();
-        let writable: u64 = in_.iter().map(|b| u64::from(b.len)).sum();
-        let bytes = readable + writable;
-        if bytes > u64::from(u32::MAX) {
-            return Err(QueueError::ChainTooLarge { bytes });
-        }
+        let Checked { len, writable } = check_request(self.broken.as_ref(), out, in_, self.size)?;
         let indirect = if len > 1 && len <= self.indirect_max {
             self.indirect.as_ref()
         } else {

@@ -28,6 +28,7 @@ use std::sync::atomic::{Ordering, fence};
 use sqcq_protocol::packed::Position;
 use vm_memory::GuestAddress;
 
+use super::avail::{Checked, check_request};
 use super::layout::DESC_SIZE;
 use super::shared::SharedWindow;
 use super::{
@@ -243,26 +244,7 @@ impl PackedQueue {
     /// `in_` buffers, to be reported back with `token`. Not visible to the
     /// device before [`Self::publish`]. Returns its buffer ID.
     pub fn add(&mut self, out: &[Buffer], in_: &[Buffer], token: usize) -> Result<u16, QueueError> {
-        if let Some(e) = &self.broken {
-            return Err(QueueError::Broken(e.clone()));
-        }
-        let total = out.len().saturating_add(in_.len());
-        if total == 0 {
-            return Err(QueueError::EmptyChain);
-        }
-        let len = u16::try_from(total)
-            .ok()
-            .filter(|&len| len <= self.size)
-            .ok_or(QueueError::ChainTooLong {
-                len: total,
-                max: self.size,
-            })?;
-        let readable: u64 = out.iter().map(|b| u64::from(b.len)).sum();
-        let writable: u64 = in_.iter().map(|b| u64::from(b.len)).sum();
-        let bytes = readable + writable;
-        if bytes > u64::from(u32::MAX) {
-            return Err(QueueError::ChainTooLarge { bytes });
-        }
+        let Checked { len, writable } = check_request(self.broken.as_ref(), out, in_, self.size)?;
         let indirect = if len > 1 && len <= self.indirect_max {
             self.indirect.as_ref()
         } else {

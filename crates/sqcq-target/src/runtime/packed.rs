@@ -37,7 +37,7 @@ pub use sqcq_protocol::packed::{Position, decode_base, encode_base};
 
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::Descriptor;
-use crate::runtime::split::RingError;
+use crate::runtime::split::{RingError, check_areas};
 
 /// The largest queue size of a packed ring (2.8: up to 2^15 entries).
 pub const MAX_SIZE: u16 = 1 << 15;
@@ -131,15 +131,7 @@ impl PackedLayout {
             ("driver event suppression", cfg.driver_event, 4, 4),
             ("device event suppression", cfg.device_event, 4, 4),
         ];
-        for (area, addr, align, len) in areas {
-            if addr % align != 0 {
-                return Err(RingError::Misaligned { area, addr, align });
-            }
-            let in_memory = usize::try_from(len).is_ok_and(|l| mem.check_range(addr, l));
-            if !in_memory {
-                return Err(RingError::Outside { area, addr, len });
-            }
-        }
+        check_areas(&areas, mem)?;
         Ok(PackedLayout {
             desc: cfg.desc,
             driver_event: cfg.driver_event,

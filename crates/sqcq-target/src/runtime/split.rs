@@ -142,6 +142,24 @@ pub enum RingError {
     Used(#[from] UsedError),
 }
 
+/// Checks each area of a ring, `(name, address, alignment, length)`:
+/// aligned as the specification requires, and inside guest memory.
+pub(crate) fn check_areas(
+    areas: &[(&'static str, u64, u64, u64)],
+    mem: Batch<'_>,
+) -> Result<(), RingError> {
+    for &(area, addr, align, len) in areas {
+        if addr % align != 0 {
+            return Err(RingError::Misaligned { area, addr, align });
+        }
+        let in_memory = usize::try_from(len).is_ok_and(|l| mem.check_range(addr, l));
+        if !in_memory {
+            return Err(RingError::Outside { area, addr, len });
+        }
+    }
+    Ok(())
+}
+
 /// Where a split ring is and what the two sides agreed on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingLayout {
@@ -169,15 +187,7 @@ impl RingLayout {
             // flags, idx, ring[size], avail_event
             ("used ring", ring.used, 4, 6 + 8 * n),
         ];
-        for (area, addr, align, len) in areas {
-            if addr % align != 0 {
-                return Err(RingError::Misaligned { area, addr, align });
-            }
-            let in_memory = usize::try_from(len).is_ok_and(|l| mem.check_range(addr, l));
-            if !in_memory {
-                return Err(RingError::Outside { area, addr, len });
-            }
-        }
+        check_areas(&areas, mem)?;
         Ok(RingLayout {
             desc: ring.desc,
             avail: ring.avail,
