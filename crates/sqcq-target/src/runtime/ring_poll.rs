@@ -17,7 +17,11 @@
 //! of the memory map: the ring state that takes requests belongs to the
 //! request path, and a [`Watch`] takes no context. A packed ring has no
 //! index to compare with, so its request path tells the watch where it
-//! stands after each batch ([`PackedWatch::follow`]).
+//! stands after each batch ([`PackedWatch::follow`]). Lists the path took
+//! without the watch having reported them (a kick woke the worker, which
+//! took them first) are reported at the next poll, as a split ring's
+//! watch reports an avail index it has not seen yet: the poller learns of
+//! every arrival, and its spin window with it.
 
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
@@ -133,6 +137,10 @@ pub struct PackedWatch {
     mem: Mapped,
     /// The request path's next position.
     at: Position,
+    /// The watch reported the list at `at` since the last `follow`.
+    reported: bool,
+    /// The request path took lists the watch never reported.
+    unreported: bool,
     error: Option<RingError>,
 }
 
@@ -163,6 +171,8 @@ impl PackedWatch {
             layout,
             mem,
             at: avail,
+            reported: false,
+            unreported: false,
             error: None,
         })
     }
@@ -174,7 +184,11 @@ impl PackedWatch {
 
     /// The request path took everything before `at`.
     pub fn follow(&mut self, at: Position) {
+        if at != self.at && !self.reported {
+            self.unreported = true;
+        }
         self.at = at;
+        self.reported = false;
     }
 
     /// The first guest memory error met, if any.
@@ -197,7 +211,11 @@ impl Watch for PackedWatch {
     fn poll(&mut self) -> Option<u16> {
         // Acquire: pairs with the driver's barrier before the flags store;
         // the request path reads the list right after.
-        self.available(Ordering::Acquire).then(|| self.at.encode())
+        if std::mem::take(&mut self.unreported) || self.available(Ordering::Acquire) {
+            self.reported = true;
+            return Some(self.at.encode());
+        }
+        None
     }
 
     fn prepare_sleep(&mut self) -> SleepCheck {
