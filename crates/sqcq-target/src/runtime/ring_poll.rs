@@ -309,6 +309,31 @@ mod tests {
     }
 
     #[test]
+    fn lists_the_request_path_took_unreported_count_as_an_arrival() {
+        let m = memory();
+        let start = Position::START.encode();
+        let cfg = RingConfig {
+            packed: true,
+            next_avail: start,
+            next_used: start,
+            ..ring(false)
+        };
+        let mut w = PackedWatch::new(&cfg, Arc::clone(&m)).unwrap();
+        assert_eq!(w.poll(), None, "nothing available");
+        // A kick woke the worker, which took two lists the watch never saw.
+        let at = Position::START.advance(2, 8);
+        w.follow(at);
+        assert_eq!(w.poll(), Some(at.encode()), "reported once");
+        assert_eq!(w.poll(), None);
+        // A list the watch reported, then took: nothing more to report.
+        let flags = GuestAddress(16 * u64::from(at.off()) + 14);
+        m.write_obj(0x80u16, flags).unwrap();
+        assert_eq!(w.poll(), Some(at.encode()));
+        w.follow(at.advance(1, 8));
+        assert_eq!(w.poll(), None);
+    }
+
+    #[test]
     fn ring_outside_memory_is_an_error() {
         let m = memory();
         let mut r = ring(false);
