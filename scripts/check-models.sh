@@ -4,6 +4,7 @@
 #   need_wakeup.pml  the NEED_WAKEUP handshake (spec section 4)
 #   throttle.pml     backpressure: THROTTLE in sq.flags (spec section 5)
 #   restart.pml      stop, crash and restart of a queue (spec section 8.3)
+#   packed.pml       the handshake on a packed virtqueue (spec section 10)
 #
 # Each full model must verify with 0 errors (safety: assertions and invalid
 # end states; liveness: every request is eventually harvested, under weak
@@ -169,6 +170,17 @@ checks=(
     "check_variant throttle.pml NO_T2_ORDER 'T2: THROTTLE cleared after the completion is published; no fence 6'"
     "check_variant throttle.pml NO_T1 'T1: THROTTLE set with nothing outstanding; no fence 6'"
     "check_variant throttle.pml COUNT_FENCE,NO_T1,NO_D1 'D1 against a device that breaks T1: holds with nothing outstanding'"
+    "check_full packed.pml liveness"
+    "check_full packed.pml liveness CQ 'the CQ doorbell'"
+    "check_full packed.pml safety"
+    "check_full packed.pml safety CQ 'the CQ doorbell'"
+    "check_variant packed.pml RECHECK_IDX_LAST 'C5 compares sq.idx with the last value acted on, not the descriptor flags: two laps alias'"
+    "check_variant packed.pml NO_BATCH,RECHECK_IDX_LAST 'the same, each entry published with its own sq.idx store, fence and sq.flags load'"
+    "check_variant packed.pml NO_FENCE_PRODUCER 'fence 1, driver: sq.idx store -> sq.flags load'"
+    "check_variant packed.pml NO_FENCE_CONSUMER 'fence 2, device: sq.flags store -> descriptor flags load'"
+    "check_variant packed.pml CQ,RECHECK_IDX_LAST 'C5 compares cq.idx with the last value acted on, not the descriptor flags: two laps alias'"
+    "check_variant packed.pml CQ,NO_FENCE_PRODUCER 'fence 3, device: cq.idx store -> cq.flags load'"
+    "check_variant packed.pml CQ,NO_FENCE_CONSUMER 'fence 4, driver: cq.flags store -> descriptor flags load'"
 )
 
 begin=$(now)
@@ -183,7 +195,7 @@ wait
 passed=0
 failed=0
 # Per model: safety, liveness, then the variants in the order above.
-for model in need_wakeup.pml throttle.pml restart.pml; do
+for model in need_wakeup.pml throttle.pml restart.pml packed.pml; do
     for prefix in "check_full $model safety" "check_full $model liveness" "check_variant $model "; do
         for i in "${!checks[@]}"; do
             case ${checks[$i]} in "$prefix"*) ;; *) continue ;; esac

@@ -188,7 +188,7 @@ pub struct Args {
     pub no_indirect: bool,
     /// The virtqueue layout: split, or packed (VIRTIO_F_RING_PACKED, which
     /// the device must offer: `sqcqd --packed`, passed to a started
-    /// sqcqd). Packed rings run the notify, ring-poll and busy-poll modes.
+    /// sqcqd). Every mode runs on either.
     #[arg(long, value_enum, default_value = "split")]
     pub ring: RingLayout,
     /// Back the driver's memory (rings, headers, data buffers) with huge

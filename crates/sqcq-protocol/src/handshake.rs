@@ -247,13 +247,7 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
     /// Sets NEED_WAKEUP and re-checks the index: the last step before
     /// sleeping on the eventfd.
     pub fn prepare_sleep(&mut self) -> SleepCheck {
-        self.store_flags(NEED_WAKEUP);
-        if !R::OMIT_CONSUMER_FENCE {
-            // Fences 2 and 4 of the module docs: orders the NEED_WAKEUP
-            // store before the `idx` re-load. Pairs with the producer's
-            // fence in `publish`.
-            fence(Ordering::SeqCst);
-        }
+        self.ask_wakeup();
         match self.poll() {
             Some(idx) => {
                 // Cleared so the producer stops notifying; a notification
@@ -272,10 +266,30 @@ impl<C: DoorbellCell, R: Role> Consumer<C, R> {
     /// ring once afterwards: a publication whose producer read the flag
     /// before it was set was not notified.
     pub fn park(&mut self) {
+        self.ask_wakeup();
+    }
+
+    /// Sets NEED_WAKEUP and re-checks with `pending` instead of `idx`: the
+    /// re-check of a packed virtqueue's consumer (spec section 10.2),
+    /// which loads the flags of the descriptor at its own position, since
+    /// a position in `idx` repeats every two laps of the ring. `pending`
+    /// runs after the fence and says whether there is work; NEED_WAKEUP is
+    /// then cleared again. Returns what `pending` said.
+    pub fn prepare_sleep_on(&mut self, pending: impl FnOnce() -> bool) -> bool {
+        self.ask_wakeup();
+        if pending() {
+            self.store_flags(0);
+            return true;
+        }
+        false
+    }
+
+    /// NEED_WAKEUP, then fences 2 and 4 of the module docs: orders the
+    /// store before the re-check that follows (of `idx`, or of the ring).
+    /// Pairs with the producer's fence in `publish`.
+    fn ask_wakeup(&mut self) {
         self.store_flags(NEED_WAKEUP);
         if !R::OMIT_CONSUMER_FENCE {
-            // Fences 2 and 4, as in `prepare_sleep`: the NEED_WAKEUP store
-            // is ordered before the caller's look at the ring.
             fence(Ordering::SeqCst);
         }
     }

@@ -15,8 +15,17 @@
 //! Aligning the 128-byte pair to 128 keeps it inside one page, so a device
 //! never has to find the two doorbells in two memory regions.
 //!
-//! Both sides call [`doorbell_location`]; the device treats every error it
-//! returns as a broken queue, never as a reason to guess.
+//! A packed virtqueue (spec section 10.1) has its doorbells after its
+//! Device Area, the 4-byte device event suppression structure, instead:
+//!
+//! ```text
+//! sq = align_up(device_area + 4, 128)
+//! cq = sq + 64
+//! ```
+//!
+//! Both sides call [`doorbell_location`] (or [`packed_doorbell_location`]);
+//! the device treats every error they return as a broken queue, never as a
+//! reason to guess.
 
 use thiserror::Error;
 
@@ -40,6 +49,17 @@ pub struct RingAddrs {
     pub avail: u64,
     /// The used (device) ring.
     pub used: u64,
+}
+
+/// Guest-physical addresses of a packed virtqueue's three areas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedAddrs {
+    /// The descriptor ring (16 bytes per descriptor).
+    pub desc: u64,
+    /// The Driver Area: the driver event suppression structure (4 bytes).
+    pub driver: u64,
+    /// The Device Area: the device event suppression structure (4 bytes).
+    pub device: u64,
 }
 
 /// Where the two doorbells of one virtqueue are.
@@ -70,11 +90,16 @@ pub enum LayoutError {
     /// The queue size is zero, not a power of two, or above 32768.
     #[error("invalid queue size {0}: must be a power of two in 1..=32768")]
     QueueSize(u16),
-    /// A ring address violates the alignment the split ring requires
-    /// (descriptor table 16, avail ring 2, used ring 4).
+    /// A packed queue's size is zero or above 32768.
+    #[error("invalid packed queue size {0}: must be in 1..=32768")]
+    PackedQueueSize(u16),
+    /// A ring address violates the alignment its layout requires (split:
+    /// descriptor table 16, avail ring 2, used ring 4; packed: descriptor
+    /// ring 16, driver and device areas 4).
     #[error("{ring} ring address {addr:#x} is not {align}-byte aligned")]
     Misaligned {
-        /// Which ring: "descriptor", "avail" or "used".
+        /// Which ring: "descriptor", "avail" or "used"; packed,
+        /// "descriptor", "driver area" or "device area".
         ring: &'static str,
         /// The offending address.
         addr: u64,
@@ -84,13 +109,15 @@ pub enum LayoutError {
     /// Computing the doorbell area (or a ring's end) overflows 64 bits.
     #[error("doorbell area after used ring at {used:#x} overflows the address space")]
     Overflow {
-        /// The used ring address the computation started from.
+        /// The used ring (packed: Device Area) address the computation
+        /// started from.
         used: u64,
     },
-    /// The doorbell area overlaps the descriptor table or the avail ring.
+    /// The doorbell area overlaps the descriptor table or the avail ring
+    /// (packed: the descriptor ring or the Driver Area).
     #[error("doorbell area {start:#x}..{end:#x} overlaps the {ring} ring")]
     Overlap {
-        /// Which ring it overlaps: "descriptor" or "avail".
+        /// Which ring it overlaps: "descriptor", "avail" or "driver area".
         ring: &'static str,
         /// First byte of the doorbell area.
         start: u64,
@@ -146,6 +173,55 @@ pub fn doorbell_location(
         ("descriptor", ring.desc, desc_end),
         ("avail", ring.avail, avail_end),
     ] {
+        if start < end && sq < stop {
+            return Err(LayoutError::Overlap {
+                ring: name,
+                start: sq,
+                end,
+            });
+        }
+    }
+    Ok(DoorbellLocation { sq, cq })
+}
+
+/// Computes where the SQ and CQ doorbells of a packed virtqueue are (spec
+/// section 10.1): the first 128-byte boundary after the Device Area.
+///
+/// Checks the queue size (any value in 1..=32768), the areas' alignment,
+/// 64-bit overflow, and that the doorbell area overlaps neither the
+/// descriptor ring nor the Driver Area. (It starts after the Device Area
+/// by construction.) Whether the area lies inside guest memory is for the
+/// caller to check.
+pub fn packed_doorbell_location(
+    ring: PackedAddrs,
+    queue_size: u16,
+) -> Result<DoorbellLocation, LayoutError> {
+    if queue_size == 0 || queue_size > MAX_QUEUE_SIZE {
+        return Err(LayoutError::PackedQueueSize(queue_size));
+    }
+    for (name, addr, align) in [
+        ("descriptor", ring.desc, 16),
+        ("driver area", ring.driver, 4),
+        ("device area", ring.device, 4),
+    ] {
+        if addr % align != 0 {
+            return Err(LayoutError::Misaligned {
+                ring: name,
+                addr,
+                align,
+            });
+        }
+    }
+    let overflow = LayoutError::Overflow { used: ring.device };
+    let device_end = ring.device.checked_add(4).ok_or(overflow)?;
+    let sq = align_up(device_end, DOORBELL_AREA_ALIGN).ok_or(overflow)?;
+    let cq = sq.checked_add(DOORBELL_SIZE).ok_or(overflow)?;
+    let end = cq.checked_add(DOORBELL_SIZE).ok_or(overflow)?;
+    for (name, start, len) in [
+        ("descriptor", ring.desc, 16 * u64::from(queue_size)),
+        ("driver area", ring.driver, 4),
+    ] {
+        let stop = start.checked_add(len).ok_or(overflow)?;
         if start < end && sq < stop {
             return Err(LayoutError::Overlap {
                 ring: name,
@@ -368,6 +444,85 @@ mod tests {
             used: 0x3000,
         };
         assert!(doorbell_location(r, 256).is_ok());
+    }
+
+    fn packed(desc: u64, driver: u64, device: u64) -> PackedAddrs {
+        PackedAddrs {
+            desc,
+            driver,
+            device,
+        }
+    }
+
+    #[test]
+    fn packed_location_follows_the_device_area() {
+        // A Device Area at the start of a 128-byte aligned allocation: the
+        // doorbells at offset 128 of it (spec 10.1).
+        let loc = packed_doorbell_location(packed(0x1000, 0x2000, 0x3000), 100).unwrap();
+        assert_eq!(
+            loc,
+            DoorbellLocation {
+                sq: 0x3080,
+                cq: 0x30c0
+            }
+        );
+        // The first boundary at or past its end, whatever the size.
+        for device in (0x3000u64..0x3100).step_by(4) {
+            let loc = packed_doorbell_location(packed(0x1000, 0x2000, device), 3).unwrap();
+            assert_eq!(loc.sq % 128, 0);
+            assert!(loc.sq >= device + 4 && loc.sq - (device + 4) < 128);
+        }
+    }
+
+    #[test]
+    fn packed_sizes_need_not_be_powers_of_two() {
+        for n in [1u16, 3, 100, 32767, 32768] {
+            assert!(packed_doorbell_location(packed(0x10_0000, 0x1000, 0x2000), n).is_ok());
+        }
+        for bad in [0u16, 32769, u16::MAX] {
+            assert_eq!(
+                packed_doorbell_location(packed(0x10_0000, 0x1000, 0x2000), bad),
+                Err(LayoutError::PackedQueueSize(bad))
+            );
+        }
+    }
+
+    #[test]
+    fn packed_areas_are_checked() {
+        for (addrs, what) in [
+            (packed(0x1008, 0x2000, 0x3000), "descriptor"),
+            (packed(0x1000, 0x2002, 0x3000), "driver area"),
+            (packed(0x1000, 0x2000, 0x3002), "device area"),
+        ] {
+            assert!(
+                matches!(
+                    packed_doorbell_location(addrs, 8),
+                    Err(LayoutError::Misaligned { ring, .. }) if ring == what
+                ),
+                "{what}"
+            );
+        }
+        // The descriptor ring (16 * 8 bytes) where the doorbells would go.
+        assert!(matches!(
+            packed_doorbell_location(packed(0x3040, 0x2000, 0x3000), 8),
+            Err(LayoutError::Overlap {
+                ring: "descriptor",
+                ..
+            })
+        ));
+        // Touching the end of the doorbell area is fine.
+        assert!(packed_doorbell_location(packed(0x3100, 0x2000, 0x3000), 8).is_ok());
+        assert!(matches!(
+            packed_doorbell_location(packed(0x1000, 0x30fc, 0x3000), 8),
+            Err(LayoutError::Overlap {
+                ring: "driver area",
+                ..
+            })
+        ));
+        assert!(matches!(
+            packed_doorbell_location(packed(0x1000, 0x2000, u64::MAX - 3), 8),
+            Err(LayoutError::Overflow { .. })
+        ));
     }
 
     #[test]

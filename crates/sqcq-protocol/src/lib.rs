@@ -72,7 +72,8 @@ pub use handshake::{
     Consumer, CqConsumer, CqProducer, Producer, SleepCheck, SqConsumer, SqProducer, Wake,
 };
 pub use layout::{
-    DoorbellLocation, LayoutError, NonsenseIndex, RingAddrs, check_index, doorbell_location,
+    DoorbellLocation, LayoutError, NonsenseIndex, PackedAddrs, RingAddrs, check_index,
+    doorbell_location, packed_doorbell_location,
 };
 pub use poller::{Poll, PollState, Poller, Watch};
 pub use spin::{SpinConfig, SpinConfigError, SpinPolicy};

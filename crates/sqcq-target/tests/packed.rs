@@ -1,8 +1,10 @@
 //! Packed rings (VIRTIO_F_RING_PACKED, `sqcqd --packed`) over a real
-//! socket, driven by sqcq-driver's packed queue: what is offered and what
-//! is not, data through both device types in every standard mode over
-//! several laps of the ring, the SCSI event queue, and a ring stopped and
-//! started again at the packed vring base (both positions).
+//! socket, driven by sqcq-driver's packed queue: what is offered, data
+//! through both device types in every mode, bit 42's doorbells included
+//! (spec section 10), over several laps of the ring, the doorbells where
+//! section 10.1 puts them holding positions, a nonsense `sq.idx`, the SCSI
+//! event queue, and a ring stopped and started again at the packed vring
+//! base (both positions).
 
 mod common;
 
@@ -43,7 +45,7 @@ fn offered(socket: &std::path::Path) -> u64 {
 }
 
 #[test]
-fn packed_rings_are_offered_when_asked_and_never_with_bit_42() {
+fn packed_rings_are_offered_when_asked_beside_bit_42() {
     let dir = TempDir::new("packed-offer");
     let (daemon, socket) = start(&dir, 1);
     let split = offered(&socket);
@@ -55,11 +57,7 @@ fn packed_rings_are_offered_when_asked_and_never_with_bit_42() {
     let (daemon, socket) = packed_daemon(&dir, RingMode::Auto);
     let packed = offered(&socket);
     assert_ne!(packed & PACKED, 0, "--packed offers it: {packed:#x}");
-    assert_eq!(
-        packed & SQCQ,
-        0,
-        "doorbells are implemented for split rings only: {packed:#x}"
-    );
+    assert_ne!(packed & SQCQ, 0, "and bit 42 with it: {packed:#x}");
     daemon.shutdown();
 }
 
@@ -73,12 +71,14 @@ fn pattern(lba: u32, round: u32, len: usize) -> Vec<u8> {
 }
 
 #[test]
-fn scsi_data_goes_round_packed_rings_in_every_standard_mode() {
+fn scsi_data_goes_round_packed_rings_in_every_mode() {
     for (ring, mode) in [
         (RingMode::Kick, NotifyMode::Notify),
         (RingMode::Auto, NotifyMode::Notify),
         (RingMode::Ring, NotifyMode::RingPoll),
         (RingMode::Auto, NotifyMode::PollQueue),
+        (RingMode::Auto, NotifyMode::Sqcq),
+        (RingMode::Auto, NotifyMode::SqcqInline),
     ] {
         for indirect in [false, true] {
             let dir = TempDir::new("packed-scsi");
@@ -117,6 +117,8 @@ fn blk_data_goes_round_packed_rings() {
     for (ring, mode) in [
         (RingMode::Kick, NotifyMode::Notify),
         (RingMode::Ring, NotifyMode::RingPoll),
+        (RingMode::Auto, NotifyMode::Sqcq),
+        (RingMode::Auto, NotifyMode::SqcqInline),
     ] {
         let dir = TempDir::new("packed-blk");
         let (daemon, socket) = start_blk_with(&dir, ring);
@@ -225,5 +227,55 @@ fn a_packed_ring_restarts_at_its_base() {
     assert_eq!(r.token, token);
     assert!(r.good(), "{r:?}");
     assert_eq!(&r.data[8..12], b"SQCQ");
+    daemon.shutdown();
+}
+
+/// A packed ring's doorbells are where spec section 10.1 puts them (after
+/// the Device Area) and hold positions (10.2): once the queue is idle,
+/// `cq.idx` names the driver's next used position and `sq.idx` its next
+/// avail position, wrap counters included; an `sq.idx` that names no
+/// position of the ring breaks that queue (10.4).
+#[test]
+fn packed_doorbells_hold_positions_and_a_nonsense_one_breaks_the_queue() {
+    use vm_memory::Bytes;
+    let dir = TempDir::new("packed-bells");
+    let (daemon, socket) = packed_daemon(&dir, RingMode::Auto);
+    let mut d = Driver::connect_with(
+        &socket,
+        Options {
+            device_features: HOTPLUG_AND_CHANGE | PACKED,
+            indirect: true,
+            mode: NotifyMode::SqcqInline,
+            ..Options::default()
+        },
+    );
+    let rq = &mut d.rqs[0];
+    rq.clear_unit_attention(0);
+    // One descriptor a request: past the end of the 64-entry ring once.
+    for lba in 0..70 {
+        let r = rq.command(lun_at(0, 0), Cdb::read_10(lba, 1, false), &[], 512);
+        assert!(r.good(), "{r:?}");
+    }
+    let vq = rq.queue.virtqueue();
+    let [a0, a1, u0, u1] = vq.ring().vring_base().to_le_bytes();
+    let (avail, used) = (u16::from_le_bytes([a0, a1]), u16::from_le_bytes([u0, u1]));
+    assert_eq!(used, vq.ring().last_used());
+    assert_eq!(used & 0x8000, 0, "the used wrap counter flipped: {used:#x}");
+    wait_until("cq.idx at the next used position", || {
+        vq.doorbells().is_some_and(|b| b.cq_idx == used)
+    });
+    assert_eq!(vq.doorbells().unwrap().sq_idx, avail);
+
+    let area = vq.ring().doorbell_area();
+    let kick = vq.events().kick_fd().try_clone().unwrap();
+    // Offset 0x7fff of a 64-entry ring.
+    d.mem
+        .guest_memory()
+        .write_obj(0x7fffu16.to_le(), area)
+        .unwrap();
+    kick.write(1).unwrap();
+    wait_until("the queue broken by sq.idx", || {
+        counter(&daemon, "broken_rings") == 1
+    });
     daemon.shutdown();
 }

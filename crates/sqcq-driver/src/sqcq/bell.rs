@@ -11,7 +11,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::memory::{DriverMemory, MemoryError};
 use crate::poll_stats::StatsCell;
-use crate::vring::{DOORBELL_RESERVE, Ring};
+use crate::vring::{DOORBELL_RESERVE, Ring, UsedFlags};
 
 /// Byte offset of the CQ doorbell from the SQ doorbell.
 const CQ_OFFSET: usize = 64;
@@ -57,7 +57,8 @@ impl GuestBell {
 
 /// The SQ and CQ doorbells of `ring`, at [`Ring::doorbell_area`],
 /// zeroed (spec 3.3: before the queue is enabled; call this before
-/// `start_queue`).
+/// `start_queue`); a packed ring's with `sq.idx` and `cq.idx` at the
+/// starting position 0x8000 (spec 10.3).
 pub fn queue_doorbells(
     mem: &DriverMemory,
     ring: &Ring,
@@ -93,6 +94,12 @@ pub fn queue_doorbells(
     let cq_base: NonNull<u8> = unsafe { base.add(CQ_OFFSET) };
     // SAFETY: as for `sq`: the second 64 bytes, 64-aligned.
     let cq = unsafe { RawDoorbell::new(cq_base) };
+    if ring.is_packed() {
+        let start = sqcq_protocol::packed::Position::START.encode().to_le();
+        // Relaxed: before the queue is enabled, as the zeroing above.
+        sq.idx().store(start, Ordering::Relaxed);
+        cq.idx().store(start, Ordering::Relaxed);
+    }
     Ok((
         GuestBell {
             _mapping: Arc::clone(&mapping),
@@ -153,6 +160,51 @@ pub(crate) struct QueueShared {
     /// The submitter spins in a wait, looking at its used ring itself:
     /// a poll thread sharing its CPU gives the CPU back at once.
     pub(crate) spinning: std::sync::atomic::AtomicBool,
+    /// The value `cq.idx` starts from: the ring's used index or position
+    /// when the doorbells were set up.
+    pub(crate) cq_start: u16,
+    /// A packed ring's descriptor flags and the submitter's position.
+    pub(crate) packed: Option<PackedCq>,
+}
+
+/// What a poll thread needs of a packed ring for its re-check before it
+/// sleeps (spec 10.3): `cq.idx` holds a position, which repeats every two
+/// laps, so only the flags of the descriptor at the submitter's next used
+/// position can say that nothing is left to take.
+#[derive(Debug)]
+pub(crate) struct PackedCq {
+    flags: UsedFlags,
+    /// The submitter's next used position (encoded), stored when it
+    /// starts waiting; it takes nothing off the ring until that wait ends.
+    consumed: AtomicU16,
+}
+
+impl PackedCq {
+    pub(crate) fn new(flags: UsedFlags, consumed: u16) -> Self {
+        Self {
+            flags,
+            consumed: AtomicU16::new(consumed),
+        }
+    }
+
+    /// The submitter starts waiting at `position`.
+    pub(crate) fn waits_at(&self, position: u16) {
+        // Release: the submitter's fence before it sleeps on the mailbox
+        // orders this store before that sleep too.
+        self.consumed.store(position, Ordering::Release);
+    }
+
+    /// Whether the descriptor at the submitter's position is used: a
+    /// stale position reads as work (a used descriptor it took already)
+    /// or as none (one it made available again), and the submitter's own
+    /// look at its ring after its fence covers the second case.
+    pub(crate) fn used_pending(&self) -> bool {
+        // Acquire: pairs with the Release store in `waits_at`.
+        let at = self.consumed.load(Ordering::Acquire);
+        // Acquire: pairs with the device's Release store of the flags,
+        // for the submitter's benefit once the poll thread forwards.
+        self.flags.used_at(at, Ordering::Acquire)
+    }
 }
 
 impl DoorbellCell for QueueShared {
@@ -170,6 +222,8 @@ impl QueueShared {
         size: u16,
         sq: GuestBell,
         cq: GuestBell,
+        cq_start: u16,
+        packed: Option<PackedCq>,
     ) -> std::io::Result<Self> {
         Ok(Self {
             queue,
@@ -181,6 +235,8 @@ impl QueueShared {
             cq,
             thread: std::sync::OnceLock::new(),
             spinning: std::sync::atomic::AtomicBool::new(false),
+            cq_start,
+            packed,
         })
     }
 }

@@ -19,15 +19,16 @@
 //!
 //! The ring stays the submitter's alone: it adds requests and pops used
 //! entries, and no lock or shared free list exists. The poll thread never
-//! touches the used ring; when it sees `cq.idx` move it forwards that value
-//! to the queue's mailbox, an in-process [`Doorbell`](sqcq_protocol::Doorbell)
+//! touches the used ring; when it sees `cq.idx` move it tells the
+//! queue's mailbox (a count of its forwards), an in-process
+//! [`Doorbell`](sqcq_protocol::Doorbell)
 //! with the CQ roles: the poll thread is its producer
 //! (`CqProducer::publish`: store, `fence(SeqCst)`, load NEED_WAKEUP) and the
 //! submitter its consumer (`Poller<CqConsumer>`: spin, then set
 //! NEED_WAKEUP, `fence(SeqCst)`, re-check, sleep on the mailbox eventfd).
 //! Those two fences pair with each other exactly as fences 3 and 4 of the
 //! protocol do; the code is the protocol crate's, model-checked there.
-//! A forwarded value only says "`used->idx` moved": the poll thread's
+//! A forward only says "`used->idx` moved": the poll thread's
 //! Acquire on `cq.idx` (pairing with the device's Release) and the
 //! mailbox's Release/Acquire pass the device's used-ring writes on to the
 //! submitter, which then pops and validates them itself.

@@ -76,7 +76,7 @@ impl DoorbellNotifier {
     /// `sqcq-inline`: the submitter consumes the CQ doorbell itself.
     pub(crate) fn inline(shared: Arc<QueueShared>, spin: SpinPolicy) -> Self {
         let cq = Poller::new(
-            CqConsumer::new(CqBell(Arc::clone(&shared)), 0),
+            CqConsumer::new(CqBell(Arc::clone(&shared)), shared.cq_start),
             spin,
             shared.queue,
         );
@@ -237,6 +237,10 @@ fn wait_mailbox(
     events: &mut QueueEvents,
     deadline: Instant,
 ) -> Result<(), NotifyError> {
+    if let Some(packed) = &shared.packed {
+        // Where the poll thread's re-check looks until this wait ends.
+        packed.waits_at(ring.last_used());
+    }
     // Relaxed: a scheduling hint for the poll thread, ordering nothing.
     shared.spinning.store(true, Ordering::Relaxed);
     let result = spin_on_mailbox(mailbox, shared, ring, events, deadline);
@@ -271,6 +275,15 @@ fn spin_on_mailbox(
             // NEED_WAKEUP load), then the re-check.
             Poll::Expired => match mailbox.prepare_sleep(now_ns()) {
                 SleepCheck::Work(_) => {}
+                // A last look at the ring after that fence: a packed
+                // ring's poll thread may have looked at a position this
+                // submitter had not published yet (see
+                // `PackedCq::used_pending`); what the device published
+                // before that look is visible here.
+                SleepCheck::Sleep if ring.has_used() => {
+                    mailbox.cancel_sleep();
+                    return Ok(());
+                }
                 SleepCheck::Sleep => {
                     shared.spinning.store(false, Ordering::Relaxed);
                     let slept = events.sleep_on(&shared.wake, deadline);

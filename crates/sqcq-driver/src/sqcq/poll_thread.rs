@@ -12,18 +12,26 @@
 //! others' flags are cleared again (`cancel_sleep`) and polling goes on.
 //! It then waits in `epoll_wait` on all the call eventfds, which the device
 //! signals only when it sees NEED_WAKEUP after its fence 3.
+//!
+//! A packed ring's `cq.idx` holds a position (spec section 10), which
+//! repeats every two laps: the re-check of such a queue ([`CqWatch`])
+//! loads the flags of the descriptor at the submitter's next used
+//! position instead, and what the thread forwards to the mailbox is a
+//! count of its forwards, which changes at each one whatever `cq.idx`
+//! held.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
+use sqcq_protocol::packed::Position;
 use sqcq_protocol::{
-    CqConsumer, CqProducer, Poll, Poller, SleepCheck, SpinConfig, SpinPolicy, Wake,
+    CqConsumer, CqProducer, Poll, Poller, SleepCheck, SpinConfig, SpinPolicy, Wake, Watch,
 };
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::bell::{CqBell, DoorbellError, QueueShared, ThreadState, queue_doorbells};
+use super::bell::{CqBell, DoorbellError, PackedCq, QueueShared, ThreadState, queue_doorbells};
 use super::notifier::DoorbellNotifier;
 use crate::memory::DriverMemory;
 use crate::notify::{Notifier, QueueEvents};
@@ -94,8 +102,14 @@ impl PollGroupBuilder {
         inline: bool,
     ) -> Result<Box<dyn Notifier>, DoorbellError> {
         let (sq, cq) = queue_doorbells(mem, ring)?;
-        let shared =
-            Arc::new(QueueShared::new(index, ring.size(), sq, cq).map_err(DoorbellError::Thread)?);
+        let start = ring.last_used();
+        let packed = match ring.used_flags(mem) {
+            Some(flags) => Some(PackedCq::new(flags.map_err(DoorbellError::Memory)?, start)),
+            None => None,
+        };
+        let shared = QueueShared::new(index, ring.size(), sq, cq, start, packed)
+            .map_err(DoorbellError::Thread)?;
+        let shared = Arc::new(shared);
         let spin = SpinPolicy::new(self.spin).unwrap_or_default();
         if inline {
             // The submitter sleeps on the queue's own call eventfd.
@@ -184,46 +198,103 @@ impl Drop for PollGroup {
     }
 }
 
+/// What a poll thread watches on one queue: `cq.idx` (C1-C7 of the
+/// handshake); for a packed ring, the re-check before a sleep (C5) loads
+/// the flags of the descriptor at the submitter's next used position
+/// instead (spec 10.3).
+struct CqWatch {
+    cq: CqConsumer<CqBell>,
+    shared: Arc<QueueShared>,
+}
+
+impl Watch for CqWatch {
+    fn poll(&mut self) -> Option<u16> {
+        self.cq.poll()
+    }
+
+    fn prepare_sleep(&mut self) -> SleepCheck {
+        let Some(packed) = &self.shared.packed else {
+            return self.cq.prepare_sleep();
+        };
+        // NEED_WAKEUP, fence 4 (pairs with the device's fence 3 between
+        // its `cq.idx` store and its `cq.flags` load), then the flags.
+        if self.cq.prepare_sleep_on(|| packed.used_pending()) {
+            SleepCheck::Work(self.cq.seen())
+        } else {
+            SleepCheck::Sleep
+        }
+    }
+
+    fn finish_sleep(&mut self) {
+        self.cq.finish_sleep();
+    }
+}
+
 /// One queue as its poll thread sees it.
 struct Watched {
     shared: Arc<QueueShared>,
-    /// C1-C7 on the CQ doorbell in driver memory.
-    poller: Poller<CqConsumer<CqBell>>,
+    poller: Poller<CqWatch>,
     /// The producer half of the mailbox to the submitter.
     mailbox: CqProducer<Arc<QueueShared>>,
     call: EventFd,
     /// Calls counted from `call` so far.
     calls: u64,
     last: u16,
+    /// Forwards so far: the value the mailbox holds.
+    forwards: u16,
     asked: bool,
 }
 
 impl Watched {
     fn new(shared: Arc<QueueShared>, call: EventFd, spin: SpinPolicy) -> Self {
-        let cq = CqBell(Arc::clone(&shared));
+        let cq = CqConsumer::new(CqBell(Arc::clone(&shared)), shared.cq_start);
+        let watch = CqWatch {
+            cq,
+            shared: Arc::clone(&shared),
+        };
         Self {
-            poller: Poller::new(CqConsumer::new(cq, 0), spin, shared.queue),
+            poller: Poller::new(watch, spin, shared.queue),
             mailbox: CqProducer::new(Arc::clone(&shared)),
+            last: shared.cq_start,
             shared,
             call,
             calls: 0,
-            last: 0,
+            forwards: 0,
             asked: false,
+        }
+    }
+
+    /// How many completions a move of `cq.idx` from `last` to `idx`
+    /// stands for, for the statistics: a hint, never used to index
+    /// anything, bounded by the queue size as a sane device's jump is.
+    fn jump(&self, idx: u16) -> u16 {
+        let size = self.shared.size;
+        if self.shared.packed.is_none() {
+            return idx.wrapping_sub(self.last).min(size);
+        }
+        match (
+            Position::decode(self.last, size),
+            Position::decode(idx, size),
+        ) {
+            (Some(from), Some(to)) => {
+                u16::try_from(from.ahead(to, size)).map_or(size, |n| n.min(size))
+            }
+            _ => 0,
         }
     }
 
     /// `cq.idx` moved to `idx`: tell the submitter.
     fn forward(&mut self, idx: u16) {
-        // A hint, never used to index anything: counted for the statistics
-        // (bounded by the queue size, as a sane device's jump is), then
-        // forwarded. The submitter validates `used->idx` itself.
-        let jump = idx.wrapping_sub(self.last).min(self.shared.size);
+        let jump = self.jump(idx);
         self.last = idx;
         self.poller.count_completions(u64::from(jump));
+        // The submitter validates what it takes off the ring itself: the
+        // mailbox only has to change at every forward.
+        self.forwards = self.forwards.wrapping_add(1);
         // CqProducer::publish: Release store of the mailbox index, then
         // fence(SeqCst) (pairs with the submitter's fence in its
         // `prepare_sleep` on the mailbox), then the NEED_WAKEUP load.
-        if self.mailbox.publish(idx) == Wake::Owed {
+        if self.mailbox.publish(self.forwards) == Wake::Owed {
             // A failed write leaves the submitter to its bounded wait.
             let _ = self.shared.wake.write(1);
         }
@@ -383,5 +454,58 @@ impl PollThread {
             w.poller.woke();
             w.asked = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vring::QueueConfig;
+    use sqcq_protocol::DoorbellCell;
+    use vm_memory::Bytes;
+
+    /// The poll thread of a packed ring decides whether it may sleep by
+    /// the descriptor at the submitter's position, not by `cq.idx`: a
+    /// `cq.idx` it has acted on (as after the device moved two laps)
+    /// does not let it sleep over a used descriptor, and a `cq.idx` that
+    /// moved does not keep it awake once nothing is used there.
+    #[test]
+    fn a_packed_ring_is_rechecked_by_its_descriptor_flags() {
+        let mut mem = DriverMemory::new(4 << 20).unwrap();
+        let config = QueueConfig {
+            packed: true,
+            ..QueueConfig::new(4)
+        };
+        let ring = Ring::new(&mut mem, config).unwrap();
+        let (sq, cq) = queue_doorbells(&mem, &ring).unwrap();
+        let start = ring.last_used();
+        let flags = ring.used_flags(&mem).unwrap().unwrap();
+        let shared = QueueShared::new(2, 4, sq, cq, start, Some(PackedCq::new(flags, start)));
+        let shared = Arc::new(shared.unwrap());
+        let mut watch = CqWatch {
+            cq: CqConsumer::new(CqBell(Arc::clone(&shared)), start),
+            shared: Arc::clone(&shared),
+        };
+        assert_eq!(watch.prepare_sleep(), SleepCheck::Sleep);
+        assert!(shared.cq.need_wakeup());
+        watch.finish_sleep();
+
+        // The descriptor at offset 0 used on the first lap (AVAIL and USED
+        // both set), `cq.idx` unchanged.
+        let desc0 = vm_memory::GuestAddress(ring.addresses()[0].0 + 14);
+        mem.guest_memory()
+            .write_obj(0x8080u16.to_le(), desc0)
+            .unwrap();
+        assert_eq!(watch.prepare_sleep(), SleepCheck::Work(start));
+        assert!(!shared.cq.need_wakeup(), "cleared again with work");
+
+        // Made available again on the next lap instead: not used, and a
+        // `cq.idx` that moved does not change that.
+        mem.guest_memory()
+            .write_obj(0x0000u16.to_le(), desc0)
+            .unwrap();
+        shared.cq.idx().store(0x0001u16.to_le(), Ordering::Relaxed);
+        assert_eq!(watch.poll(), Some(1), "a hint: forwarded");
+        assert_eq!(watch.prepare_sleep(), SleepCheck::Sleep);
     }
 }

@@ -426,6 +426,27 @@ fn doorbells_are_zeroed_and_at_the_spec_location() {
 }
 
 #[test]
+fn packed_doorbells_follow_the_device_area_and_start_at_0x8000() {
+    let mut mem = DriverMemory::new(4 << 20).unwrap();
+    let config = QueueConfig {
+        packed: true,
+        ..QueueConfig::new(100)
+    };
+    let ring = crate::Ring::new(&mut mem, config).unwrap();
+    let (sq, cq) = bell::queue_doorbells(&mem, &ring).unwrap();
+    let state = crate::notify::DoorbellState::read(&sq, &cq);
+    assert_eq!((state.sq_idx, state.cq_idx), (0x8000, 0x8000));
+    assert_eq!((state.sq_flags, state.cq_flags), (0, 0));
+    let areas = sqcq_protocol::PackedAddrs {
+        desc: ring.addresses()[0].0,
+        driver: ring.addresses()[1].0,
+        device: ring.addresses()[2].0,
+    };
+    let at = sqcq_protocol::packed_doorbell_location(areas, 100).unwrap();
+    assert_eq!(at.sq, ring.doorbell_area().0);
+}
+
+#[test]
 fn ring_poll_sleeps_after_its_window_and_a_call_wakes_it() {
     for event_idx in [true, false] {
         let mut mem = DriverMemory::new(4 << 20).unwrap();

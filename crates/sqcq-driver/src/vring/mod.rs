@@ -34,7 +34,7 @@ pub use config::{MAX_QUEUE_SIZE, QueueConfig};
 pub use error::{DeviceError, QueueError};
 pub use layout::DOORBELL_RESERVE;
 use layout::{DESC_SIZE, RingLayout};
-pub use packed::{MAX_PACKED_SIZE, PackedQueue};
+pub use packed::{MAX_PACKED_SIZE, PackedQueue, UsedFlags};
 use shared::SharedWindow;
 
 // Flag values of the virtio specification (checked against virtio-bindings
@@ -374,6 +374,15 @@ impl Ring {
     /// Guest-physical address of the bytes reserved for the doorbells.
     pub fn doorbell_area(&self) -> GuestAddress {
         either!(self, q => q.doorbell_area())
+    }
+
+    /// A packed ring's descriptor flags for another thread (see
+    /// [`UsedFlags`]); `None` for a split ring.
+    pub fn used_flags(&self, mem: &DriverMemory) -> Option<Result<UsedFlags, MemoryError>> {
+        match self {
+            Ring::Split(_) => None,
+            Ring::Packed(q) => Some(q.used_flags(mem)),
+        }
     }
 
     /// The vring base a device starts this ring at (SET_VRING_BASE): the

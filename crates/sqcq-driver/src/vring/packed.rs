@@ -41,6 +41,36 @@ use crate::memory::{DriverMemory, MemoryError};
 const AVAIL: u16 = 1 << 7;
 /// VRING_PACKED_DESC_F_USED.
 const USED: u16 = 1 << 15;
+/// Whether a descriptor whose flags are `flags` is used on the lap of
+/// `at`: its AVAIL and USED flags both equal that lap's wrap counter.
+fn is_used(flags: u16, at: Position) -> bool {
+    (flags & AVAIL != 0) == at.wrap() && (flags & USED != 0) == at.wrap()
+}
+
+/// The descriptor flags of a packed ring, for a thread other than the one
+/// that owns the ring: a driver poll thread, whose re-check before it
+/// sleeps (spec section 10.3) looks at the descriptor at the position
+/// where the owner will take its next used descriptor. Reads only.
+#[derive(Debug)]
+pub struct UsedFlags {
+    ring: SharedWindow,
+    size: u16,
+}
+
+impl UsedFlags {
+    /// Whether the descriptor at the encoded position `at` is used (false
+    /// for a value that names no position of the ring).
+    pub fn used_at(&self, at: u16, order: Ordering) -> bool {
+        Position::decode(at, self.size).is_some_and(|at| {
+            let flags = self
+                .ring
+                .u16(PackedQueue::desc_offset(at.off()) + 14)
+                .load(order);
+            is_used(u16::from_le(flags), at)
+        })
+    }
+}
+
 /// VRING_PACKED_EVENT_FLAG_ENABLE, _DISABLE and _DESC.
 const EVENT_ENABLE: u16 = 0;
 const EVENT_DISABLE: u16 = 1;
@@ -404,8 +434,17 @@ impl PackedQueue {
 
     /// Whether the descriptor at `at` is used on the lap `at` is on.
     fn used_at(&self, at: Position, order: Ordering) -> bool {
-        let flags = self.flags_at(at.off(), order);
-        (flags & AVAIL != 0) == at.wrap() && (flags & USED != 0) == at.wrap()
+        is_used(self.flags_at(at.off(), order), at)
+    }
+
+    /// A view of the descriptor flags for another thread (see
+    /// [`UsedFlags`]).
+    pub fn used_flags(&self, mem: &DriverMemory) -> Result<UsedFlags, MemoryError> {
+        let len = usize::from(self.size) * DESC_SIZE;
+        Ok(UsedFlags {
+            ring: SharedWindow::new(mem, self.ring_gpa, len)?,
+            size: self.size,
+        })
     }
 
     /// Takes the next completed request off the ring, validating it:

@@ -32,6 +32,10 @@ pub(crate) struct SharedWindow {
 // be used from any thread, so moving the window to another thread is sound.
 unsafe impl Send for SharedWindow {}
 
+// SAFETY: as above; `&self` gives only atomic access to the window, so two
+// threads holding `&SharedWindow` at once race on nothing.
+unsafe impl Sync for SharedWindow {}
+
 impl SharedWindow {
     /// The window over guest-physical `[gpa, gpa + len)` of `mem`.
     pub(crate) fn new(

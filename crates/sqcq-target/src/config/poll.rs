@@ -18,11 +18,11 @@ pub struct PollArgs {
     /// classic notifications.
     #[arg(long)]
     pub no_sqcq: bool,
-    /// Offer packed rings (VIRTIO_F_RING_PACKED), without bit 42, whose
-    /// doorbells the daemon implements for split rings only. Experimental:
-    /// no in-flight record is kept for a packed queue, so the requests it
-    /// has in flight when the daemon dies are not resubmitted by the next
-    /// instance.
+    /// Offer packed rings (VIRTIO_F_RING_PACKED), beside bit 42 (whose
+    /// doorbells then follow the Device Area: spec section 10).
+    /// Experimental: no in-flight record is kept for a packed queue, so
+    /// the requests it has in flight when the daemon dies are not
+    /// resubmitted by the next instance.
     #[arg(long)]
     pub packed: bool,
     /// How request queues without bit 42 are served: kick (classic), ring

@@ -36,9 +36,8 @@ pub enum RingMode {
 pub struct PollOptions {
     /// Offer VIRTIO_F_SQCQ_POLL (bit 42).
     pub offer_sqcq: bool,
-    /// Offer VIRTIO_F_RING_PACKED, and then not bit 42, whose doorbells
-    /// for packed rings (spec section 10) the daemon does not implement
-    /// yet.
+    /// Offer VIRTIO_F_RING_PACKED (beside bit 42 when that is offered:
+    /// the doorbells of packed rings are spec section 10).
     pub offer_packed: bool,
     /// How queues without bit 42 are served.
     pub ring: RingMode,
@@ -119,10 +118,9 @@ impl PollOptions {
         self.spin.is_none() && (self.ring != RingMode::Kick || self.sqcq_offered())
     }
 
-    /// Whether bit 42 is offered: asked for, and not withheld for packed
-    /// rings (see [`Self::offer_packed`]).
+    /// Whether bit 42 is offered.
     pub fn sqcq_offered(&self) -> bool {
-        self.offer_sqcq && !self.offer_packed
+        self.offer_sqcq
     }
 
     /// Checks the options against the number of workers.

@@ -354,6 +354,7 @@ impl PackedRing {
         )
         .map_err(RingError::Memory)?;
         let covered = self.published.ahead(self.used, self.layout.size);
+        self.published = self.used;
         Ok(covered)
     }
 
@@ -366,8 +367,7 @@ impl PackedRing {
         if self.publish_used(mem)? == 0 {
             return Ok(false);
         }
-        let new = self.used;
-        self.published = new;
+        let new = self.published;
         // SeqCst: the flags stored above before the event structure read
         // below; pairs with the driver's full barrier between writing its
         // event structure and re-reading the ring (2.8.21.3.1), else both

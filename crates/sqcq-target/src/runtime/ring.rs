@@ -208,6 +208,19 @@ impl Ring {
         }
     }
 
+    /// Publishes every completion pushed without deciding on a
+    /// notification (with VIRTIO_F_SQCQ_POLL the CQ doorbell decides, spec
+    /// section 6.2); returns how many requests it published.
+    pub fn publish_index(&mut self, mem: Batch<'_>) -> Result<u16, RingError> {
+        match self {
+            Ring::Split(r) => Ok(r.used().publish_index(mem)?),
+            Ring::Packed(q) => {
+                q.ring.publish_used(mem)?;
+                Ok(std::mem::take(&mut q.pending))
+            }
+        }
+    }
+
     /// Asks the driver to notify again, then says whether it made a chain
     /// available meanwhile.
     pub fn enable_notification(&self, mem: Batch<'_>) -> Result<bool, RingError> {

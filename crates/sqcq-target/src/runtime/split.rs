@@ -21,6 +21,10 @@
 
 use std::sync::atomic::{Ordering, fence};
 
+use sqcq_protocol::{
+    DoorbellLocation, LayoutError, PackedAddrs, RingAddrs, doorbell_location,
+    packed_doorbell_location,
+};
 use thiserror::Error;
 use vm_memory::{GuestAddress, GuestMemoryError};
 
@@ -62,6 +66,26 @@ impl RingConfig {
             0
         };
         u32::from(self.next_avail) | used
+    }
+
+    /// Where the ring's doorbells are (VIRTIO_F_SQCQ_POLL): after the used
+    /// ring of a split ring, after the Device Area of a packed one (spec
+    /// sections 3.2 and 10.1).
+    pub fn doorbell_location(&self) -> Result<DoorbellLocation, LayoutError> {
+        if self.packed {
+            let areas = PackedAddrs {
+                desc: self.desc,
+                driver: self.avail,
+                device: self.used,
+            };
+            return packed_doorbell_location(areas, self.size);
+        }
+        let rings = RingAddrs {
+            desc: self.desc,
+            avail: self.avail,
+            used: self.used,
+        };
+        doorbell_location(rings, self.size)
     }
 }
 

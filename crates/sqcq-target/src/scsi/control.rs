@@ -13,9 +13,7 @@ use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use sqcq_protocol::{
-    CqProducer, DoorbellLocation, RingAddrs, SqConsumer, Wake, doorbell_location, guest_doorbells,
-};
+use sqcq_protocol::{CqProducer, DoorbellLocation, SqConsumer, Wake, guest_doorbells};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
@@ -154,12 +152,8 @@ impl ControlPlane {
         let vq =
             Ring::open(ring, Mapped::new(Arc::clone(mem)).batch()).map_err(QueueError::Ring)?;
         let doorbells = if doorbells {
-            let addrs = RingAddrs {
-                desc: ring.desc,
-                avail: ring.avail,
-                used: ring.used,
-            };
-            let location = doorbell_location(addrs, ring.size)
+            let location = ring
+                .doorbell_location()
                 .map_err(|e| QueueError::Doorbells(PollError::Layout(e)))?;
             let (sq, _) = guest_doorbells(mem, location)
                 .map_err(|e| QueueError::Doorbells(PollError::Memory(e)))?;

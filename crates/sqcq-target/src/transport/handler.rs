@@ -21,7 +21,7 @@ use vhost::vhost_user::message::{
     VhostUserVringAddrFlags, VhostUserVringState,
 };
 use vhost::vhost_user::{Backend, Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
-use virtio_bindings::bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
@@ -181,13 +181,6 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn set_features(&mut self, features: u64) -> Result<()> {
         if features & !self.offered_features() != 0 {
-            return Err(Error::InvalidParam);
-        }
-        // Doorbells are implemented for split rings only: the two bits are
-        // never offered together, so the check above refuses the pair
-        // already; this one states the rule (spec 2.2) where it matters.
-        let both = (1 << sqcq_protocol::VIRTIO_F_SQCQ_POLL) | (1 << VIRTIO_F_RING_PACKED);
-        if features & both == both {
             return Err(Error::InvalidParam);
         }
         self.acked_features = features;

@@ -268,16 +268,15 @@ impl Session {
     /// daemon withholds it.
     pub fn offered_features(&self) -> u64 {
         let options = self.pool.options();
-        // Never both: doorbells are implemented for split rings only, and
-        // a device that does not implement them for packed rings offers
-        // one or the other (spec section 2.2).
-        let ring = if options.offer_packed {
-            1 << virtio_bindings::bindings::virtio_config::VIRTIO_F_RING_PACKED
-        } else if options.sqcq_offered() {
-            1 << sqcq_protocol::VIRTIO_F_SQCQ_POLL
-        } else {
-            0
-        };
+        // Both may be offered together: the doorbells of a packed ring
+        // are spec section 10, which this device implements.
+        let mut ring = 0;
+        if options.offer_packed {
+            ring |= 1 << virtio_bindings::bindings::virtio_config::VIRTIO_F_RING_PACKED;
+        }
+        if options.sqcq_offered() {
+            ring |= 1 << sqcq_protocol::VIRTIO_F_SQCQ_POLL;
+        }
         crate::transport::handler::OFFERED_FEATURES | self.dev.device.features() | ring
     }
 

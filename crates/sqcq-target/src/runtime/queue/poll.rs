@@ -12,16 +12,23 @@
 //! driver writes, breaks the queue like a corrupt ring: it stops, the
 //! error eventfd is signalled, and the doorbells are not touched again.
 //!
+//! A packed ring's doorbells (spec section 10) follow its Device Area and
+//! hold positions: `sq.idx` moving is a hint ([`PackedSq`]), and the flags
+//! of the descriptor at the device's next position decide whether there
+//! is work, while polling and in the re-check before a sleep.
+//!
 //! In `ring-poll` mode the poller watches the avail index
-//! ([`RingWatch`]) and completions follow the standard rules.
+//! ([`RingWatch`]), or a packed ring's next descriptor ([`PackedWatch`]),
+//! and completions follow the standard rules.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use sqcq_protocol::packed::Position;
 use sqcq_protocol::{
     CqProducer, DoorbellLocation, GuestDoorbell, GuestDoorbellError, LayoutError, NonsenseIndex,
-    Poll, Poller, QueueStats, RingAddrs, SleepCheck, SpinPolicy, SqConsumer, Wake, Watch,
-    check_index, doorbell_location, guest_doorbells,
+    Poll, Poller, QueueStats, SleepCheck, SpinPolicy, SqConsumer, Wake, Watch, check_index,
+    guest_doorbells,
 };
 use thiserror::Error;
 use tracing::error;
@@ -50,6 +57,15 @@ pub enum PollError {
     /// The driver wrote a doorbell index no correct driver writes.
     #[error("nonsense SQ doorbell index")]
     Index(#[source] NonsenseIndex),
+    /// The driver wrote a `sq.idx` that names no position of its packed
+    /// ring (spec 10.4).
+    #[error("SQ doorbell index {value:#06x} names no position in a packed ring of {size}")]
+    Position {
+        /// The value read.
+        value: u16,
+        /// The queue size.
+        size: u16,
+    },
     /// The avail ring could not be read or its flags written.
     #[error("avail ring not accessible")]
     Ring(#[source] RingError),
@@ -68,6 +84,66 @@ pub(crate) enum SqWatch {
     Ring(RingWatch),
     /// The descriptor at a packed ring's next position (`ring-poll`).
     Packed(PackedWatch),
+    /// The SQ doorbell of a packed ring (VIRTIO_F_SQCQ_POLL).
+    PackedDoorbell(PackedSq),
+}
+
+impl SqWatch {
+    /// The SQ doorbell's consumer, when the watch has one.
+    fn consumer(&mut self) -> Option<&mut SqConsumer<Cell>> {
+        match self {
+            SqWatch::Doorbell(c) => Some(c),
+            SqWatch::PackedDoorbell(p) => Some(&mut p.sq),
+            SqWatch::Ring(_) | SqWatch::Packed(_) => None,
+        }
+    }
+}
+
+/// The SQ doorbell of a packed ring (spec section 10.2): a new `sq.idx`
+/// says the driver moved, and the flags of the descriptor at the device's
+/// next position decide, in the poll and in the re-check before a sleep
+/// (C5). A position repeats every two laps, so no comparison of `sq.idx`
+/// could decide that the device may sleep.
+#[derive(Debug)]
+pub(crate) struct PackedSq {
+    sq: SqConsumer<Cell>,
+    ring: PackedWatch,
+    size: u16,
+    /// A `sq.idx` whose offset is not below the queue size.
+    bad: Option<u16>,
+}
+
+impl Watch for PackedSq {
+    fn poll(&mut self) -> Option<u16> {
+        // Relaxed load; Acquire fence once it moved (pairs with the
+        // driver's Release store of `sq.idx`, after the flags it covers).
+        let idx = self.sq.poll()?;
+        if Position::decode(idx, self.size).is_none() {
+            self.bad.get_or_insert(idx);
+            return None;
+        }
+        self.ring.poll()
+    }
+
+    fn prepare_sleep(&mut self) -> SleepCheck {
+        let ring = &mut self.ring;
+        let mut at = None;
+        // NEED_WAKEUP, fence 2 (pairs with the driver's fence 1 between
+        // its `sq.idx` store and its `sq.flags` load), then the flags of
+        // the descriptor at the device's position.
+        if self.sq.prepare_sleep_on(|| {
+            at = ring.poll();
+            at.is_some()
+        }) && let Some(at) = at
+        {
+            return SleepCheck::Work(at);
+        }
+        SleepCheck::Sleep
+    }
+
+    fn finish_sleep(&mut self) {
+        self.sq.finish_sleep();
+    }
 }
 
 impl Watch for SqWatch {
@@ -76,6 +152,7 @@ impl Watch for SqWatch {
             SqWatch::Doorbell(c) => c.poll(),
             SqWatch::Ring(r) => r.poll(),
             SqWatch::Packed(p) => p.poll(),
+            SqWatch::PackedDoorbell(p) => p.poll(),
         }
     }
     fn prepare_sleep(&mut self) -> SleepCheck {
@@ -83,6 +160,7 @@ impl Watch for SqWatch {
             SqWatch::Doorbell(c) => c.prepare_sleep(),
             SqWatch::Ring(r) => r.prepare_sleep(),
             SqWatch::Packed(p) => p.prepare_sleep(),
+            SqWatch::PackedDoorbell(p) => p.prepare_sleep(),
         }
     }
     fn finish_sleep(&mut self) {
@@ -90,6 +168,7 @@ impl Watch for SqWatch {
             SqWatch::Doorbell(c) => c.finish_sleep(),
             SqWatch::Ring(r) => r.finish_sleep(),
             SqWatch::Packed(p) => p.finish_sleep(),
+            SqWatch::PackedDoorbell(p) => p.finish_sleep(),
         }
     }
 }
@@ -142,19 +221,24 @@ impl QueuePoll {
         vq: u16,
     ) -> Result<(Self, bool), PollError> {
         let (watch, cq, owed) = if source == SubmissionSource::Doorbell {
-            let addrs = RingAddrs {
-                desc: ring.desc,
-                avail: ring.avail,
-                used: ring.used,
-            };
-            let location = doorbell_location(addrs, ring.size).map_err(PollError::Layout)?;
+            let location = ring.doorbell_location().map_err(PollError::Layout)?;
             let (sq, cq) = guest_doorbells(&map, location).map_err(PollError::Memory)?;
             // Starts from the ring base: a doorbell written before the
             // queue started reads as new work (spec 8.1); clears a stale
             // NEED_WAKEUP.
             let mut producer = CqProducer::new(cq);
             let owed = producer.publish(next_used) == Wake::Owed;
-            let watch = SqWatch::Doorbell(SqConsumer::new(sq, ring.next_avail));
+            let sq = SqConsumer::new(sq, ring.next_avail);
+            let watch = if ring.packed {
+                SqWatch::PackedDoorbell(PackedSq {
+                    sq,
+                    ring: PackedWatch::new(ring, Arc::clone(&map)).map_err(PollError::Ring)?,
+                    size: ring.size,
+                    bad: None,
+                })
+            } else {
+                SqWatch::Doorbell(sq)
+            };
             let cq = CqDoorbell { producer, location };
             (watch, Some(cq), owed)
         } else if ring.packed {
@@ -180,7 +264,7 @@ impl QueuePoll {
     /// submits while the queue is stopped kicks, and the kick waits in the
     /// eventfd for the next device); logged like every doorbell write.
     fn park(&mut self) {
-        if let SqWatch::Doorbell(c) = self.poller.watch_mut() {
+        if let Some(c) = self.poller.watch_mut().consumer() {
             c.park();
             self.log_doorbells();
         }
@@ -191,19 +275,21 @@ impl QueuePoll {
         if Arc::ptr_eq(current, &self.map) {
             return Ok(());
         }
-        match (self.poller.watch_mut(), self.cq.as_mut()) {
-            (SqWatch::Doorbell(c), Some(d)) => {
-                let (sq, cq) = guest_doorbells(current, d.location).map_err(PollError::Memory)?;
-                // Continues from the last value seen and the last index
-                // published (`CqProducer::new` reads it from the cell).
-                let seen = c.seen();
-                *c = SqConsumer::new(sq, seen);
-                d.producer = CqProducer::new(cq);
+        let watch = self.poller.watch_mut();
+        match watch {
+            SqWatch::Ring(r) => r.set_memory(Arc::clone(current)),
+            SqWatch::Packed(p) | SqWatch::PackedDoorbell(PackedSq { ring: p, .. }) => {
+                p.set_memory(Arc::clone(current));
             }
-            (SqWatch::Ring(r), _) => r.set_memory(Arc::clone(current)),
-            (SqWatch::Packed(p), _) => p.set_memory(Arc::clone(current)),
-            // Not built: a doorbell watch always has its CQ doorbell.
-            (SqWatch::Doorbell(_), None) => {}
+            SqWatch::Doorbell(_) => {}
+        }
+        if let (Some(c), Some(d)) = (watch.consumer(), self.cq.as_mut()) {
+            let (sq, cq) = guest_doorbells(current, d.location).map_err(PollError::Memory)?;
+            // Continues from the last value seen and the last index
+            // published (`CqProducer::new` reads it from the cell).
+            let seen = c.seen();
+            *c = SqConsumer::new(sq, seen);
+            d.producer = CqProducer::new(cq);
         }
         self.map = Arc::clone(current);
         Ok(())
@@ -213,6 +299,13 @@ impl QueuePoll {
         match self.poller.watch_mut() {
             SqWatch::Ring(r) => r.take_error().map(PollError::Ring),
             SqWatch::Packed(p) => p.take_error().map(PollError::Ring),
+            SqWatch::PackedDoorbell(p) => match p.bad.take() {
+                Some(value) => Some(PollError::Position {
+                    value,
+                    size: p.size,
+                }),
+                None => p.ring.take_error().map(PollError::Ring),
+            },
             SqWatch::Doorbell(_) => None,
         }
     }
@@ -260,7 +353,8 @@ impl Vring {
             return;
         };
         if let Some(p) = self.poll.as_mut()
-            && let SqWatch::Packed(w) = p.poller.watch_mut()
+            && let SqWatch::Packed(w) | SqWatch::PackedDoorbell(PackedSq { ring: w, .. }) =
+                p.poller.watch_mut()
         {
             w.follow(q.ring().next_avail());
         }
@@ -318,7 +412,7 @@ impl Vring {
         let Some(p) = self.poll.as_mut() else {
             return;
         };
-        let SqWatch::Doorbell(c) = p.poller.watch_mut() else {
+        let Some(c) = p.poller.watch_mut().consumer() else {
             return;
         };
         c.set_throttle(on);
@@ -340,16 +434,13 @@ impl Vring {
         let Some(cq) = self.poll.as_mut().and_then(|p| p.cq.as_mut()) else {
             return false;
         };
-        // Doorbells are offered for split rings only (`set_features`).
-        let Some(split) = self.vq.split() else {
-            return false;
-        };
-        match split.used().publish_index(mem) {
+        match self.vq.publish_index(mem) {
             Ok(0) => {}
             // Fence 3 of the protocol is inside `publish`: `cq.idx`
-            // store, fence(SeqCst), `cq.flags` load.
+            // store (the used index, or a packed ring's next used
+            // position), fence(SeqCst), `cq.flags` load.
             Ok(batch) => {
-                let next_used = split.next_used();
+                let next_used = self.vq.next_used();
                 let owed = cq.producer.publish(next_used) == Wake::Owed;
                 if let Some(t) = self.tracking.as_mut() {
                     t.published(batch, next_used);
