@@ -131,6 +131,65 @@ fn verify_passes_in_every_mode_with_several_jobs() {
     }
 }
 
+/// `--ring packed` against `sqcqd --packed` (passed by the bench): every
+/// mode verifies its data, the doorbell modes over bit 42's packed
+/// doorbells (spec section 10), with bursts and idle gaps in between so
+/// that both sides sleep and are woken on a packed ring too.
+#[test]
+fn verify_passes_on_packed_rings_in_every_mode() {
+    let Some(bin) = common::sqcqd() else { return };
+    for mode in MODES {
+        let (_, v) = bench(
+            &bin,
+            &[
+                "--ring",
+                "packed",
+                "--rw",
+                "randwrite",
+                "--verify",
+                "crc32c",
+                "--size",
+                "1m",
+                "--bs",
+                "4k",
+                "--iodepth",
+                "8",
+                "--numjobs",
+                "2",
+                "--mode",
+                mode,
+            ],
+        );
+        assert_eq!(v["sqcq"]["mode"], mode);
+        for job in v["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "{mode}");
+            assert_eq!(job["write"]["total_ios"], 256, "{mode}");
+            assert_eq!(job["read"]["total_ios"], 256, "{mode}");
+        }
+    }
+    for mode in ["sqcq", "sqcq-inline"] {
+        let (_, v) = bench(
+            &bin,
+            &[
+                "--ring",
+                "packed",
+                "--size",
+                "400k",
+                "--iodepth",
+                "4",
+                "--bursts",
+                "10",
+                "--mode",
+                mode,
+            ],
+        );
+        let job = &v["jobs"][0];
+        assert_eq!(job["error"], 0, "{mode}");
+        assert_eq!(job["sqcq"]["idle_gaps_asleep"], 9, "{mode}");
+        assert_eq!(ios(job), 100, "{mode}");
+    }
+}
+
 #[test]
 fn after_idling_both_sides_sleep_and_the_next_submission_wakes_them() {
     let Some(bin) = common::sqcqd() else { return };

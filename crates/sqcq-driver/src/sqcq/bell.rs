@@ -163,48 +163,11 @@ pub(crate) struct QueueShared {
     /// The value `cq.idx` starts from: the ring's used index or position
     /// when the doorbells were set up.
     pub(crate) cq_start: u16,
-    /// A packed ring's descriptor flags and the submitter's position.
-    pub(crate) packed: Option<PackedCq>,
-}
-
-/// What a poll thread needs of a packed ring for its re-check before it
-/// sleeps (spec 10.3): `cq.idx` holds a position, which repeats every two
-/// laps, so only the flags of the descriptor at the submitter's next used
-/// position can say that nothing is left to take.
-#[derive(Debug)]
-pub(crate) struct PackedCq {
-    flags: UsedFlags,
-    /// The submitter's next used position (encoded), stored when it
-    /// starts waiting; it takes nothing off the ring until that wait ends.
-    consumed: AtomicU16,
-}
-
-impl PackedCq {
-    pub(crate) fn new(flags: UsedFlags, consumed: u16) -> Self {
-        Self {
-            flags,
-            consumed: AtomicU16::new(consumed),
-        }
-    }
-
-    /// The submitter starts waiting at `position`.
-    pub(crate) fn waits_at(&self, position: u16) {
-        // Release: the submitter's fence before it sleeps on the mailbox
-        // orders this store before that sleep too.
-        self.consumed.store(position, Ordering::Release);
-    }
-
-    /// Whether the descriptor at the submitter's position is used: a
-    /// stale position reads as work (a used descriptor it took already)
-    /// or as none (one it made available again), and the submitter's own
-    /// look at its ring after its fence covers the second case.
-    pub(crate) fn used_pending(&self) -> bool {
-        // Acquire: pairs with the Release store in `waits_at`.
-        let at = self.consumed.load(Ordering::Acquire);
-        // Acquire: pairs with the device's Release store of the flags,
-        // for the submitter's benefit once the poll thread forwards.
-        self.flags.used_at(at, Ordering::Acquire)
-    }
+    /// A packed ring's used side, for the poll thread's re-check before it
+    /// sleeps (spec 10.3): `cq.idx` holds a position, which repeats every
+    /// two laps, so only the flags of the descriptor at the submitter's
+    /// next used position can say that nothing is left to take.
+    pub(crate) packed: Option<UsedFlags>,
 }
 
 impl DoorbellCell for QueueShared {
@@ -223,7 +186,7 @@ impl QueueShared {
         sq: GuestBell,
         cq: GuestBell,
         cq_start: u16,
-        packed: Option<PackedCq>,
+        packed: Option<UsedFlags>,
     ) -> std::io::Result<Self> {
         Ok(Self {
             queue,

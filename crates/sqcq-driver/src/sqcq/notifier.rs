@@ -237,10 +237,6 @@ fn wait_mailbox(
     events: &mut QueueEvents,
     deadline: Instant,
 ) -> Result<(), NotifyError> {
-    if let Some(packed) = &shared.packed {
-        // Where the poll thread's re-check looks until this wait ends.
-        packed.waits_at(ring.last_used());
-    }
     // Relaxed: a scheduling hint for the poll thread, ordering nothing.
     shared.spinning.store(true, Ordering::Relaxed);
     let result = spin_on_mailbox(mailbox, shared, ring, events, deadline);
@@ -276,9 +272,9 @@ fn spin_on_mailbox(
             Poll::Expired => match mailbox.prepare_sleep(now_ns()) {
                 SleepCheck::Work(_) => {}
                 // A last look at the ring after that fence: a packed
-                // ring's poll thread may have looked at a position this
-                // submitter had not published yet (see
-                // `PackedCq::used_pending`); what the device published
+                // ring's poll thread may have read this submitter's
+                // position before its latest take (see
+                // `UsedFlags::used_pending`); what the device published
                 // before that look is visible here.
                 SleepCheck::Sleep if ring.has_used() => {
                     mailbox.cancel_sleep();

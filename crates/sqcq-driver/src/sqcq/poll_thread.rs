@@ -31,7 +31,7 @@ use sqcq_protocol::{
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::bell::{CqBell, DoorbellError, PackedCq, QueueShared, ThreadState, queue_doorbells};
+use super::bell::{CqBell, DoorbellError, QueueShared, ThreadState, queue_doorbells};
 use super::notifier::DoorbellNotifier;
 use crate::memory::DriverMemory;
 use crate::notify::{Notifier, QueueEvents};
@@ -102,12 +102,11 @@ impl PollGroupBuilder {
         inline: bool,
     ) -> Result<Box<dyn Notifier>, DoorbellError> {
         let (sq, cq) = queue_doorbells(mem, ring)?;
-        let start = ring.last_used();
-        let packed = match ring.used_flags(mem) {
-            Some(flags) => Some(PackedCq::new(flags.map_err(DoorbellError::Memory)?, start)),
-            None => None,
-        };
-        let shared = QueueShared::new(index, ring.size(), sq, cq, start, packed)
+        let packed = ring
+            .used_flags(mem)
+            .transpose()
+            .map_err(DoorbellError::Memory)?;
+        let shared = QueueShared::new(index, ring.size(), sq, cq, ring.last_used(), packed)
             .map_err(DoorbellError::Thread)?;
         let shared = Arc::new(shared);
         let spin = SpinPolicy::new(self.spin).unwrap_or_default();
@@ -480,7 +479,7 @@ mod tests {
         let (sq, cq) = queue_doorbells(&mem, &ring).unwrap();
         let start = ring.last_used();
         let flags = ring.used_flags(&mem).unwrap().unwrap();
-        let shared = QueueShared::new(2, 4, sq, cq, start, Some(PackedCq::new(flags, start)));
+        let shared = QueueShared::new(2, 4, sq, cq, start, Some(flags));
         let shared = Arc::new(shared.unwrap());
         let mut watch = CqWatch {
             cq: CqConsumer::new(CqBell(Arc::clone(&shared)), start),

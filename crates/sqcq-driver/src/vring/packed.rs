@@ -23,7 +23,8 @@
 //! doorbells (device area + 128, spec section 10.1)   128 reserved
 //! ```
 
-use std::sync::atomic::{Ordering, fence};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering, fence};
 
 use sqcq_protocol::packed::Position;
 use vm_memory::GuestAddress;
@@ -47,17 +48,29 @@ fn is_used(flags: u16, at: Position) -> bool {
     (flags & AVAIL != 0) == at.wrap() && (flags & USED != 0) == at.wrap()
 }
 
-/// The descriptor flags of a packed ring, for a thread other than the one
-/// that owns the ring: a driver poll thread, whose re-check before it
-/// sleeps (spec section 10.3) looks at the descriptor at the position
-/// where the owner will take its next used descriptor. Reads only.
+/// A packed ring's used side as a thread other than its owner sees it: a
+/// driver poll thread, whose re-check before it sleeps (spec section
+/// 10.3) looks at the descriptor where the owner will take its next used
+/// one. Reads only; the owner stores its position at every take.
 #[derive(Debug)]
 pub struct UsedFlags {
     ring: SharedWindow,
     size: u16,
+    position: Arc<AtomicU16>,
 }
 
 impl UsedFlags {
+    /// Whether the descriptor at the owner's next used position is used.
+    /// A position read before the owner's latest take names a descriptor
+    /// it took (used: a spurious yes) or made available again (not used):
+    /// an owner about to sleep looks at its ring itself after its own
+    /// fence, which covers the second case.
+    pub fn used_pending(&self) -> bool {
+        // Acquire: pairs with the owner's Release store in `pop_used`.
+        let at = self.position.load(Ordering::Acquire);
+        self.used_at(at, Ordering::Acquire)
+    }
+
     /// Whether the descriptor at the encoded position `at` is used (false
     /// for a value that names no position of the ring).
     pub fn used_at(&self, at: u16, order: Ordering) -> bool {
@@ -126,6 +139,8 @@ pub struct PackedQueue {
     held: Option<(u16, u16)>,
     /// Next position to read a used descriptor from.
     used: Position,
+    /// `used`, encoded, for [`UsedFlags`].
+    shared_used: Arc<AtomicU16>,
     /// Completions taken, wrapping (for the statistics).
     taken: u16,
     interrupts_disabled: bool,
@@ -191,6 +206,7 @@ impl PackedQueue {
             published: Position::START,
             held: None,
             used: Position::START,
+            shared_used: Arc::new(AtomicU16::new(Position::START.encode())),
             taken: 0,
             interrupts_disabled: false,
             broken: None,
@@ -444,6 +460,7 @@ impl PackedQueue {
         Ok(UsedFlags {
             ring: SharedWindow::new(mem, self.ring_gpa, len)?,
             size: self.size,
+            position: Arc::clone(&self.shared_used),
         })
     }
 
@@ -479,6 +496,9 @@ impl PackedQueue {
             })));
         }
         self.used = self.used.advance(slot.descs, self.size);
+        // Release: a reader of the position sees this take done.
+        self.shared_used
+            .store(self.used.encode(), Ordering::Release);
         self.slots[usize::from(id)].in_flight = false;
         let tail = (self.free_head + self.num_ids) % self.size;
         self.free_ids[usize::from(tail)] = id;
@@ -603,6 +623,8 @@ impl PackedQueue {
         self.published = Position::START;
         self.held = None;
         self.used = Position::START;
+        self.shared_used
+            .store(Position::START.encode(), Ordering::Relaxed);
         self.taken = 0;
         self.interrupts_disabled = false;
         self.broken = None;
