@@ -56,7 +56,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo clippy -p sqcq-target --features fuzzing --quiet -- -D warnings
 stage "loom: each fence of the handshake removed in turn must lose a wakeup"
 scripts/check-fences.sh
-stage "spin: the Promela models (NEED_WAKEUP; stop, crash and restart) and their failing variants"
+stage "spin: the Promela models (NEED_WAKEUP; backpressure; stop, crash and restart; packed rings) and their failing variants"
 scripts/check-models.sh
 stage "cargo test (every peer installed above: none may be skipped)"
 SQCQ_REQUIRE_PEERS=1 cargo test --workspace

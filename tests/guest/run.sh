@@ -44,6 +44,12 @@ usage: scripts/guest-test.sh [options]
                         virtio modules with patches/linux
                         (scripts/build-guest-modules.sh); the guest expects
                         bit 42 unless the daemon withholds it (--no-sqcq)
+  --packed              with --sqcq: packed virtqueues. QEMU's device gets
+                        packed=on, sqcqd --packed (it offers
+                        VIRTIO_F_RING_PACKED beside bit 42), and the guest
+                        must negotiate both bit 34 (RING_PACKED) and bit 42
+                        (the doorbells then follow the Device Area: spec
+                        section 10); virtio-scsi and sqcqd only
   --daemon-extra ARGS   more sqcqd options (e.g. --no-sqcq, '--poll ring')
   --measure             run1 counts interrupts, CPU time (guest) and kicks
                         (daemon) per I/O under fio at QD1 and QD32, and
@@ -84,7 +90,7 @@ daemon="${SQCQ_GUEST_DAEMON:-}"
 images=()
 daemon_cmd="${SQCQ_GUEST_DAEMON_CMD:-}"
 nq="" disks="" bss="" one_conn="" file_backed="" no_reset="" bios="" bios2="" only_run1=0 keep=0
-sqcq=0 daemon_extra="" measure=0 label="" spin_max_us="" blk=0 rbd=0 bp=0
+sqcq=0 daemon_extra="" measure=0 label="" spin_max_us="" blk=0 rbd=0 bp=0 packed=0
 no_reset_why="the daemon does not survive a device reset within a connection (--no-reset)"
 dev_opts="${SQCQ_GUEST_DEVICE_OPTS-unset}"
 while [ $# -gt 0 ]; do
@@ -104,6 +110,7 @@ while [ $# -gt 0 ]; do
     --bios2) bios2="$2"; shift ;;
     --only-run1) only_run1=1 ;;
     --sqcq) sqcq=1 ;;
+    --packed) packed=1 ;;
     --daemon-extra) daemon_extra="$2"; shift ;;
     --measure) measure=1 ;;
     --label) label="$2"; shift ;;
@@ -118,6 +125,12 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ -n "$daemon" ] || { [ -n "$daemon_cmd" ] && daemon=custom || daemon=sqcqd; }
+if [ "$packed" = 1 ]; then
+    [ "$sqcq" = 1 ] && [ "$daemon" = sqcqd ] && [ "$blk" = 0 ] ||
+        { echo "guest-test: --packed needs --sqcq and sqcqd (virtio-scsi)" >&2; exit 2; }
+    # sqcqd offers VIRTIO_F_RING_PACKED only when asked
+    daemon_extra="${daemon_extra:+$daemon_extra }--packed"
+fi
 
 t_boot="${SQCQ_GUEST_TIMEOUT_BOOT:-90}"
 t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-600}"
@@ -208,6 +221,8 @@ if [ "$sqcq" = 1 ]; then
     qemu="$(scripts/build-qemu.sh)" || { say "building the patched QEMU failed"; exit 1; }
     modules_dir="$(scripts/build-guest-modules.sh)" || { say "building the guest modules failed"; exit 1; }
     dev_opts="sqcq_poll=on${dev_opts:+,$dev_opts}"
+    # --packed: QEMU offers VIRTIO_F_RING_PACKED (bit 34) to the guest
+    [ "$packed" = 1 ] && dev_opts="$dev_opts,packed=on"
     # Under TCG the guest runs about a hundred times slower than under
     # KVM: gaps between requests and the cost of a wakeup grow alike, so
     # the pollers' longest window grows with them (both sides).
@@ -359,6 +374,7 @@ qemu_run() {
         *) append="$append quiet loglevel=3 ${SQCQ_GUEST_APPEND:-}" ;;
     esac
     append="$append sqcq_mode=$mode sqcq_disks=$disks sqcq_expect=$expect_sqcq ${guest_spin:-}"
+    [ "$packed" = 1 ] && append="$append sqcq_packed=on"
     [ "$blk" = 1 ] && append="$append sqcq_dev=blk"
     if [ -n "$resize_img" ]; then append="$append sqcq_resize=rbd"
     elif [ "${can_resize:-0}" = 1 ]; then append="$append sqcq_resize=admin"; fi
