@@ -357,14 +357,14 @@ act_hotplug() {
         try_rpc lun_add lun_add device="$id" lun=1 kind=ram size=16M || return 0
         sleep "0.$((1 + RANDOM % 5))"
     fi
-    try_rpc lun_remove lun_remove device="$id" lun=1
+    try_rpc lun_remove lun_remove device="$id" lun=1 force=true
 }
 
 act_recreate() {
     local d=$((RANDOM % 2)) id
     id=$(dev_id "$d")
     [ -n "$id" ] || return 0
-    try_rpc device_delete device_delete device="$id" || return 0
+    try_rpc device_delete device_delete device="$id" force=true || return 0
     try_rpc device_create device_create type="${TYPES[$d]}" socket-path="${SOCK[$d]}" \
         num-queues=2 queue-size=256 queue-map="${QMAP[$d]}" \
         "lun:=[{\"kind\":\"file\",\"path\":\"${IMG[$d]}\",\"size\":\"${SIZE_MB[$d]}M\",\"create\":true}]"

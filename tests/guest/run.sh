@@ -485,7 +485,7 @@ host_action() {
     local call
     case "$1" in
         lun-add) call=(lun_add device=0 lun=2 kind=ram size=16M) ;;
-        lun-remove) call=(lun_remove device=0 lun=2) ;;
+        lun-remove) call=(lun_remove device=0 lun=2 force=true) ;;
         # every running request queue stops at its next request, as for
         # a nonsense doorbell
         queue-break) call=(fault_break device=0) ;;

@@ -88,6 +88,16 @@ impl DeviceControl {
         Ok(lun)
     }
 
+    /// [`HotplugError::NoSuchLun`] unless the device is SCSI and has
+    /// `lun` now.
+    pub fn check_lun(&self, lun: u16) -> Result<(), HotplugError> {
+        if self.scsi()?.target.has(lun) {
+            Ok(())
+        } else {
+            Err(HotplugError::NoSuchLun(lun))
+        }
+    }
+
     /// Removes `lun` once the requests in flight to it have completed.
     pub fn remove_lun(&self, lun: u16) -> Result<(), HotplugError> {
         let dev = self.scsi()?;

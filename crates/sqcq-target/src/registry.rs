@@ -54,6 +54,18 @@ pub enum RegistryError {
         /// The device.
         device: u32,
     },
+    /// A frontend is connected to the device: deleting it, or removing
+    /// a LUN, takes a disk from a running VM (`force` overrides).
+    #[error(
+        "device {device} is in use: a frontend is connected, whose VM would lose {what}; \
+         stop the VM or detach the disk first, or pass force=true"
+    )]
+    InUse {
+        /// The device.
+        device: u32,
+        /// What the VM would lose.
+        what: String,
+    },
     /// [`MAX_DEVICES`] exist already.
     #[error("{MAX_DEVICES} devices exist already")]
     Full,
@@ -563,9 +575,33 @@ impl Registry {
 
     /// Deletes device `id`: stops accepting, ends the connection after the
     /// requests in flight completed (as at shutdown), removes the socket.
-    pub fn delete(&self, id: u32) -> Result<(), RegistryError> {
+    pub fn delete(&self, id: u32, force: bool) -> Result<(), RegistryError> {
         let _change = self.begin_change()?;
+        if !force {
+            self.refuse_in_use(id, || "its disk".to_owned())?;
+        }
         self.delete_locked(id)
+    }
+
+    /// [`RegistryError::InUse`] if a frontend is connected to device `id`
+    /// (a change made with `force` skips this; a reload, whose file is
+    /// the operator's explicit word, too).
+    fn refuse_in_use(&self, id: u32, what: impl FnOnce() -> String) -> Result<(), RegistryError> {
+        let devices = self.lock();
+        let e = devices.get(&id).ok_or(RegistryError::NoDevice(id))?;
+        // Relaxed: a snapshot; a frontend that connects right after this
+        // look is one that connected after the change.
+        if e.handle
+            .shared()
+            .connected
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(RegistryError::InUse {
+                device: id,
+                what: what(),
+            });
+        }
+        Ok(())
     }
 
     fn delete_locked(&self, id: u32) -> Result<(), RegistryError> {
@@ -676,8 +712,14 @@ impl Registry {
 
     /// Removes `lun` of SCSI device `id` once its requests in flight
     /// completed.
-    pub fn lun_remove(&self, id: u32, lun: u16) -> Result<(), RegistryError> {
+    pub fn lun_remove(&self, id: u32, lun: u16, force: bool) -> Result<(), RegistryError> {
         let _change = self.begin_change()?;
+        if !force {
+            // A LUN that is not there is that error first, whoever is
+            // connected.
+            self.control(id)?.check_lun(lun)?;
+            self.refuse_in_use(id, || format!("LUN {lun}"))?;
+        }
         self.lun_remove_locked(id, lun)
     }
 

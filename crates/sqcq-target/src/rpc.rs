@@ -83,6 +83,7 @@ impl From<RegistryError> for RpcError {
                 NOT_FOUND
             }
             RegistryError::WorkerInUse { .. }
+            | RegistryError::InUse { .. }
             | RegistryError::SocketInUse(..)
             | RegistryError::Full
             | RegistryError::Move(MoveError::Busy { .. })
@@ -244,6 +245,12 @@ const fn p(
 }
 
 const DEVICE: Param = p("device", "integer", true, "Device number (device_list)");
+const FORCE: Param = p(
+    "force",
+    "boolean",
+    false,
+    "Go ahead while a frontend is connected: its VM loses the disk (default false)",
+);
 
 /// Every method, in the order `rpc.discover` lists them.
 pub static METHODS: &[Method] = &[
@@ -312,11 +319,13 @@ pub static METHODS: &[Method] = &[
     },
     Method {
         name: "device_delete",
-        summary: "Stop a device after its requests in flight, disconnect its frontend, remove its socket",
-        params: &[DEVICE],
+        summary: "Stop a device after its requests in flight, disconnect its frontend, remove its \
+                  socket; refused while a frontend is connected unless force",
+        params: &[DEVICE, FORCE],
         open: false,
         handler: |ctx, params| {
-            ctx.registry.delete(u32_param(params, "device")?)?;
+            let force = bool_param(params, "force")?;
+            ctx.registry.delete(u32_param(params, "device")?, force)?;
             Ok(Value::Null)
         },
     },
@@ -347,12 +356,15 @@ pub static METHODS: &[Method] = &[
     },
     Method {
         name: "lun_remove",
-        summary: "Remove a LUN once its requests in flight completed",
-        params: &[DEVICE, p("lun", "integer", true, "LUN number")],
+        summary: "Remove a LUN once its requests in flight completed (the guest is told); \
+                  refused while a frontend is connected unless force",
+        params: &[DEVICE, p("lun", "integer", true, "LUN number"), FORCE],
         open: false,
         handler: |ctx, params| {
             let device = u32_param(params, "device")?;
-            ctx.registry.lun_remove(device, u16_param(params, "lun")?)?;
+            let force = bool_param(params, "force")?;
+            ctx.registry
+                .lun_remove(device, u16_param(params, "lun")?, force)?;
             Ok(Value::Null)
         },
     },
@@ -542,6 +554,15 @@ fn opt_usize(params: &Map<String, Value>, key: &str) -> Result<Option<usize>, Rp
             .and_then(|n| usize::try_from(n).ok())
             .map(Some)
             .ok_or_else(|| RpcError::params(format!("{key} must be a non-negative integer"))),
+    }
+}
+
+fn bool_param(params: &Map<String, Value>, key: &str) -> Result<bool, RpcError> {
+    match params.get(key) {
+        None => Ok(false),
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| RpcError::params(format!("{key} must be true or false"))),
     }
 }
 

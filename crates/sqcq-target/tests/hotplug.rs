@@ -197,7 +197,7 @@ fn luns_come_change_and_go_while_another_lun_serves_io() {
         rq1.submit(lun_at(0, 1), Cdb::read_10(i, 1, false), &[], 512);
     }
     rq1.publish();
-    let remove = json!({"device": 0, "lun": 1});
+    let remove = json!({"device": 0, "lun": 1, "force": true});
     let (reply, _, uas) = rpc_during_io(&admin, "lun_remove", remove, rq0);
     assert_eq!(uas, [(0x3f, 0x0e)], "REPORTED LUNS DATA HAS CHANGED again");
     assert_eq!(reply, Ok(Value::Null));
@@ -280,7 +280,7 @@ fn no_event_without_hotplug_and_change() {
         rpc(&admin, "lun_resize", resize),
         Ok(json!({"blocks": 4096}))
     );
-    let remove = json!({"device": 0, "lun": 5});
+    let remove = json!({"device": 0, "lun": 5, "force": true});
     assert_eq!(rpc(&admin, "lun_remove", remove), Ok(Value::Null));
     // Events are delivered by the control thread after the reply; give it
     // time (a late event would only make this test pass wrongly).

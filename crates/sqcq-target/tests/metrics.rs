@@ -603,7 +603,7 @@ fn run_time_devices_workers_and_queue_moves_show_in_the_next_scrape() {
     let n: u64 = count[0][requests.len()..].parse().unwrap();
     assert!(count.len() == 1 && (16..=17).contains(&n), "{count:?}");
 
-    registry.delete(id).unwrap();
+    registry.delete(id, false).unwrap();
     assert!(!scrape().contains(&dev1), "a deleted device is gone");
     drop(d);
     daemon.shutdown();

@@ -233,9 +233,16 @@ fn devices_created_at_run_time_serve_and_deleted_ones_are_gone() {
         -32602,
         "a blk device without a disk"
     );
-    // Deleting a connected device disconnects its frontend and removes
-    // its socket; the other devices go on.
-    rpc(&admin, "device_delete", json!({"device": 1})).unwrap();
+    // Deleting a connected device is refused, as is removing its LUN:
+    // its VM would lose the disk. With force it disconnects the frontend
+    // and removes the socket; the other devices go on.
+    let e = rpc(&admin, "device_delete", json!({"device": 1})).unwrap_err();
+    assert_eq!(error_code(&e), sqcq_target::rpc::CONFLICT, "{e}");
+    assert!(e.to_string().contains("force=true"), "{e}");
+    let e = rpc(&admin, "lun_remove", json!({"device": 1, "lun": 0})).unwrap_err();
+    assert_eq!(error_code(&e), sqcq_target::rpc::CONFLICT, "{e}");
+    assert!(socket.exists(), "still served");
+    rpc(&admin, "device_delete", json!({"device": 1, "force": true})).unwrap();
     assert!(!socket.exists(), "the socket is removed");
     let e = rpc(&admin, "device_delete", json!({"device": 1})).unwrap_err();
     assert_eq!(error_code(&e), -32001);

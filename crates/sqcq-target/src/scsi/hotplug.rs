@@ -166,6 +166,11 @@ impl LunTable {
     }
 
     /// Publishes the snapshot without `lun`.
+    /// Whether the target has `lun` now.
+    pub(crate) fn has(&self, lun: u16) -> bool {
+        self.lock().current.find(lun).is_some()
+    }
+
     pub(crate) fn install_removed(&self, lun: u16) -> Result<(), HotplugError> {
         let mut s = self.lock();
         if s.current.find(lun).is_none() {
