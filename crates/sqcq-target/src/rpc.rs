@@ -472,7 +472,15 @@ pub static METHODS: &[Method] = &[
                 .into_iter()
                 .filter(|q| only.is_none_or(|d| d == q.device))
                 .collect();
-            let mut errors = Map::new();
+            let (mut errors, mut events) = (Map::new(), Map::new());
+            let object = |pairs: &[(&str, u64)]| {
+                Value::Object(
+                    pairs
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+                        .collect(),
+                )
+            };
             for id in ctx
                 .registry
                 .ids()
@@ -480,20 +488,15 @@ pub static METHODS: &[Method] = &[
                 .filter(|d| only.is_none_or(|o| o == *d))
             {
                 if let Some(shared) = ctx.registry.shared(id) {
-                    let counters: Map<String, Value> = shared
-                        .info
-                        .metrics
-                        .errors()
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), json!(v)))
-                        .collect();
-                    errors.insert(id.to_string(), Value::Object(counters));
+                    let m = &shared.info.metrics;
+                    errors.insert(id.to_string(), object(&m.errors()));
+                    events.insert(id.to_string(), object(&m.events()));
                 }
             }
             if let Some(d) = only.filter(|d| !errors.contains_key(&d.to_string())) {
                 return Err(RegistryError::NoDevice(d).into());
             }
-            Ok(json!({ "queues": to_value(&queues)?, "errors": errors }))
+            Ok(json!({ "queues": to_value(&queues)?, "errors": errors, "events": events }))
         },
     },
     Method {

@@ -258,8 +258,10 @@ impl Harness {
     /// Error counter `name` of device `device`, from `stats_get`.
     fn counter(&self, device: u32, name: &str) -> u64 {
         let s = self.stats();
-        s["errors"][device.to_string()][name]
+        let d = device.to_string();
+        s["errors"][&d][name]
             .as_u64()
+            .or_else(|| s["events"][&d][name].as_u64())
             .unwrap_or_else(|| panic!("no {name} in {s}"))
     }
 }

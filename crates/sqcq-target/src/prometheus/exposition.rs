@@ -44,6 +44,8 @@ pub struct DeviceFigures {
     pub queues: Vec<QueueSnapshot>,
     /// Error counters by class.
     pub errors: Vec<(&'static str, u64)>,
+    /// Counters of normal events by name (`DeviceMetrics::events`).
+    pub events: Vec<(&'static str, u64)>,
 }
 
 impl DeviceFigures {
@@ -82,6 +84,7 @@ impl DeviceFigures {
             luns,
             queues: metrics.queues().collect(),
             errors: metrics.errors().to_vec(),
+            events: metrics.events().to_vec(),
         }
     }
 
@@ -347,6 +350,19 @@ impl Scrape {
                 sample(out, "sqcq_device_errors_total", &l, n);
             }
         }
+        family(
+            out,
+            "sqcq_device_events_total",
+            Kind::Counter,
+            "Normal events a device answered, by name: nothing wrong.",
+        );
+        for d in &self.devices {
+            let labels = d.labels();
+            for (name, n) in &d.events {
+                let l = labels.with("name", name);
+                sample(out, "sqcq_device_events_total", &l, n);
+            }
+        }
         let luns = || {
             self.devices
                 .iter()
@@ -545,6 +561,7 @@ mod tests {
                 }],
                 queues: vec![queue(2, QueueMode::Kick), queue(3, QueueMode::Sqcq)],
                 errors: vec![("bad_lun", 5), ("io_errors", 0)],
+                events: vec![("other_targets", 510)],
             }],
             workers: vec![WorkerSnapshot {
                 worker: 0,
@@ -585,6 +602,7 @@ mod tests {
             format!("sqcq_queue_info{{{dev},vq=\"2\",worker=\"0\"}} 1"),
             format!("sqcq_device_info{{{dev},type=\"scsi\"}} 1"),
             format!("sqcq_device_errors_total{{{dev},class=\"bad_lun\"}} 5"),
+            format!("sqcq_device_events_total{{{dev},name=\"other_targets\"}} 510"),
             format!("sqcq_lun_capacity_bytes{{{dev},lun=\"3\"}} 1048576"),
             "sqcq_worker_queues{worker=\"0\"} 2".into(),
             "sqcq_wakeup_cost_seconds 0.000025".into(),

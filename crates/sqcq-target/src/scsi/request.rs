@@ -23,6 +23,7 @@ use sqcq_scsi::{
     Completion, MAX_DESCRIPTOR_SENSE_LEN, MediumOp, ScsiError, SenseFormat, Status, execute_absent,
     report_luns, takes_parameter_data,
 };
+use tracing::debug;
 
 use crate::guest_warn;
 use crate::runtime::batch::Batch;
@@ -166,10 +167,16 @@ impl ScsiQueue {
         let req = CmdReqHeader::decode(&fixed);
         let lun = match req.lun {
             Some(lun) if lun.target() == 0 => lun.lun(),
-            _ => {
-                DeviceMetrics::bump(&d.metrics.bad_target);
-                guest_warn!(d.limiter, device = %d.name,
-                    "request for {:?}: no such target", req.lun);
+            Some(lun) => {
+                // A guest scanning its bus: normal, answered, counted as
+                // an event and not as an error.
+                DeviceMetrics::bump(&d.metrics.other_targets);
+                debug!(device = %d.name, target = lun.target(), "request for another target");
+                return Err(Response::BadTarget);
+            }
+            None => {
+                DeviceMetrics::bump(&d.metrics.bad_lun);
+                guest_warn!(d.limiter, device = %d.name, "request with a malformed LUN field");
                 return Err(Response::BadTarget);
             }
         };

@@ -98,16 +98,15 @@ pub fn wait_signalled(fd: &EventFd, what: &str) {
     wait_until(&format!("{what} signalled"), || fd.read().is_ok());
 }
 
-/// Error counter `name` of the daemon's first device.
+/// Error or event counter `name` of the daemon's first device.
 pub fn counter(d: &Daemon, name: &str) -> u64 {
-    d.device(0)
-        .unwrap()
-        .info
-        .metrics
-        .errors()
+    let device = d.device(0).unwrap();
+    let m = &device.info.metrics;
+    m.errors()
         .into_iter()
+        .chain(m.events())
         .find(|(n, _)| *n == name)
-        .unwrap()
+        .unwrap_or_else(|| panic!("no counter {name}"))
         .1
 }
 
