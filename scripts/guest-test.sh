@@ -3,6 +3,7 @@
 # sg3_utils, fio, ext4) against a vhost-user SCSI daemon. docs/guest-tests.md.
 #
 #   scripts/guest-test.sh                            # sqcqd (skips if not built)
+#   scripts/guest-test.sh --sqcq [--packed]          # bit 42 in the guest (on packed rings)
 #   scripts/guest-test.sh --daemon vhost-device-scsi # rust-vmm's peer
 #   scripts/guest-test.sh --daemon-cmd 'CMD {socket}' --num-queues N --disks N
 #   scripts/guest-test.sh --restart | --migrate      # issue 12 (tests/guest/live.sh)

@@ -54,7 +54,8 @@ usage: scripts/guest-test.sh [options]
   --measure             run1 counts interrupts, CPU time (guest) and kicks
                         (daemon) per I/O under fio at QD1 and QD32, and
                         appends them to target/guest/measure.txt
-  --label NAME          the configuration's name in measure.txt
+  --label NAME          the configuration's name in measure.txt (default:
+                        the queue mode, e.g. sqcq; sqcq-packed with --packed)
   --spin-max-us N       longest spin window of both sides' pollers, µs
                         (default with --sqcq: 5000, TCG's time scale; see
                         docs/guest-tests.md)
@@ -130,6 +131,8 @@ if [ "$packed" = 1 ]; then
         { echo "guest-test: --packed needs --sqcq and sqcqd (virtio-scsi)" >&2; exit 2; }
     # sqcqd offers VIRTIO_F_RING_PACKED only when asked
     daemon_extra="${daemon_extra:+$daemon_extra }--packed"
+    # measure.txt's default label: sqcq-packed
+    packed_label=-packed
 fi
 
 t_boot="${SQCQ_GUEST_TIMEOUT_BOOT:-90}"
@@ -590,7 +593,7 @@ print(sum(e["limited"] for e in q), sum(e["throttled"] for e in q))' "$work/stat
         # runN/idle_need_wakeup.
         m=$(python3 -c "print('ios=%d device_requests=%d kicks_per_io=%.3f irqs_per_io=%.3f guest_cpu_us_per_io=%.0f' % ($ios, $c1 - $c0, ($k1 - $k0) / max($c1 - $c0, 1), $irqs / $ios, $ticks * 10000 / $ios))")
         host_check "$run/measure_qd$qd" PASS "$m"
-        echo "${label:-$queue_mode} qd$qd $m" >> "$repo/target/guest/measure.txt"
+        echo "${label:-$queue_mode${packed_label:-}} qd$qd $m" >> "$repo/target/guest/measure.txt"
     done
 }
 
