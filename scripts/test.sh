@@ -86,6 +86,8 @@ rm -f target/guest/measure.txt
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll kick" --measure --label classic
 stage "guest: VIRTIO_F_SQCQ_POLL in Linux (patches/linux) through QEMU (patches/qemu)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --measure --label sqcq
+stage "guest: VIRTIO_F_SQCQ_POLL on packed rings (QEMU packed=on, sqcqd --packed, patch 8)"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --packed --measure --label sqcq-packed --only-run1
 stage "guest: backpressure: the SQCQ_POLL guest on file disks while the host limits the daemon's I/O (sqcqd --max-inflight 4, THROTTLE held back by virtio_scsi)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --backpressure --only-run1
 stage "guest: the same guest and QEMU against sqcqd --no-sqcq: classic virtio"
