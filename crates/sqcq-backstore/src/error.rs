@@ -21,6 +21,28 @@ pub enum BackstoreError {
         #[source]
         source: io::Error,
     },
+    /// The backing file does not exist and `create` was not given.
+    #[error(
+        "{path} does not exist: check the path, or add create (with size=) to make a new \
+         sparse file"
+    )]
+    Missing {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// A `ram` LUN larger than the memory the daemon can map.
+    #[error(
+        "a ram LUN of {bytes} bytes cannot be mapped ({why}; this machine has {memory} bytes \
+         of memory, and a ram LUN lives in the daemon's): give a smaller size=, or use kind=file"
+    )]
+    RamTooLarge {
+        /// The size asked for.
+        bytes: u64,
+        /// The machine's physical memory.
+        memory: u64,
+        /// What the system said.
+        why: io::Error,
+    },
     /// Another process uses the image in a way this one excludes (see
     /// [`Conflict`]).
     #[error(

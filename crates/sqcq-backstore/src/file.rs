@@ -126,7 +126,15 @@ impl FileBackstore {
         }
         let mut open = OpenOptions::new();
         open.read(true).write(!options.read_only);
-        let (buffered, created) = open_or_create(&open, options).map_err(open_err)?;
+        let (buffered, created) = open_or_create(&open, options).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound && !options.create {
+                BackstoreError::Missing {
+                    path: options.path.clone(),
+                }
+            } else {
+                open_err(e)
+            }
+        })?;
         let lock = if options.lock {
             let lock = ImageLock::open(&options.path, !options.read_only).map_err(open_err)?;
             if !options.defer_lock {

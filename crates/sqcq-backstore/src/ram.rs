@@ -96,16 +96,25 @@ impl RamBackstore {
         let room = usize::try_from(bytes.max(RESERVE)).unwrap_or(len);
         // A smaller reservation when the address space is limited
         // (ulimit -v): the LUN then cannot grow.
+        let too_large = |why| BackstoreError::RamTooLarge {
+            bytes,
+            memory: physical_memory(),
+            why,
+        };
         let (base, room) = match reserve(room) {
             Some(b) => (b, room),
             None => (
-                reserve(len)
-                    .ok_or_else(|| BackstoreError::Setup(std::io::Error::last_os_error()))?,
+                reserve(len).ok_or_else(|| too_large(std::io::Error::last_os_error()))?,
                 len,
             ),
         };
         let mapping = Arc::new(Mapping { base, len: room });
-        make_accessible(&mapping, 0, len)?;
+        make_accessible(&mapping, 0, len).map_err(|e| match e {
+            BackstoreError::Setup(why) if why.raw_os_error() == Some(libc::ENOMEM) => {
+                too_large(why)
+            }
+            e => e,
+        })?;
         Ok(RamBackstore {
             geometry,
             mapping,
@@ -138,6 +147,13 @@ fn make_accessible(m: &Mapping, from: usize, to: usize) -> Result<(), BackstoreE
         return Err(BackstoreError::Setup(std::io::Error::last_os_error()));
     }
     Ok(())
+}
+
+/// The machine's physical memory in bytes (0 if unknown), for messages.
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    u64::try_from(pages).unwrap_or(0) * page_size() as u64
 }
 
 fn page_size() -> usize {

@@ -368,7 +368,7 @@ fn invalid_geometries_are_refused() {
         Err(BackstoreError::Geometry(_))
     ));
     let missing = FileBackstore::open(&FileOptions::new("/nonexistent/dir/disk.img"));
-    assert!(matches!(missing, Err(BackstoreError::Open { .. })));
+    assert!(matches!(missing, Err(BackstoreError::Missing { .. })));
 }
 
 #[test]

@@ -23,6 +23,22 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "rpc") {
         return rpc();
     }
+    // Words an operator tries before the options.
+    match std::env::args_os()
+        .nth(1)
+        .as_deref()
+        .and_then(|a| a.to_str())
+    {
+        Some("version") => {
+            println!("sqcqd {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Some("help") => {
+            let _ = <Cli as clap::CommandFactory>::command().print_long_help();
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // No colour codes in a journal or a log file.

@@ -540,6 +540,11 @@ impl Registry {
         let id = reserved.key;
         // A worker its queue map names may have been freed meanwhile.
         config.validate(|w| self.pool.exists(w))?;
+        if config.luns.is_empty() && config.device_type == DeviceType::Scsi {
+            warn!(device = id, socket = %config.socket_path.display(),
+                "no LUN: the guest sees an empty SCSI target until lun_add adds one \
+                 (--lun kind=...,size=... at start)");
+        }
         // The LUN numbers the target gave (a spec without `lun` is
         // numbered by its position, as `Target::build` does): what a
         // reload compares.

@@ -211,3 +211,56 @@ fn sqcqd_runs_unprivileged_with_the_filter() {
     );
     drop(d);
 }
+
+/// Operator mistakes, each answered with one line that says what to do
+/// (issue 32, item 9): `(arguments, exit code, a fragment of stdout or
+/// stderr)`.
+#[test]
+fn operator_mistakes_get_one_line_that_says_what_to_do() {
+    let dir = TempDir::new("bin-mistakes");
+    let socket = dir.path("m.sock");
+    let socket = socket.to_str().unwrap();
+    let missing = dir.path("missing.img");
+    let missing = format!("kind=file,path={}", missing.display());
+    let cases: &[(&[&str], i32, &str)] = &[
+        (
+            &["version"],
+            0,
+            concat!("sqcqd ", env!("CARGO_PKG_VERSION")),
+        ),
+        (&["help"], 0, "sqcqd rpc --admin-socket PATH METHOD"),
+        (&["--help"], 0, "sqcqd version | help"),
+        (
+            &["--socket-path", socket, "--lun", &missing],
+            1,
+            "does not exist: check the path, or add create (with size=)",
+        ),
+        (
+            // Beyond the 128 TiB of a process's address space, whatever
+            // the machine's overcommit policy.
+            &["--socket-path", socket, "--lun", "kind=ram,size=200T"],
+            1,
+            "give a smaller size=, or use kind=file",
+        ),
+        (
+            &["--socket-path", socket, "--lun", "kind=ram,size=4M,ro=ture"],
+            2,
+            "is not a boolean",
+        ),
+    ];
+    for (args, code, fragment) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+            .args(*args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {text}");
+        assert!(text.contains(fragment), "{args:?}: {text}");
+        assert!(!std::path::Path::new(socket).exists(), "{args:?}");
+    }
+}

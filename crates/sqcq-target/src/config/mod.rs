@@ -211,6 +211,9 @@ impl Default for ServiceConfig {
     name = "sqcqd",
     version,
     about = "vhost-user-scsi and vhost-user-blk device daemon",
+    override_usage = "sqcqd [OPTIONS]\n       \
+                      sqcqd rpc --admin-socket PATH METHOD [key=value]...\n       \
+                      sqcqd version | help",
     after_help = "Run-time changes: sqcqd rpc --admin-socket PATH METHOD [key=value]... (sqcqd rpc --help)"
 )]
 pub struct Cli {
