@@ -99,29 +99,28 @@ fn iodepth_batch_submit_sets_how_often_new_ios_are_published() {
     }
 }
 
-#[test]
-fn verify_passes_in_every_mode_with_several_jobs() {
-    let Some(bin) = common::sqcqd() else { return };
+/// Every mode writes `size` over `jobs` jobs (with `extra` arguments) in
+/// blocks of `bs` and reads it back verified: 256 of each a job.
+fn verify_in_every_mode(bin: &std::path::Path, extra: &[&str], size: &str, bs: &str, jobs: &str) {
     for mode in MODES {
-        let (_, v) = bench(
-            &bin,
-            &[
-                "--rw",
-                "randwrite",
-                "--verify",
-                "crc32c",
-                "--size",
-                "2m",
-                "--bs",
-                "8k",
-                "--iodepth",
-                "8",
-                "--numjobs",
-                "3",
-                "--mode",
-                mode,
-            ],
-        );
+        let mut args = extra.to_vec();
+        args.extend([
+            "--rw",
+            "randwrite",
+            "--verify",
+            "crc32c",
+            "--size",
+            size,
+            "--bs",
+            bs,
+            "--iodepth",
+            "8",
+            "--numjobs",
+            jobs,
+            "--mode",
+            mode,
+        ]);
+        let (_, v) = bench(bin, &args);
         assert_eq!(v["sqcq"]["mode"], mode);
         for job in v["jobs"].as_array().unwrap() {
             assert_eq!(job["error"], 0, "{mode}");
@@ -131,6 +130,12 @@ fn verify_passes_in_every_mode_with_several_jobs() {
     }
 }
 
+#[test]
+fn verify_passes_in_every_mode_with_several_jobs() {
+    let Some(bin) = common::sqcqd() else { return };
+    verify_in_every_mode(&bin, &[], "2m", "8k", "3");
+}
+
 /// `--ring packed` against `sqcqd --packed` (passed by the bench): every
 /// mode verifies its data, the doorbell modes over bit 42's packed
 /// doorbells (spec section 10), with bursts and idle gaps in between so
@@ -138,35 +143,7 @@ fn verify_passes_in_every_mode_with_several_jobs() {
 #[test]
 fn verify_passes_on_packed_rings_in_every_mode() {
     let Some(bin) = common::sqcqd() else { return };
-    for mode in MODES {
-        let (_, v) = bench(
-            &bin,
-            &[
-                "--ring",
-                "packed",
-                "--rw",
-                "randwrite",
-                "--verify",
-                "crc32c",
-                "--size",
-                "1m",
-                "--bs",
-                "4k",
-                "--iodepth",
-                "8",
-                "--numjobs",
-                "2",
-                "--mode",
-                mode,
-            ],
-        );
-        assert_eq!(v["sqcq"]["mode"], mode);
-        for job in v["jobs"].as_array().unwrap() {
-            assert_eq!(job["error"], 0, "{mode}");
-            assert_eq!(job["write"]["total_ios"], 256, "{mode}");
-            assert_eq!(job["read"]["total_ios"], 256, "{mode}");
-        }
-    }
+    verify_in_every_mode(&bin, &["--ring", "packed"], "1m", "4k", "2");
     for mode in ["sqcq", "sqcq-inline"] {
         let (_, v) = bench(
             &bin,

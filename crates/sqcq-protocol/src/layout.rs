@@ -146,19 +146,11 @@ pub fn doorbell_location(
     queue_size: u16,
 ) -> Result<DoorbellLocation, LayoutError> {
     check_queue_size(queue_size)?;
-    for (name, addr, align) in [
+    check_aligned([
         ("descriptor", ring.desc, 16),
         ("avail", ring.avail, 2),
         ("used", ring.used, 4),
-    ] {
-        if addr % align != 0 {
-            return Err(LayoutError::Misaligned {
-                ring: name,
-                addr,
-                align,
-            });
-        }
-    }
+    ])?;
     let n = u64::from(queue_size);
     let overflow = LayoutError::Overflow { used: ring.used };
     // 4-byte header, 8 bytes per used element, 2-byte avail_event.
@@ -199,19 +191,11 @@ pub fn packed_doorbell_location(
     if queue_size == 0 || queue_size > MAX_QUEUE_SIZE {
         return Err(LayoutError::PackedQueueSize(queue_size));
     }
-    for (name, addr, align) in [
+    check_aligned([
         ("descriptor", ring.desc, 16),
         ("driver area", ring.driver, 4),
         ("device area", ring.device, 4),
-    ] {
-        if addr % align != 0 {
-            return Err(LayoutError::Misaligned {
-                ring: name,
-                addr,
-                align,
-            });
-        }
-    }
+    ])?;
     let overflow = LayoutError::Overflow { used: ring.device };
     let device_end = ring.device.checked_add(4).ok_or(overflow)?;
     let sq = align_up(device_end, DOORBELL_AREA_ALIGN).ok_or(overflow)?;
@@ -231,6 +215,18 @@ pub fn packed_doorbell_location(
         }
     }
     Ok(DoorbellLocation { sq, cq })
+}
+
+/// [`LayoutError::Misaligned`] for the first of `(name, address,
+/// alignment)` whose address is not a multiple of its alignment.
+fn check_aligned(areas: [(&'static str, u64, u64); 3]) -> Result<(), LayoutError> {
+    match areas
+        .into_iter()
+        .find(|&(_, addr, align)| addr % align != 0)
+    {
+        Some((ring, addr, align)) => Err(LayoutError::Misaligned { ring, addr, align }),
+        None => Ok(()),
+    }
 }
 
 fn align_up(addr: u64, align: u64) -> Option<u64> {
