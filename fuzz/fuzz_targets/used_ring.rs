@@ -19,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
         size,
         event_idx: features & 1 != 0,
         indirect_max: if features & 2 != 0 { size.min(4) } else { 0 },
+        packed: false,
     };
     let mut mem = DriverMemory::new(MEM_SIZE).expect("memfd");
     let mut q = SplitQueue::new(&mut mem, config).expect("queue");
