@@ -28,7 +28,9 @@ usage: scripts/guest-test.sh --restart|--migrate [options]
                         chardev reconnect=1)
   --migrate             migrate the guest to a second QEMU under fio
   --restarts N          daemon restarts during fio (default 3; --restart)
-  --mib M               MiB fio writes and verifies (default 32)
+  --mib M               MiB fio writes and verifies (default 64: the writes
+                        fio does while the guest waits out one restart, about
+                        3,500 4k writes here, must leave room for the next)
   --scsi                vhost-user-scsi-pci instead of vhost-user-blk-pci
                         (--migrate only: QEMU 7.2 does not reconnect
                         vhost-user-scsi)
@@ -48,7 +50,7 @@ Env: SQCQD (path of sqcqd), SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_SHUTDOWN
 EOF
 }
 
-kind="" restarts=3 mib=32 dev=blk sqcq=0 daemon_extra="" spin_max_us="" qemu="" keep=0 rbd=0
+kind="" restarts=3 mib=64 dev=blk sqcq=0 daemon_extra="" spin_max_us="" qemu="" keep=0 rbd=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --restart) kind=restart ;;
