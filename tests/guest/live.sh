@@ -202,14 +202,15 @@ throttle() {
 }
 
 # ------------------------------------------------------------- daemons
-# One 64 MiB file (or RBD image) is the disk of every daemon, every
-# instance.
+# One file (or RBD image) is the disk of every daemon, every instance:
+# what fio writes (from offset 4 MiB), and room to spare.
+disk_mib=$((mib + 8))
 if [ "$rbd" = 1 ]; then
-    rbd_create disk 64M || { say "rbd create $rbd_prefix-disk failed"; exit 1; }
+    rbd_create disk "${disk_mib}M" || { say "rbd create $rbd_prefix-disk failed"; exit 1; }
     rbd_img="$SQCQ_CEPH_POOL/$rbd_prefix-disk"
     lun="$(rbd_lun disk)"
 else
-    truncate -s 64M "$work/disk.img"
+    truncate -s "${disk_mib}M" "$work/disk.img"
     lun="kind=file,path=$work/disk.img"
 fi
 disk_what=file; [ "$rbd" = 0 ] || disk_what="RBD image"
