@@ -41,7 +41,7 @@ usage: scripts/guest-test.sh --restart|--migrate [options]
                         (default with --sqcq: 5000)
   --qemu PATH           the QEMU binary (default qemu-system-x86_64; the
                         patched one with --sqcq or --migrate)
-  --rbd                 the disk is a fresh 64 MiB image of the Ceph test
+  --rbd                 the disk is a fresh image (--mib + 8 MiB) of the Ceph test
                         cluster (as for the suite's --rbd), served by every
                         daemon; a migration hands its exclusive lock over
   --keep                keep the scratch directory (logs, image)
