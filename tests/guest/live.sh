@@ -28,9 +28,9 @@ usage: scripts/guest-test.sh --restart|--migrate [options]
                         chardev reconnect=1)
   --migrate             migrate the guest to a second QEMU under fio
   --restarts N          daemon restarts during fio (default 3; --restart)
-  --mib M               MiB fio writes and verifies (default 64: the writes
-                        fio does while the guest waits out one restart, about
-                        3,500 4k writes here, must leave room for the next)
+  --mib M               MiB fio writes and verifies (default 64: what fio
+                        writes while the guest waits out one restart must
+                        leave room for the next restart point)
   --scsi                vhost-user-scsi-pci instead of vhost-user-blk-pci
                         (--migrate only: QEMU 7.2 does not reconnect
                         vhost-user-scsi)

@@ -155,25 +155,14 @@ pub fn doorbell_location(
     let overflow = LayoutError::Overflow { used: ring.used };
     // 4-byte header, 8 bytes per used element, 2-byte avail_event.
     let used_end = ring.used.checked_add(6 + 8 * n).ok_or(overflow)?;
-    let sq = align_up(used_end, DOORBELL_AREA_ALIGN).ok_or(overflow)?;
-    let cq = sq.checked_add(DOORBELL_SIZE).ok_or(overflow)?;
-    let end = cq.checked_add(DOORBELL_SIZE).ok_or(overflow)?;
-
-    let desc_end = ring.desc.checked_add(16 * n).ok_or(overflow)?;
-    let avail_end = ring.avail.checked_add(6 + 2 * n).ok_or(overflow)?;
-    for (name, start, stop) in [
-        ("descriptor", ring.desc, desc_end),
-        ("avail", ring.avail, avail_end),
-    ] {
-        if start < end && sq < stop {
-            return Err(LayoutError::Overlap {
-                ring: name,
-                start: sq,
-                end,
-            });
-        }
-    }
-    Ok(DoorbellLocation { sq, cq })
+    place_after(
+        used_end,
+        overflow,
+        [
+            ("descriptor", ring.desc, 16 * n),
+            ("avail", ring.avail, 6 + 2 * n),
+        ],
+    )
 }
 
 /// Computes where the SQ and CQ doorbells of a packed virtqueue are (spec
@@ -198,13 +187,29 @@ pub fn packed_doorbell_location(
     ])?;
     let overflow = LayoutError::Overflow { used: ring.device };
     let device_end = ring.device.checked_add(4).ok_or(overflow)?;
-    let sq = align_up(device_end, DOORBELL_AREA_ALIGN).ok_or(overflow)?;
+    place_after(
+        device_end,
+        overflow,
+        [
+            ("descriptor", ring.desc, 16 * u64::from(queue_size)),
+            ("driver area", ring.driver, 4),
+        ],
+    )
+}
+
+/// The doorbell area at the first 128-byte boundary at or after `after`
+/// (the end of the area the doorbells follow), checked against 64-bit
+/// overflow (`overflow`) and against overlapping any of `others`, each
+/// `(name, start, length)`.
+fn place_after(
+    after: u64,
+    overflow: LayoutError,
+    others: [(&'static str, u64, u64); 2],
+) -> Result<DoorbellLocation, LayoutError> {
+    let sq = align_up(after, DOORBELL_AREA_ALIGN).ok_or(overflow)?;
     let cq = sq.checked_add(DOORBELL_SIZE).ok_or(overflow)?;
     let end = cq.checked_add(DOORBELL_SIZE).ok_or(overflow)?;
-    for (name, start, len) in [
-        ("descriptor", ring.desc, 16 * u64::from(queue_size)),
-        ("driver area", ring.driver, 4),
-    ] {
+    for (name, start, len) in others {
         let stop = start.checked_add(len).ok_or(overflow)?;
         if start < end && sq < stop {
             return Err(LayoutError::Overlap {
