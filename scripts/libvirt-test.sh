@@ -248,7 +248,7 @@ else
         done < <(expected)
         # anything reported but not expected is shown too
         awk '{ print $1 }' "$work/got" | while read -r ck; do
-            expected | grep -qxF "$ck" || grep "^$ck " "$work/got" | head -n 1 | sed 's|^|guest/|' >> "$results"
+            grep -qxF "$ck" <<< "$(expected)" || grep "^$ck " "$work/got" | head -n 1 | sed 's|^|guest/|' >> "$results"
         done
     else
         check libvirt/create FAIL "virsh create: $(echo "$out" | tr '\n' ' ')"

@@ -577,7 +577,7 @@ else
         supervise
         if [ "$migrated" = 1 ]; then
             # what the guest printed after the migration
-            if tr -d '\r' < "$work/vm2.console.log" | grep -q "^CHECK disk0/live_fio "; then
+            if tr -d '\r' < "$work/vm2.console.log" | grep -c "^CHECK disk0/live_fio " > /dev/null; then
                 check migrate/destination PASS "the guest finished fio on the destination ($(tr -d '\r' < "$work/vm2.console.log" | grep -c '^CHECK ') check lines there)"
             else
                 check migrate/destination FAIL "the destination's console has no fio result"
@@ -585,7 +585,7 @@ else
             # what the source said about the log QEMU gave it (SET_LOG_BASE,
             # VHOST_F_LOG_ALL); loosely: any line about a dirty log
             dl=$({ grep -i "dirty log\|logging=true" "$work/src.log" || true; } |
-                sed 's/^[^ ]* *[A-Z]* *[a-z_:]*: //; s/ device=[^ ]*//' | head -n 2 | tr '\n' ';')
+                sed 's/^[^ ]* *[A-Z]* *[a-z_:]*: //; s/ device=[^ ]*//' | awk 'NR <= 2' | tr '\n' ';')
             if [ -n "$dl" ]; then
                 check migrate/dirty_log PASS "source sqcqd: ${dl%;}"
             else

@@ -362,7 +362,7 @@ collect() {
         done < <(expected $sets)
         # anything reported but not expected is shown too
         awk '{print $1}' "$work/got" | while read -r name; do
-            expected $sets | grep -qxF "$name" || grep "^$name " "$work/got" | head -n 1 | sed "s|^|$label/|" >> "$results"
+            grep -qxF "$name" <<< "$(expected $sets)" || grep "^$name " "$work/got" | head -n 1 | sed "s|^|$label/|" >> "$results"
         done
     done
 }
@@ -576,7 +576,10 @@ print(sum(e["limited"] for e in q), sum(e["throttled"] for e in q))' "$work/stat
     for qd in 1 32; do
         read -r k0 c0 _ < <(figures "$run" "MEASURE-BEGIN qd$qd")
         read -r k1 c1 _ < <(figures "$run" "MEASURE-END qd$qd ")
-        line=$(tr -d '\r' < "$work/$run.console.log" | grep -m1 "^MEASURE-END qd$qd ios=")
+        # awk reads the whole log itself: a `grep -m1` after a pipe
+        # would end the writer with SIGPIPE (141), fatal under pipefail
+        line=$(awk -v p="MEASURE-END qd$qd ios=" '{ gsub(/\r/, "") } index($0, p) == 1 { print; exit }' \
+            "$work/$run.console.log")
         ios=$(echo "$line" | sed -n 's/.* ios=\([0-9]*\).*/\1/p')
         irqs=$(echo "$line" | sed -n 's/.* irqs=\([0-9]*\).*/\1/p')
         ticks=$(echo "$line" | sed -n 's/.* ticks=\([0-9]*\).*/\1/p')

@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak, mpsc};
 
 use serde::Serialize;
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::blk::device::BlkDevice;
-use crate::config::{BackstoreKind, ConfigError, DaemonConfig, DeviceConfig, DeviceType, LunSpec};
+use crate::config::{
+    BackstoreKind, ConfigError, DaemonConfig, DeviceConfig, DeviceType, LunSpec, SaveError,
+};
 use crate::manage::{DeviceControl, DeviceKind};
 use crate::runtime::metrics::QueueSnapshot;
 use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
@@ -440,6 +442,93 @@ impl Registry {
         *plain(self.settings.lock()) = Some(fixed(config));
     }
 
+    /// The daemon as a configuration that a fresh start (or a reload)
+    /// turns back into it: the options it started with, its workers and
+    /// their CPUs, every device as it is now. Also what the file cannot
+    /// say, one line each (a start numbers devices and workers from 0 up,
+    /// so gaps left by deletions close).
+    pub fn running_config(&self) -> (DaemonConfig, Vec<String>) {
+        let mut notes = Vec::new();
+        let mut config = plain(self.settings.lock()).clone().unwrap_or_default();
+        let workers = self.pool.list();
+        config.workers = workers.last().map_or(1, |w| w.id + 1);
+        for gap in (0..config.workers).filter(|i| !workers.iter().any(|w| w.id == *i)) {
+            notes.push(format!(
+                "worker {gap} was freed: a start from this file runs it again (idle)"
+            ));
+        }
+        // `cpus[w]` binds worker `w`: the bound workers from 0 up.
+        let cpu_of = |i: usize| workers.iter().find(|w| w.id == i).and_then(|w| w.cpu);
+        config.poll.cpus = (0..config.workers).map_while(cpu_of).collect();
+        for w in workers.iter().filter(|w| w.id >= config.poll.cpus.len()) {
+            if let Some(cpu) = w.cpu {
+                notes.push(format!(
+                    "worker {} is bound to CPU {cpu} but worker {} is not: a start from this                      file leaves it unbound (worker_create cpu={cpu} binds it again)",
+                    w.id,
+                    config.poll.cpus.len()
+                ));
+            }
+        }
+        let devices = self.lock();
+        for (expected, id) in devices.keys().enumerate() {
+            if u32::try_from(expected).ok() != Some(*id) {
+                notes.push(format!(
+                    "device {id} is numbered {expected} by a start from this file"
+                ));
+            }
+        }
+        config.devices = devices
+            .values()
+            .map(|e| {
+                let mut d = e.config.clone();
+                for lun in &mut d.luns {
+                    lun.defer_lock = false;
+                }
+                d
+            })
+            .collect();
+        (config, notes)
+    }
+
+    /// Writes the running configuration to `path` (see
+    /// [`Self::running_config`]) between changes; returns what the file
+    /// cannot say.
+    pub fn save(&self, path: &std::path::Path) -> Result<Vec<String>, SaveError> {
+        let _change = self.change();
+        self.save_locked(path)
+    }
+
+    fn save_locked(&self, path: &std::path::Path) -> Result<Vec<String>, SaveError> {
+        let (config, notes) = self.running_config();
+        crate::config::save_file(path, &config)?;
+        info!(path = %path.display(), devices = config.devices.len(), "configuration saved");
+        Ok(notes)
+    }
+
+    /// The file `--save-config` names, if any.
+    pub fn autosave_path(&self) -> Option<PathBuf> {
+        plain(self.settings.lock())
+            .as_ref()
+            .and_then(|s| s.service.save_config.clone())
+    }
+
+    /// `result`, after saving the configuration to the `--save-config`
+    /// file if the change it reports was made (called within the change,
+    /// so that saves follow the order of changes). A save that fails is
+    /// logged: the change itself was made.
+    fn saved<T>(&self, result: Result<T, RegistryError>) -> Result<T, RegistryError> {
+        if result.is_ok()
+            && let Some(path) = self.autosave_path()
+            && let Err(e) = self.save_locked(&path)
+        {
+            error!(
+                "--save-config: the change was made, but not saved: {}",
+                crate::runtime::error_chain(&e)
+            );
+        }
+        result
+    }
+
     /// The registry, its devices' sockets coming from `sockets` (passed
     /// in by the service manager, or bound with the configured
     /// ownership).
@@ -485,7 +574,7 @@ impl Registry {
         };
         let built = build(reserved.key, &config)?;
         let _change = self.begin_change()?;
-        self.finish_create(&reserved, built, config, origin)
+        self.saved(self.finish_create(&reserved, built, config, origin))
     }
 
     /// [`Self::create`] within a change (a reload): the backstores open
@@ -585,7 +674,7 @@ impl Registry {
         if !force {
             self.refuse_in_use(id, || "its disk".to_owned())?;
         }
-        self.delete_locked(id)
+        self.saved(self.delete_locked(id))
     }
 
     /// [`RegistryError::InUse`] if a frontend is connected to device `id`
@@ -661,7 +750,7 @@ impl Registry {
         };
         let entry = control.open_lun(spec)?;
         let _change = self.begin_change()?;
-        self.finish_lun_add(id, spec, &control, entry)
+        self.saved(self.finish_lun_add(id, spec, &control, entry))
     }
 
     fn lun_add_locked(&self, id: u32, spec: &LunSpec) -> Result<u16, RegistryError> {
@@ -725,7 +814,7 @@ impl Registry {
             self.control(id)?.check_lun(lun)?;
             self.refuse_in_use(id, || format!("LUN {lun}"))?;
         }
-        self.lun_remove_locked(id, lun)
+        self.saved(self.lun_remove_locked(id, lun))
     }
 
     fn lun_remove_locked(&self, id: u32, lun: u16) -> Result<(), RegistryError> {
@@ -738,7 +827,7 @@ impl Registry {
     /// is LUN 0) to `bytes`; returns the new number of blocks.
     pub fn lun_resize(&self, id: u32, lun: u16, bytes: u64) -> Result<u64, RegistryError> {
         let _change = self.begin_change()?;
-        self.lun_resize_locked(id, lun, bytes)
+        self.saved(self.lun_resize_locked(id, lun, bytes))
     }
 
     fn lun_resize_locked(&self, id: u32, lun: u16, bytes: u64) -> Result<u64, RegistryError> {
@@ -768,7 +857,7 @@ impl Registry {
         worker: Option<usize>,
     ) -> Result<Option<(u16, usize, usize)>, RegistryError> {
         let _change = self.begin_change()?;
-        self.attach_locked(id, rq, worker)
+        self.saved(self.attach_locked(id, rq, worker))
     }
 
     fn attach_locked(
@@ -823,14 +912,14 @@ impl Registry {
     /// Starts a worker (VHOST_NEW_WORKER); returns its number.
     pub fn worker_create(&self, cpu: Option<usize>) -> Result<usize, RegistryError> {
         let _change = self.begin_change()?;
-        Ok(self.pool.create(cpu)?)
+        self.saved(self.pool.create(cpu).map_err(RegistryError::from))
     }
 
     /// Ends worker `w` (VHOST_FREE_WORKER): refused while a queue is
     /// assigned to it or runs on it.
     pub fn worker_free(&self, w: usize) -> Result<(), RegistryError> {
         let _change = self.begin_change()?;
-        self.worker_free_locked(w)
+        self.saved(self.worker_free_locked(w))
     }
 
     fn worker_free_locked(&self, w: usize) -> Result<(), RegistryError> {
@@ -914,7 +1003,16 @@ impl Registry {
             }
         };
         let started = plain(self.settings.lock()).clone();
-        if started.is_some_and(|s| s != fixed(new)) {
+        let mut asked = fixed(new);
+        // A saved configuration lists the CPUs of the workers as they
+        // run (worker_create cpu=N included): the same daemon.
+        if let Some(s) = &started {
+            let (running, _) = self.running_config();
+            if asked.poll.cpus == running.poll.cpus {
+                asked.poll.cpus.clone_from(&s.poll.cpus);
+            }
+        }
+        if started.is_some_and(|s| s != asked) {
             let s = "poll, seccomp, admin socket or service options changed: restart the daemon to apply".to_owned();
             warn!("reload: {s}");
             report.errors.push(s);
@@ -1002,6 +1100,9 @@ impl Registry {
                 self.pool.len(),
                 new.workers
             )));
+        }
+        if !report.changed.is_empty() {
+            let _ = self.saved(Ok(()));
         }
         report
     }

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use crate::config::{ConfigError, DaemonConfig, LunSpec, device_from_json, parse_size};
+use crate::config::{ConfigError, DaemonConfig, LunSpec, SaveError, device_from_json, parse_size};
 use crate::registry::{Origin, Registry, RegistryError};
 use crate::runtime::worker::PoolError;
 use crate::scsi::hotplug::HotplugError;
@@ -497,6 +497,36 @@ pub static METHODS: &[Method] = &[
                 return Err(RegistryError::NoDevice(d).into());
             }
             Ok(json!({ "queues": to_value(&queues)?, "errors": errors, "events": events }))
+        },
+    },
+    Method {
+        name: "config_save",
+        summary: "Write the running daemon (options, workers, devices, LUNs, queue maps) as a \
+                  TOML file that `sqcqd --config FILE` or a reload turns back into it; answers \
+                  what the file cannot say (notes)",
+        params: &[p(
+            "path",
+            "string",
+            false,
+            "Absolute path of the file, replaced atomically (default: --save-config's)",
+        )],
+        open: false,
+        handler: |ctx, params| {
+            let path = match params.get("path") {
+                None | Some(Value::Null) => ctx.registry.autosave_path().ok_or_else(|| {
+                    RpcError::params("path is required (the daemon has no --save-config file)")
+                })?,
+                Some(Value::String(s)) => PathBuf::from(s),
+                Some(_) => return Err(RpcError::params("path must be a string")),
+            };
+            let notes = ctx.registry.save(&path).map_err(|e| RpcError {
+                code: match e {
+                    SaveError::Relative(_) => INVALID_PARAMS,
+                    _ => FAILED,
+                },
+                message: crate::runtime::error_chain(&e),
+            })?;
+            Ok(json!({ "path": path, "notes": notes }))
         },
     },
     Method {

@@ -34,7 +34,9 @@ use thiserror::Error;
 use crate::transport::listen::StaleProbe;
 
 /// What the filter does with a system call it does not allow.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, Default, Deserialize, serde::Serialize, PartialEq, Eq, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SeccompMode {
     /// No filter.

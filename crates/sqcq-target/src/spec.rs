@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sqcq_backstore::{
     Backstore, BackstoreError, FileBackstore, FileOptions, NullBackstore, RamBackstore,
 };
@@ -17,7 +17,7 @@ use sqcq_backstore::{RbdBackstore, RbdOptions};
 use thiserror::Error;
 
 /// Where a LUN stores its blocks.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum BackstoreKind {
     /// Drops writes; reads leave their buffers alone, or zero them with
@@ -32,52 +32,79 @@ pub enum BackstoreKind {
     Rbd,
 }
 
-/// One logical unit.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+/// One logical unit. It serializes (`config_save`) to the keys it is
+/// read from, leaving out those at their defaults.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct LunSpec {
     /// Backstore kind.
     pub kind: BackstoreKind,
     /// LUN number (default: position in the list).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lun: Option<u16>,
     /// Size in bytes (`K`, `M`, `G`, `T` suffixes accepted); required for
     /// null and ram; for file, the bytes of the file to expose (at most
     /// its size: an existing file is never grown or shrunk) and the size
     /// of a file `create` makes.
-    #[serde(default, deserialize_with = "de_size")]
+    #[serde(
+        default,
+        deserialize_with = "de_size",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub size: Option<u64>,
     /// Backing file or block device.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// File LUNs: create the file (of `size` bytes) if it is missing.
-    #[serde(default, deserialize_with = "de_bool")]
+    #[serde(
+        default,
+        deserialize_with = "de_bool",
+        skip_serializing_if = "is_false"
+    )]
     pub create: bool,
     /// Logical block size: 512 or 4096.
-    #[serde(default = "default_block_size", alias = "block_size")]
+    #[serde(
+        default = "default_block_size",
+        alias = "block_size",
+        skip_serializing_if = "is_default_block_size"
+    )]
     pub block_size: u32,
     /// Read-only LUN.
     #[serde(
         default,
         alias = "ro",
         alias = "read_only",
-        deserialize_with = "de_bool"
+        deserialize_with = "de_bool",
+        skip_serializing_if = "is_false"
     )]
     pub read_only: bool,
     /// Unit serial number (VPD page 0x80).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
     /// NAA WWN (VPD page 0x83), `0x5...`.
-    #[serde(default, deserialize_with = "de_wwn")]
+    #[serde(
+        default,
+        deserialize_with = "de_wwn",
+        serialize_with = "ser_wwn",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub wwn: Option<u64>,
     /// Null LUNs: reads fill their buffers with zeros. Off by default, as
     /// for Linux's null_blk and SPDK's null bdev: a read leaves the
     /// initiator's buffer as it was.
-    #[serde(default, deserialize_with = "de_bool")]
+    #[serde(
+        default,
+        deserialize_with = "de_bool",
+        skip_serializing_if = "is_false"
+    )]
     pub zero: bool,
     /// File LUNs: lock the image as QEMU does, so that no second daemon
     /// or QEMU writes it at the same time (on by default).
-    #[serde(default = "default_lock", deserialize_with = "de_bool")]
+    #[serde(
+        default = "default_lock",
+        deserialize_with = "de_bool",
+        skip_serializing_if = "is_true"
+    )]
     pub lock: bool,
     /// File and RBD LUNs: take the image locks (RBD: the exclusive lock)
     /// when a frontend first starts a queue rather than at open (`sqcqd --incoming`, the destination of
@@ -85,26 +112,26 @@ pub struct LunSpec {
     #[serde(skip)]
     pub defer_lock: bool,
     /// RBD LUNs: the pool that holds the image.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     /// RBD LUNs: the image.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// RBD LUNs: the pool namespace (default: none).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// RBD LUNs: serve this snapshot of the image, read-only.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snap: Option<String>,
     /// RBD LUNs: the Ceph configuration file (default: `$CEPH_CONF`, then
     /// `/etc/ceph/ceph.conf`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conf: Option<PathBuf>,
     /// RBD LUNs: the cephx user, without `client.` (default: `admin`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// RBD LUNs: the keyring (default: the configuration's `keyring`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keyring: Option<PathBuf>,
 }
 
@@ -227,6 +254,32 @@ fn default_block_size() -> u32 {
 
 fn default_lock() -> bool {
     true
+}
+
+// Serde's `skip_serializing_if` takes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_default_block_size(b: &u32) -> bool {
+    *b == default_block_size()
+}
+
+/// A WWN as it is written (`0x5...`): a TOML integer is signed, and a NAA
+/// name reads better in hex anyway.
+#[allow(clippy::ref_option)]
+fn ser_wwn<S: serde::Serializer>(wwn: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match wwn {
+        Some(w) => s.serialize_str(&format!("{w:#018x}")),
+        None => s.serialize_none(),
+    }
 }
 
 /// A `--lun` value that cannot be parsed.

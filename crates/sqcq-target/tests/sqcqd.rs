@@ -247,6 +247,18 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
             2,
             "is not a boolean",
         ),
+        (
+            &[
+                "--socket-path",
+                socket,
+                "--lun",
+                "kind=null,size=1M",
+                "--save-config",
+                "saved.toml",
+            ],
+            2,
+            "give an absolute path",
+        ),
     ];
     for (args, code, fragment) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_sqcqd"))

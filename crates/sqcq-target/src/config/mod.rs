@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use clap::Parser;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::prometheus::MetricsListen;
@@ -13,12 +13,14 @@ use crate::sandbox::SeccompMode;
 pub use crate::spec::{BackstoreKind, LunSpec, LunSpecError, parse_size};
 
 mod poll;
+mod save;
 mod service;
 
 pub use crate::runtime::options::{
     DEFAULT_STATS_INTERVAL, MAX_CPU, PollOptions, QueueMap, RingMode, spin_config,
 };
 pub use poll::{FilePoll, PollArgs, parse_spin_us};
+pub use save::{SaveError, save_file, to_toml};
 pub use service::{DEFAULT_ADMIN_SOCKET_MODE, FileService, ServiceArgs, parse_mode};
 
 use crate::service::account::AccountError;
@@ -146,7 +148,7 @@ impl DeviceConfig {
 }
 
 /// The device types `sqcqd` serves.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceType {
     /// vhost-user-scsi: a SCSI target with any number of LUNs.
@@ -176,6 +178,20 @@ pub struct DaemonConfig {
     pub service: ServiceConfig,
 }
 
+impl Default for DaemonConfig {
+    /// One worker, no device, every option at its default.
+    fn default() -> Self {
+        DaemonConfig {
+            workers: 1,
+            devices: Vec::new(),
+            poll: PollOptions::default(),
+            admin_socket: None,
+            seccomp: SeccompMode::default(),
+            service: ServiceConfig::default(),
+        }
+    }
+}
+
 /// How the daemon runs as a service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceConfig {
@@ -189,6 +205,9 @@ pub struct ServiceConfig {
     /// Where the Prometheus endpoint listens (`None`: no endpoint; see
     /// [`crate::prometheus`]).
     pub metrics: Option<MetricsListen>,
+    /// Saved state: after every change (management API, reload) the
+    /// running configuration is written to this file ([`save_file`]).
+    pub save_config: Option<PathBuf>,
 }
 
 impl Default for ServiceConfig {
@@ -201,6 +220,7 @@ impl Default for ServiceConfig {
                 ..SocketOwnership::default()
             },
             metrics: None,
+            save_config: None,
         }
     }
 }
@@ -265,22 +285,26 @@ pub struct Cli {
     pub service: ServiceArgs,
 }
 
-#[derive(Deserialize)]
+// Serialized by `config_save` (module `save`): the tables come last, as
+// TOML wants them after the plain keys.
+#[derive(Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 struct FileConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
     workers: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     admin_socket: Option<PathBuf>,
     #[serde(default)]
     seccomp: SeccompMode,
     #[serde(default)]
-    device: Vec<FileDevice>,
-    #[serde(default)]
     poll: FilePoll,
     #[serde(default)]
     service: FileService,
+    #[serde(default)]
+    device: Vec<FileDevice>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 // The snake_case aliases: the spelling of `device_list`'s output, so that
 // what the management API prints can be fed back to it.
@@ -289,14 +313,14 @@ struct FileDevice {
     device_type: DeviceType,
     #[serde(alias = "socket_path")]
     socket_path: PathBuf,
+    #[serde(alias = "num_queues", skip_serializing_if = "Option::is_none")]
+    num_queues: Option<u16>,
+    #[serde(alias = "queue_size", skip_serializing_if = "Option::is_none")]
+    queue_size: Option<u16>,
+    #[serde(alias = "queue_map", skip_serializing_if = "Option::is_none")]
+    queue_map: Option<String>,
     #[serde(default)]
     lun: Vec<LunSpec>,
-    #[serde(alias = "num_queues")]
-    num_queues: Option<u16>,
-    #[serde(alias = "queue_size")]
-    queue_size: Option<u16>,
-    #[serde(alias = "queue_map")]
-    queue_map: Option<String>,
 }
 
 impl Cli {
@@ -307,11 +331,7 @@ impl Cli {
             Some(path) => load_file(path, &self)?,
             None => DaemonConfig {
                 workers: self.workers,
-                devices: Vec::new(),
-                poll: PollOptions::default(),
-                admin_socket: None,
-                seccomp: SeccompMode::default(),
-                service: ServiceConfig::default(),
+                ..DaemonConfig::default()
             },
         };
         if self.admin_socket.is_some() {
@@ -433,6 +453,18 @@ impl DaemonConfig {
             .map_err(ConfigError::Invalid)?;
         if self.devices.is_empty() {
             return bad("no device: give --socket-path or a --config with [[device]]".into());
+        }
+        if let Some(p) = self
+            .service
+            .save_config
+            .as_ref()
+            .filter(|p| !p.is_absolute())
+        {
+            return bad(format!(
+                "--save-config {}: give an absolute path (the file is written after every \
+                 change, whatever the working directory)",
+                p.display()
+            ));
         }
         for d in &self.devices {
             d.validate(|w| w < self.workers)?;

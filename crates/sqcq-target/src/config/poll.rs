@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sqcq_protocol::{SpinConfig, SpinPolicy};
 
 use crate::runtime::options::{PollOptions, RingMode, spin_config};
@@ -122,24 +122,58 @@ fn interval(secs: u64) -> Option<Duration> {
     (secs > 0).then(|| Duration::from_secs(secs))
 }
 
-/// The `[poll]` table of a TOML configuration file.
-#[derive(Debug, Default, Deserialize)]
+/// The `[poll]` table of a TOML configuration file (written back by
+/// `config_save` with every value explicit).
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FilePoll {
-    #[serde(default, deserialize_with = "crate::spec::de_opt_bool")]
+    #[serde(
+        default,
+        deserialize_with = "crate::spec::de_opt_bool",
+        skip_serializing_if = "Option::is_none"
+    )]
     sqcq: Option<bool>,
-    #[serde(default, deserialize_with = "crate::spec::de_opt_bool")]
+    #[serde(
+        default,
+        deserialize_with = "crate::spec::de_opt_bool",
+        skip_serializing_if = "Option::is_none"
+    )]
     packed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     mode: Option<RingMode>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     cpus: Vec<usize>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     completion_cpus: Vec<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     stats_interval: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     stats_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     spin_us: Option<[u64; 2]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     stop_timeout: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     max_inflight: Option<u16>,
+}
+
+impl From<&PollOptions> for FilePoll {
+    /// The table that reads back as `o` (a stop time-out below a second,
+    /// which only tests set, is written as one second).
+    fn from(o: &PollOptions) -> Self {
+        FilePoll {
+            sqcq: Some(o.offer_sqcq),
+            packed: Some(o.offer_packed),
+            mode: Some(o.ring),
+            cpus: o.cpus.clone(),
+            completion_cpus: o.completion_cpus.clone(),
+            stats_interval: Some(o.stats_interval.map_or(0, |d| d.as_secs())),
+            stats_file: o.stats_file.clone(),
+            spin_us: o.spin.map(|s| [s.min_ns / 1000, s.max_ns / 1000]),
+            stop_timeout: Some(o.stop_timeout.as_secs().max(1)),
+            max_inflight: o.max_in_flight,
+        }
+    }
 }
 
 impl From<FilePoll> for PollOptions {

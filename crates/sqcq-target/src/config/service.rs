@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{ConfigError, ServiceConfig};
 use crate::prometheus::MetricsListen;
@@ -49,22 +49,65 @@ pub struct ServiceArgs {
     /// endpoint].
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<MetricsListen>,
+    /// Saved state: write the running configuration (devices, LUNs,
+    /// workers, queue maps and these options) to PATH, an absolute path,
+    /// after every change, atomically; start from it with --config PATH
+    /// [default: only when asked, `sqcqd rpc config_save path=...`].
+    #[arg(long, value_name = "PATH")]
+    pub save_config: Option<PathBuf>,
 }
 
 /// The `[service]` table of the TOML file.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FileService {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pidfile: Option<PathBuf>,
-    #[serde(default, deserialize_with = "de_mode")]
+    #[serde(
+        default,
+        deserialize_with = "de_mode",
+        serialize_with = "ser_mode",
+        skip_serializing_if = "Option::is_none"
+    )]
     socket_mode: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     socket_owner: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     socket_group: Option<String>,
-    #[serde(default, deserialize_with = "de_mode")]
+    #[serde(
+        default,
+        deserialize_with = "de_mode",
+        serialize_with = "ser_mode",
+        skip_serializing_if = "Option::is_none"
+    )]
     admin_socket_mode: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     admin_socket_owner: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     admin_socket_group: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     metrics_listen: Option<MetricsListen>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    save_config: Option<PathBuf>,
+}
+
+impl From<&ServiceConfig> for FileService {
+    /// The table that reads back as `c` (owners and groups as numbers:
+    /// they were resolved at start).
+    fn from(c: &ServiceConfig) -> Self {
+        let id = |v: Option<u32>| v.map(|v| v.to_string());
+        FileService {
+            pidfile: c.pidfile.clone(),
+            socket_mode: c.socket_ownership.mode,
+            socket_owner: id(c.socket_ownership.uid),
+            socket_group: id(c.socket_ownership.gid),
+            admin_socket_mode: c.admin_socket_ownership.mode,
+            admin_socket_owner: id(c.admin_socket_ownership.uid),
+            admin_socket_group: id(c.admin_socket_ownership.gid),
+            metrics_listen: c.metrics.clone(),
+            save_config: c.save_config.clone(),
+        }
+    }
 }
 
 /// A socket's permission bits in octal, `0660` or `660`: at most `0777`.
@@ -80,6 +123,15 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
 
 /// Modes are strings in the file (`socket-mode = "0660"`), as in systemd's
 /// `SocketMode=`: a TOML integer would be decimal.
+// Serde's `serialize_with` takes a reference.
+#[allow(clippy::ref_option)]
+fn ser_mode<S: Serializer>(mode: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+    match mode {
+        Some(m) => s.serialize_str(&format!("{m:04o}")),
+        None => s.serialize_none(),
+    }
+}
+
 fn de_mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
     Option::<String>::deserialize(d)?
         .map(|s| parse_mode(&s).map_err(serde::de::Error::custom))
@@ -124,6 +176,7 @@ impl FileService {
                 self.admin_socket_group.as_deref(),
             )?,
             metrics: self.metrics_listen,
+            save_config: self.save_config,
         })
     }
 }
@@ -136,6 +189,9 @@ impl ServiceArgs {
         }
         if self.metrics_listen.is_some() {
             config.metrics = self.metrics_listen;
+        }
+        if self.save_config.is_some() {
+            config.save_config = self.save_config;
         }
         config.socket_ownership = ownership(
             config.socket_ownership,

@@ -47,8 +47,8 @@ pub use server::{MetricsServer, Render};
 pub use text::CONTENT_TYPE;
 
 /// Where the endpoint listens: `IP:PORT` or `unix:PATH`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum MetricsListen {
     /// A TCP address (port 0: any free port).
     Tcp(SocketAddr),
@@ -83,6 +83,12 @@ impl TryFrom<String> for MetricsListen {
 
     fn try_from(s: String) -> Result<Self, Self::Error> {
         s.parse()
+    }
+}
+
+impl From<MetricsListen> for String {
+    fn from(m: MetricsListen) -> String {
+        m.to_string()
     }
 }
 

@@ -13,7 +13,9 @@ use sqcq_protocol::{SpinConfig, SpinPolicy};
 pub const DEFAULT_STATS_INTERVAL: u64 = 10;
 
 /// How a request queue without VIRTIO_F_SQCQ_POLL is served.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, Default, Deserialize, serde::Serialize, PartialEq, Eq, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum RingMode {
     /// Classic virtio: sleep until the driver kicks (EVENT_IDX and
