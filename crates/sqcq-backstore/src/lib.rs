@@ -70,6 +70,34 @@ impl Geometry {
     }
 }
 
+impl std::fmt::Display for Geometry {
+    /// `16384 x 512 bytes (8 MiB), read-write, unmap (reads zeros)`: what
+    /// a log line says of a disk.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes = self.bytes();
+        let (size, unit) = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)]
+            .iter()
+            .find(|(_, shift)| bytes >= 1 << shift)
+            .map_or((bytes, "bytes"), |(u, shift)| (bytes >> shift, *u));
+        write!(
+            f,
+            "{} x {} bytes ({size} {unit}), {}",
+            self.blocks,
+            self.block_size,
+            if self.read_only {
+                "read-only"
+            } else {
+                "read-write"
+            }
+        )?;
+        match (self.supports_unmap, self.unmapped_reads_zero) {
+            (true, true) => f.write_str(", unmap (reads zeros)"),
+            (true, false) => f.write_str(", unmap"),
+            (false, _) => Ok(()),
+        }
+    }
+}
+
 /// One I/O operation. Offsets and lengths are in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoOp {

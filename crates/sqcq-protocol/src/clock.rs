@@ -37,6 +37,15 @@ pub enum Source {
     Monotonic,
 }
 
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Tsc => "tsc",
+            Source::Monotonic => "monotonic",
+        })
+    }
+}
+
 #[derive(Debug)]
 struct Clock {
     origin: Instant,

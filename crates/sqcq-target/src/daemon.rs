@@ -13,7 +13,7 @@ use crate::admin::AdminServer;
 use crate::config::DaemonConfig;
 use crate::runtime::worker::WorkerPool;
 
-use crate::prometheus::{MetricsListen, MetricsServer, Scrape};
+use crate::prometheus::{MetricsListen, MetricsServer, ProcessFigures, Scrape, render_build_info};
 use crate::registry::{Origin, Registry, RegistryError, ReloadReport, StartError};
 use crate::rpc::{ConfigSource, Context};
 use crate::sandbox::{SandboxError, SeccompMode};
@@ -199,6 +199,10 @@ impl Daemon {
                 .filter_map(|id| registry.control(id).ok())
                 .collect();
             Scrape::collect(&devices, registry.pool()).render(out);
+            if let Some(p) = ProcessFigures::collect() {
+                p.render(out);
+            }
+            render_build_info(out);
         };
         MetricsServer::spawn(listen, Arc::new(render), &self.stale)
     }

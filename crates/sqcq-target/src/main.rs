@@ -39,15 +39,9 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        // No colour codes in a journal or a log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    // Usage errors are clap's own (exit 2), before any log line.
+    let cli = Cli::parse();
+    sqcq_target::service::log::init(cli.log_level.as_deref(), cli.log_format);
     // Block SIGTERM, SIGINT and SIGHUP before any thread starts, so every
     // thread inherits the mask and only `sigwait` below receives them (a
     // SIGHUP while starting waits for it instead of killing the daemon).
@@ -58,7 +52,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let cli = Cli::parse();
     let from_file = cli.config.is_some();
     // SAFETY: no other thread has started yet (the logger starts none).
     let service = unsafe { ServiceEnv::take() };
@@ -95,7 +88,7 @@ fn main() -> ExitCode {
     };
     // The poll clock chooses its counter (reading /sys) and measures the
     // TSC's rate now, before any worker polls or a filter is applied.
-    info!(source = ?sqcq_protocol::clock::source(), "poll clock");
+    info!(source = %sqcq_protocol::clock::source(), "poll clock");
     let daemon = match Daemon::start_with(&config, sockets) {
         Ok(d) => d,
         Err(e) => return failed(&notifier, ExitCode::FAILURE, &error_chain(&e)),
@@ -124,7 +117,7 @@ fn main() -> ExitCode {
         return failed(&notifier, ExitCode::FAILURE, &error_chain(&e));
     }
     if config.seccomp != sqcq_target::sandbox::SeccompMode::Off {
-        info!(mode = ?config.seccomp, "seccomp filter applied to every thread");
+        info!(mode = %config.seccomp, "seccomp filter applied to every thread");
     }
     notify(
         &notifier,
@@ -137,7 +130,10 @@ fn main() -> ExitCode {
         match wait_signal(&signals) {
             libc::SIGHUP => reload(&daemon, &notifier),
             signal => {
-                info!("signal {signal}: stopping (finishing in-flight I/O)");
+                info!(
+                    "{}: stopping (finishing in-flight I/O)",
+                    signal_name(signal)
+                );
                 notify(
                     &notifier,
                     &[
@@ -372,6 +368,16 @@ fn block_signals() -> std::io::Result<libc::sigset_t> {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
     Ok(set)
+}
+
+/// A signal's name, as an operator writes it (`kill -TERM`).
+fn signal_name(signal: i32) -> String {
+    match signal {
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        n => format!("signal {n}"),
+    }
 }
 
 fn wait_signal(set: &libc::sigset_t) -> i32 {

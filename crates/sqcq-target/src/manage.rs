@@ -83,7 +83,7 @@ impl DeviceControl {
             }
             return Err(HotplugError::Queue(e));
         }
-        info!(device = self.info.id, lun, ?geometry, "LUN added");
+        info!(device = self.info.id, lun, %geometry, "LUN added");
         self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_RESCAN);
         Ok(lun)
     }

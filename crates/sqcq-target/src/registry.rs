@@ -161,7 +161,7 @@ fn build(id: u32, config: &DeviceConfig) -> Result<Built, StartError> {
                     source,
                 })?;
             for e in target.luns() {
-                info!(device = id, lun = e.lun, geometry = ?e.backstore.geometry(), "LUN ready");
+                info!(device = id, lun = e.lun, geometry = %e.backstore.geometry(), "LUN ready");
             }
             let scsi = Arc::new(ScsiDevice::new(target).map_err(io)?);
             Ok((
@@ -178,7 +178,7 @@ fn build(id: u32, config: &DeviceConfig) -> Result<Built, StartError> {
             })?;
             // `read_only`: the device's (the backstore's geometry says
             // only whether the storage itself is).
-            info!(device = id, geometry = ?backstore.geometry(),
+            info!(device = id, geometry = %backstore.geometry(),
                 read_only = spec.read_only || backstore.geometry().read_only, "disk ready");
             // The default serial: the socket's name, as QEMU's
             // vhost-user-blk users expect something stable.

@@ -48,6 +48,17 @@ pub enum SeccompMode {
     Kill,
 }
 
+impl std::fmt::Display for SeccompMode {
+    /// As `--seccomp` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SeccompMode::Off => "off",
+            SeccompMode::Errno => "errno",
+            SeccompMode::Kill => "kill",
+        })
+    }
+}
+
 /// The filter could not be built or applied.
 #[derive(Debug, Error)]
 pub enum SandboxError {
@@ -110,6 +121,8 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_fstatfs,
     libc::SYS_readlink,
     libc::SYS_readlinkat,
+    // The entries of /proc/self/fd (`process_open_fds` at a scrape).
+    libc::SYS_getdents64,
     libc::SYS_ftruncate,
     libc::SYS_fallocate,
     libc::SYS_fsync,

@@ -183,6 +183,14 @@ const FAMILIES: &[(&str, &str)] = &[
     ("sqcq_worker_cpu_displaced", "gauge"),
     ("sqcq_worker_cpu_displacements", "counter"),
     ("sqcq_worker_cpu_seconds", "counter"),
+    ("sqcq_build_info", "gauge"),
+    ("process_cpu_seconds", "counter"),
+    ("process_resident_memory_bytes", "gauge"),
+    ("process_virtual_memory_bytes", "gauge"),
+    ("process_threads", "gauge"),
+    ("process_start_time_seconds", "gauge"),
+    ("process_open_fds", "gauge"),
+    ("process_max_fds", "gauge"),
 ];
 
 /// Every family is there with its type and help, and every queue's
@@ -398,6 +406,28 @@ fn sqcqd_under_seccomp_serves_a_unix_socket_in_ring_poll_mode() {
     io(rq, 0, false, 40, 4);
     let after = parse(&py, body(&exchange(unix(&metrics), GET)));
     check_shape(&after);
+    // Read from /proc under the filter (the daemon lives on: below).
+    let fds = value(&after, "process_open_fds", "process_open_fds", &[]);
+    assert!(fds >= 5.0, "sockets, eventfds and stdio: {fds}");
+    let started = value(
+        &after,
+        "process_start_time_seconds",
+        "process_start_time_seconds",
+        &[],
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started > now - 600.0 && started <= now + 1.0,
+        "{started} vs {now}"
+    );
+    let build = [("version", env!("CARGO_PKG_VERSION"))];
+    assert_eq!(
+        value(&after, "sqcq_build_info", "sqcq_build_info", &build),
+        1.0
+    );
     assert_eq!(
         queue_value(&after, "sqcq_queue_requests", 2)
             - queue_value(&before, "sqcq_queue_requests", 2),

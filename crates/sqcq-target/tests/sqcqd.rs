@@ -259,6 +259,11 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
             2,
             "give an absolute path",
         ),
+        (
+            &["--socket-path", socket, "--log-level", "loud"],
+            2,
+            "\"loud\" names no level",
+        ),
     ];
     for (args, code, fragment) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
@@ -275,4 +280,68 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
         assert!(text.contains(fragment), "{args:?}: {text}");
         assert!(!std::path::Path::new(socket).exists(), "{args:?}");
     }
+}
+
+/// `--log-format` and `--log-level`, and the journal's format chosen by
+/// itself when stderr is the journal stream (`JOURNAL_STREAM`): every
+/// line of a start that fails (a missing image) in the form asked for.
+#[test]
+fn log_lines_in_the_format_and_at_the_level_asked_for() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = TempDir::new("bin-log-format");
+    let socket = dir.path("l.sock");
+    let missing = format!("kind=file,path={}", dir.path("missing.img").display());
+    let run = |extra: &[&str], journal_stream: bool| {
+        let log = dir.path("stderr.log");
+        let file = std::fs::File::create(&log).unwrap();
+        let meta = file.metadata().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sqcqd"));
+        cmd.arg("--socket-path")
+            .arg(&socket)
+            .args(["--lun", &missing])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .env_remove("JOURNAL_STREAM")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file);
+        if journal_stream {
+            cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+        }
+        let status = cmd.status().unwrap();
+        assert_eq!(status.code(), Some(1), "{extra:?}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("does not exist"), "{extra:?}: {text}");
+        text
+    };
+    let json = run(&["--log-format", "json"], false);
+    let levels: Vec<String> = json
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"));
+            assert!(v["timestamp"].is_string() && v["target"].is_string(), "{l}");
+            v["level"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert!(levels.contains(&"INFO".to_owned()), "{json}");
+    assert_eq!(levels.last().map(String::as_str), Some("ERROR"), "{json}");
+    for journal in [run(&["--log-format", "journal"], false), run(&[], true)] {
+        assert!(
+            journal
+                .lines()
+                .all(|l| l.starts_with("<6>") || l.starts_with("<3>")),
+            "{journal}"
+        );
+        assert!(
+            journal.lines().last().unwrap().starts_with("<3>"),
+            "{journal}"
+        );
+    }
+    let text = run(&[], false);
+    assert!(text.lines().any(|l| l.contains(" INFO ")), "{text}");
+    assert!(!text.starts_with('<'), "not the journal's form: {text}");
+    let quiet = run(&["--log-level", "warn"], false);
+    assert!(!quiet.contains("INFO"), "{quiet}");
+    assert!(quiet.contains("ERROR"), "{quiet}");
 }

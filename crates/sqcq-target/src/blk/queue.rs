@@ -145,20 +145,32 @@ impl BlkQueue {
         let status = match why {
             Refusal::NoHeader => {
                 DeviceMetrics::bump(&d.metrics.short_headers);
-                guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                    "request at head {head} without a header or a status byte");
+                guest_warn!(
+                    d.limiter,
+                    device = d.id,
+                    vq = ring.key().vq,
+                    "request at head {head} without a header or a status byte"
+                );
                 Status::IoErr
             }
             Refusal::Bad(what) => {
                 DeviceMetrics::bump(&d.metrics.bad_requests);
-                guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                    "request at head {head}: {what}");
+                guest_warn!(
+                    d.limiter,
+                    device = d.id,
+                    vq = ring.key().vq,
+                    "request at head {head}: {what}"
+                );
                 Status::IoErr
             }
             Refusal::Unsupported(what) => {
                 DeviceMetrics::bump(&d.metrics.bad_requests);
-                guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                    "request at head {head}: {what}: unsupported");
+                guest_warn!(
+                    d.limiter,
+                    device = d.id,
+                    vq = ring.key().vq,
+                    "request at head {head}: {what}: unsupported"
+                );
                 Status::Unsupp
             }
         };
@@ -374,7 +386,7 @@ impl BlkQueue {
                     let d = ring.device();
                     d.metrics
                         .count_backstore_failure(matches!(e, BackstoreError::CephIo(_)));
-                    debug!(device = %d.name, "backstore: {e}");
+                    debug!(device = d.id, "backstore: {e}");
                     (Status::IoErr, 0)
                 }
             };
@@ -483,11 +495,17 @@ impl RequestHandler for BlkQueue {
 
     fn steer_completions(&mut self, ring: &Vring, cpus: &[usize]) {
         match self.io.steer_completions(cpus) {
-            Ok(true) => debug!(device = %ring.device().name, vq = ring.key().vq,
-                "backstore completion work on CPUs {cpus:?}"),
+            Ok(true) => debug!(
+                device = ring.device().id,
+                vq = ring.key().vq,
+                "backstore completion work on CPUs {cpus:?}"
+            ),
             Ok(false) => {}
-            Err(e) => warn!(device = %ring.device().name, vq = ring.key().vq,
-                "cannot steer backstore completions: {e}"),
+            Err(e) => warn!(
+                device = ring.device().id,
+                vq = ring.key().vq,
+                "cannot steer backstore completions: {e}"
+            ),
         }
     }
 
@@ -507,8 +525,11 @@ impl RequestHandler for BlkQueue {
 
     fn cancel(&mut self, ring: &Vring) {
         if let Err(e) = self.io.cancel() {
-            warn!(device = %ring.device().name, vq = ring.key().vq,
-                "cannot cancel backstore requests: {e}");
+            warn!(
+                device = ring.device().id,
+                vq = ring.key().vq,
+                "cannot cancel backstore requests: {e}"
+            );
         }
     }
 

@@ -283,6 +283,15 @@ pub struct Cli {
     /// Pidfile and socket ownership.
     #[command(flatten)]
     pub service: ServiceArgs,
+    /// Log level: error, warn, info, debug, trace, or a filter such as
+    /// info,sqcq_target::admin=debug [default: $RUST_LOG, else info].
+    #[arg(long, value_name = "LEVEL", value_parser = crate::service::log::parse_level)]
+    pub log_level: Option<String>,
+    /// Log lines on stderr: text, json (one object per line) or journal
+    /// (syslog priorities for journald, no time stamps) [default: journal
+    /// when stderr is the journal, else text].
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<crate::service::log::LogFormat>,
 }
 
 // Serialized by `config_save` (module `save`): the tables come last, as

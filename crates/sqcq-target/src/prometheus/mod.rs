@@ -39,10 +39,12 @@ use serde::Deserialize;
 use thiserror::Error;
 
 pub mod exposition;
+mod process;
 pub mod server;
 mod text;
 
 pub use exposition::{DeviceFigures, LunFigures, Scrape};
+pub use process::{ProcessFigures, render_build_info};
 pub use server::{MetricsServer, Render};
 pub use text::CONTENT_TYPE;
 

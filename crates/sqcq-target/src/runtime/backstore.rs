@@ -164,12 +164,26 @@ pub(crate) fn commit(pending: &mut Pending, io: &mut dyn BackstoreQueue, ring: &
     match pending.commit(io, Instant::now) {
         Commit::Sent | Commit::Waiting => {}
         Commit::Retrying { error, wait } => {
-            rate_limited!(warn, d.backstore_limiter, device = %d.name, vq, lun,
-                "backstore refused a commit: {}: retrying in {wait:?}", error_chain(&error));
+            rate_limited!(
+                warn,
+                d.backstore_limiter,
+                device = d.id,
+                vq,
+                lun,
+                "backstore refused a commit: {}: retrying in {wait:?}",
+                error_chain(&error)
+            );
         }
         Commit::Failed { error, withdrawn } => {
-            rate_limited!(error, d.backstore_limiter, device = %d.name, vq, lun,
-                "backstore commit failed: {}: {withdrawn} requests failed", error_chain(&error));
+            rate_limited!(
+                error,
+                d.backstore_limiter,
+                device = d.id,
+                vq,
+                lun,
+                "backstore commit failed: {}: {withdrawn} requests failed",
+                error_chain(&error)
+            );
         }
     }
 }

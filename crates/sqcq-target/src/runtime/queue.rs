@@ -339,9 +339,12 @@ impl ServedQueue {
         let mem = s.mem.view();
         let mut tracking = s.tracking;
         if vq.split().is_none() && tracking.take().is_some() {
-            warn!(device = %s.device.name, vq = s.key.vq,
+            warn!(
+                device = s.device.id,
+                vq = s.key.vq,
                 "packed ring: no in-flight record is kept for it (not implemented), \
-                 so requests in flight when the daemon dies are not resubmitted");
+                 so requests in flight when the daemon dies are not resubmitted"
+            );
         }
         let mut resubmit = Vec::new();
         let recovered = match (tracking.as_mut(), vq.split()) {
@@ -355,9 +358,15 @@ impl ServedQueue {
         }) = recovered
         {
             if next_avail != ring.next_avail || !heads.is_empty() || ignored > 0 {
-                info!(device = %s.device.name, vq = s.key.vq, in_flight = heads.len(), ignored,
-                    base = ring.next_avail, next_avail,
-                    "in-flight record of an earlier run: resubmitting its requests");
+                info!(
+                    device = s.device.id,
+                    vq = s.key.vq,
+                    in_flight = heads.len(),
+                    ignored,
+                    base = ring.next_avail,
+                    next_avail,
+                    "in-flight record of an earlier run: resubmitting its requests"
+                );
             }
             ring.next_avail = next_avail;
             if let Some(split) = vq.split() {
@@ -535,8 +544,12 @@ impl ServedQueue {
     pub fn kick_failed(&mut self) {
         let d = &self.ring.device;
         DeviceMetrics::bump(&d.metrics.dead_kicks);
-        guest_warn!(d.limiter, device = %d.name, vq = self.ring.key.vq,
-            "kick descriptor hung up: queue stopped, device needs reset");
+        guest_warn!(
+            d.limiter,
+            device = d.id,
+            vq = self.ring.key.vq,
+            "kick descriptor hung up: queue stopped, device needs reset"
+        );
         self.ring.mark_broken();
     }
 
@@ -715,8 +728,12 @@ impl ServedQueue {
                 if head >= size {
                     let d = &ring.device;
                     DeviceMetrics::bump(&d.metrics.malformed_chains);
-                    guest_warn!(d.limiter, device = %d.name, vq = ring.key.vq,
-                        "head index {head} out of range: chain dropped");
+                    guest_warn!(
+                        d.limiter,
+                        device = d.id,
+                        vq = ring.key.vq,
+                        "head index {head} out of range: chain dropped"
+                    );
                     continue;
                 }
                 ring.counters.taken();
@@ -827,8 +844,10 @@ impl ServedQueue {
         let mut left = self.handler.finish(&mut self.ring, mem, deadline);
         let (device, vq) = (Arc::clone(&self.ring.device), self.ring.key.vq);
         if left > 0 {
-            error!(device = %device.name, vq,
-                "{left} requests still in flight at the stop deadline: cancelling them");
+            error!(
+                device = device.id,
+                vq, "{left} requests still in flight at the stop deadline: cancelling them"
+            );
         }
         while left > 0 {
             // Again at each round: a SCSI command sliced into several
@@ -843,14 +862,17 @@ impl ServedQueue {
             // answered yet), and the driver need not wait for the slowest.
             self.ring.publish(mem);
             if left > 0 {
-                warn!(device = %device.name, vq,
-                    "{left} requests not yet completed after their cancellation: waiting for them");
+                warn!(
+                    device = device.id,
+                    vq,
+                    "{left} requests not yet completed after their cancellation: waiting for them"
+                );
             }
         }
         self.ring.publish(mem);
         self.ring.park_poll();
         let requests = self.ring.counters.requests();
-        info!(device = %device.name, vq, requests, "queue stopped");
+        info!(device = device.id, vq, requests, "queue stopped");
         self.ring.flush_poll_figures();
         if let Some(m) = self.ring.metrics() {
             m.stopped();
@@ -901,8 +923,12 @@ impl Vring {
         let d = &self.device;
         if in_flight(head) {
             DeviceMetrics::bump(&d.metrics.duplicate_heads);
-            guest_warn!(d.limiter, device = %d.name, vq = self.key.vq,
-                "head {head} made available while in flight: ignored");
+            guest_warn!(
+                d.limiter,
+                device = d.id,
+                vq = self.key.vq,
+                "head {head} made available while in flight: ignored"
+            );
             return Accepted::Duplicate;
         }
         self.counters.accepted(head);
@@ -916,8 +942,12 @@ impl Vring {
                     ChainError::WrongOrder => &d.metrics.wrong_order,
                     ChainError::OutOfMemory { .. } => &d.metrics.out_of_memory,
                 });
-                guest_warn!(d.limiter, device = %d.name, vq = self.key.vq,
-                    "bad descriptor chain at head {head}: {e}");
+                guest_warn!(
+                    d.limiter,
+                    device = d.id,
+                    vq = self.key.vq,
+                    "bad descriptor chain at head {head}: {e}"
+                );
                 Accepted::Bad(head)
             }
         }
@@ -972,8 +1002,12 @@ impl Vring {
                 }
             }
             Err(e) => {
-                guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-                    "cannot complete head {head}: {e}");
+                guest_warn!(
+                    self.device.limiter,
+                    device = self.device.id,
+                    vq = self.key.vq,
+                    "cannot complete head {head}: {e}"
+                );
             }
         }
     }
@@ -1037,7 +1071,7 @@ impl Vring {
             Ok(true) => self.signal_call(),
             Ok(false) => {}
             Err(e) => {
-                error!(device = %self.device.name, vq = self.key.vq, "used ring: {e}");
+                error!(device = self.device.id, vq = self.key.vq, "used ring: {e}");
                 self.mark_broken();
             }
         }
@@ -1061,23 +1095,35 @@ impl Vring {
             Signal::Sent => {}
             Signal::Coalesced => DeviceMetrics::bump(&self.device.metrics.calls_coalesced),
             Signal::Failed(e) => {
-                guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-                    "call eventfd cannot be written ({e}): queue stopped");
+                guest_warn!(
+                    self.device.limiter,
+                    device = self.device.id,
+                    vq = self.key.vq,
+                    "call eventfd cannot be written ({e}): queue stopped"
+                );
                 self.mark_broken();
             }
             Signal::Stalled => {
                 DeviceMetrics::bump(&self.device.metrics.stalled_writes);
-                guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
+                guest_warn!(
+                    self.device.limiter,
+                    device = self.device.id,
+                    vq = self.key.vq,
                     "call eventfd blocked the worker (made blocking and full by the frontend): \
-                     queue stopped");
+                     queue stopped"
+                );
                 self.mark_broken();
             }
         }
     }
 
     fn ring_broken(&mut self, e: &dyn std::fmt::Display) {
-        guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-            "ring corrupt ({e}): queue stopped, device needs reset");
+        guest_warn!(
+            self.device.limiter,
+            device = self.device.id,
+            vq = self.key.vq,
+            "ring corrupt ({e}): queue stopped, device needs reset"
+        );
         self.mark_broken();
     }
 

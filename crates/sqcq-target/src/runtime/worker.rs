@@ -413,7 +413,10 @@ impl WorkerPool {
         } else {
             workers[id] = Some(handle);
         }
-        info!(worker = id, ?cpu, "worker created");
+        match cpu {
+            Some(cpu) => info!(worker = id, cpu, "worker created"),
+            None => info!(worker = id, "worker created (unbound)"),
+        }
         Ok(id)
     }
 

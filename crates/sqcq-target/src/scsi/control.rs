@@ -331,8 +331,11 @@ impl ScsiSession {
                 Err(e) => {
                     q.broken = true;
                     DeviceMetrics::bump(&self.info.metrics.broken_rings);
-                    guest_warn!(self.info.limiter, device = %self.info.name,
-                        "event queue: {e}: stopped, device needs reset");
+                    guest_warn!(
+                        self.info.limiter,
+                        device = self.info.id,
+                        "event queue: {e}: stopped, device needs reset"
+                    );
                     break;
                 }
             };
@@ -352,7 +355,11 @@ impl ScsiSession {
                 }
             } else {
                 DeviceMetrics::bump(&self.info.metrics.bad_control);
-                guest_warn!(self.info.limiter, device = %self.info.name, "bad event buffer at head {head}");
+                guest_warn!(
+                    self.info.limiter,
+                    device = self.info.id,
+                    "bad event buffer at head {head}"
+                );
             }
             let _ = q.ring.push(mem, head, len);
         }
@@ -406,7 +413,11 @@ impl ScsiSession {
                 Ok(()) => self.control_request(ctx, mem),
                 Err(e) => {
                     DeviceMetrics::bump(&self.info.metrics.bad_control);
-                    guest_warn!(self.info.limiter, device = %self.info.name, "bad control chain: {e}");
+                    guest_warn!(
+                        self.info.limiter,
+                        device = self.info.id,
+                        "bad control chain: {e}"
+                    );
                     self.control_response(mem, &[Response::Failure.to_byte()])
                 }
             };
@@ -423,8 +434,11 @@ impl ScsiSession {
             q.broken = true;
         }
         DeviceMetrics::bump(&self.info.metrics.broken_rings);
-        guest_warn!(self.info.limiter, device = %self.info.name,
-            "control queue: {e}: stopped, device needs reset");
+        guest_warn!(
+            self.info.limiter,
+            device = self.info.id,
+            "control queue: {e}: stopped, device needs reset"
+        );
     }
 
     fn control_response(&self, mem: Batch<'_>, bytes: &[u8]) -> u32 {
@@ -473,7 +487,7 @@ impl ScsiSession {
 
     fn bad_control(&self, mem: Batch<'_>, what: &str) -> u32 {
         DeviceMetrics::bump(&self.info.metrics.bad_control);
-        guest_warn!(self.info.limiter, device = %self.info.name, "{what}");
+        guest_warn!(self.info.limiter, device = self.info.id, "{what}");
         self.control_response(mem, &[Response::Failure.to_byte()])
     }
 

@@ -226,13 +226,19 @@ impl RequestHandler for ScsiQueue {
         for l in &mut self.luns {
             match l.io.steer_completions(cpus) {
                 Ok(s) => steered |= s,
-                Err(e) => warn!(device = %ring.device().name, vq = ring.key().vq,
-                    "cannot steer backstore completions: {e}"),
+                Err(e) => warn!(
+                    device = ring.device().id,
+                    vq = ring.key().vq,
+                    "cannot steer backstore completions: {e}"
+                ),
             }
         }
         if steered {
-            debug!(device = %ring.device().name, vq = ring.key().vq,
-                "backstore completion work on CPUs {cpus:?}");
+            debug!(
+                device = ring.device().id,
+                vq = ring.key().vq,
+                "backstore completion work on CPUs {cpus:?}"
+            );
         }
     }
 
@@ -261,8 +267,12 @@ impl RequestHandler for ScsiQueue {
     fn cancel(&mut self, ring: &Vring) {
         for l in &mut self.luns {
             if let Err(e) = l.io.cancel() {
-                warn!(device = %ring.device().name, vq = ring.key().vq, lun = l.lun,
-                    "cannot cancel backstore requests: {e}");
+                warn!(
+                    device = ring.device().id,
+                    vq = ring.key().vq,
+                    lun = l.lun,
+                    "cannot cancel backstore requests: {e}"
+                );
             }
         }
     }

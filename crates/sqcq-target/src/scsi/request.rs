@@ -158,8 +158,12 @@ impl ScsiQueue {
             || stream::read_at(mem, &self.chain.readable, 0, header).is_err()
         {
             DeviceMetrics::bump(&d.metrics.short_headers);
-            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                "request header shorter than {hdr_len} bytes at head {head}");
+            guest_warn!(
+                d.limiter,
+                device = d.id,
+                vq = ring.key().vq,
+                "request header shorter than {hdr_len} bytes at head {head}"
+            );
             return Err(Response::Failure);
         }
         let mut fixed = [0u8; CMD_REQ_FIXED];
@@ -171,12 +175,20 @@ impl ScsiQueue {
                 // A guest scanning its bus: normal, answered, counted as
                 // an event and not as an error.
                 DeviceMetrics::bump(&d.metrics.other_targets);
-                debug!(device = %d.name, target = lun.target(), "request for another target");
+                debug!(
+                    device = d.id,
+                    target = lun.target(),
+                    "request for another target"
+                );
                 return Err(Response::BadTarget);
             }
             None => {
                 DeviceMetrics::bump(&d.metrics.bad_lun);
-                guest_warn!(d.limiter, device = %d.name, "request with a malformed LUN field");
+                guest_warn!(
+                    d.limiter,
+                    device = d.id,
+                    "request with a malformed LUN field"
+                );
                 return Err(Response::BadTarget);
             }
         };
@@ -295,8 +307,12 @@ impl ScsiQueue {
             None => {
                 let d = ring.device();
                 DeviceMetrics::bump(&d.metrics.short_responses);
-                guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                    "no room for a response at head {head}: returned with length 0");
+                guest_warn!(
+                    d.limiter,
+                    device = d.id,
+                    vq = ring.key().vq,
+                    "no room for a response at head {head}: returned with length 0"
+                );
                 0
             }
         };
@@ -327,8 +343,12 @@ impl ScsiQueue {
         if have < needed {
             let d = ring.device();
             DeviceMetrics::bump(&d.metrics.overruns);
-            guest_warn!(d.limiter, device = %d.name, vq = ring.key().vq,
-                "data buffer of {have} bytes for a {needed}-byte transfer: overrun");
+            guest_warn!(
+                d.limiter,
+                device = d.id,
+                vq = ring.key().vq,
+                "data buffer of {have} bytes for a {needed}-byte transfer: overrun"
+            );
             self.respond_transport(ring, mem, head, Response::Overrun, saturating_u32(have));
             return;
         }

@@ -11,6 +11,7 @@
 
 pub mod account;
 pub mod activation;
+pub mod log;
 pub mod notify;
 pub mod pidfile;
 pub(crate) mod pollset;

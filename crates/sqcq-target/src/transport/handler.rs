@@ -64,7 +64,7 @@ fn eventfd(session: &Session, file: Option<File>, role: FdRole) -> Result<Option
     file.map(|f| PeerEventFd::adopt(f, role))
         .transpose()
         .map_err(|e| {
-            warn!(device = %session.dev.info.name, "{e}");
+            warn!(device = session.dev.info.id, "{e}");
             Error::InvalidParam
         })
 }
@@ -103,7 +103,7 @@ impl Session {
         queue_size: u16,
     ) -> Result<()> {
         let refuse = |what: &dyn std::fmt::Display| {
-            warn!(device = %self.dev.info.name, "in-flight area refused: {what}");
+            warn!(device = self.dev.info.id, "in-flight area refused: {what}");
             Error::InvalidParam
         };
         let map = SharedMap::map(file, offset, len, self.dev.memory_fault.as_raw_fd())
@@ -166,7 +166,7 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn reset_device(&mut self) -> Result<()> {
-        info!(device = %self.dev.info.name, "device reset");
+        info!(device = self.dev.info.id, "device reset");
         self.reset_rings();
         // What the driver had in flight died with its reset.
         if let Some(a) = &self.inflight {
@@ -184,7 +184,7 @@ impl VhostUserBackendReqHandlerMut for Session {
             return Err(Error::InvalidParam);
         }
         self.acked_features = features;
-        debug!(device = %self.dev.info.name, "features {features:#x}");
+        debug!(device = self.dev.info.id, "features {features:#x}");
         // VHOST_F_LOG_ALL on or off (QEMU at the start and the end of a
         // migration).
         if !self.sync_logging() {
@@ -209,8 +209,13 @@ impl VhostUserBackendReqHandlerMut for Session {
         if postcopy_listening.is_some() {
             return not_supported();
         }
-        let shared = crate::transport::memory::map(ctx, files, self.dev.memory_fault.as_raw_fd()).map_err(|e| {
-            warn!(device = %self.dev.info.name, "memory table refused: {}", crate::runtime::error_chain(&e));
+        let shared = crate::transport::memory::map(ctx, files, self.dev.memory_fault.as_raw_fd())
+            .map_err(|e| {
+            warn!(
+                device = self.dev.info.id,
+                "memory table refused: {}",
+                crate::runtime::error_chain(&e)
+            );
             Error::InvalidParam
         })?;
         // Memory grown past the log while logging: the pages beyond it
@@ -237,7 +242,11 @@ impl VhostUserBackendReqHandlerMut for Session {
         // Polling workers rebuild their doorbells on the new map before
         // they sleep again.
         self.pool.nudge_all();
-        info!(device = %self.dev.info.name, regions = ctx.len(), "memory table set");
+        info!(
+            device = self.dev.info.id,
+            regions = ctx.len(),
+            "memory table set"
+        );
         if self.logging() && !self.remap() {
             return Err(Error::BackendInternalError);
         }
@@ -324,7 +333,11 @@ impl VhostUserBackendReqHandlerMut for Session {
         if let Some(call) = &call
             && let Signal::Failed(_) | Signal::Stalled = call.signal()
         {
-            warn!(device = %self.dev.info.name, vring = i, "the new call eventfd cannot be signalled");
+            warn!(
+                device = self.dev.info.id,
+                vring = i,
+                "the new call eventfd cannot be signalled"
+            );
             return Err(Error::InvalidParam);
         }
         self.vrings[i].call = call;
@@ -404,11 +417,18 @@ impl VhostUserBackendReqHandlerMut for Session {
         let len = u64::try_from(queue_region_size(queue_size) * usize::from(num_queues))
             .map_err(|_| Error::InvalidParam)?;
         let file = sealed_memfd(c"sqcq-inflight", len).map_err(|e| {
-            warn!(device = %self.dev.info.name, "in-flight area: {}", crate::runtime::error_chain(&e));
+            warn!(
+                device = self.dev.info.id,
+                "in-flight area: {}",
+                crate::runtime::error_chain(&e)
+            );
             Error::BackendInternalError
         })?;
         self.adopt_inflight(&file, 0, len, num_queues, queue_size)?;
-        info!(device = %self.dev.info.name, num_queues, queue_size, "in-flight area created");
+        info!(
+            device = self.dev.info.id,
+            num_queues, queue_size, "in-flight area created"
+        );
         Ok((VhostUserInflight::new(len, 0, num_queues, queue_size), file))
     }
 
@@ -425,7 +445,10 @@ impl VhostUserBackendReqHandlerMut for Session {
             queue_size,
         )?;
         let resumed = self.inflight.as_ref().is_some_and(|a| a.used_before());
-        info!(device = %self.dev.info.name, num_queues, queue_size, resumed, "in-flight area set");
+        info!(
+            device = self.dev.info.id,
+            num_queues, queue_size, resumed, "in-flight area set"
+        );
         if resumed {
             self.device.resumed();
         }
@@ -490,8 +513,11 @@ impl VhostUserBackendReqHandlerMut for Session {
         let info = std::sync::Arc::clone(&self.dev.info);
         let lost = Box::new(move |gpa: u64| {
             DeviceMetrics::bump(&info.metrics.log_marks_lost);
-            crate::guest_warn!(info.limiter, device = %info.name,
-                "page {gpa:#x} written beyond the end of the dirty log: not marked");
+            crate::guest_warn!(
+                info.limiter,
+                device = info.id,
+                "page {gpa:#x} written beyond the end of the dirty log: not marked"
+            );
         });
         // SAFETY: the mapping is `len` bytes and lives as long as the log
         // (it is the log's keeper).
@@ -503,7 +529,7 @@ impl VhostUserBackendReqHandlerMut for Session {
             return Err(refuse(why));
         }
         self.log = Some(std::sync::Arc::new(dirty));
-        info!(device = %self.dev.info.name, size = len, "dirty log set");
+        info!(device = self.dev.info.id, size = len, "dirty log set");
         // A log replaced while logging (QEMU resizes it when memory
         // grows): the map points at the new one.
         if self.logging() && !self.remap() {

@@ -306,14 +306,17 @@ impl Session {
         {
             // Logging into a log that misses pages would lose them in the
             // migration: the connection ends (see `set_log_base`).
-            error!(device = %self.dev.info.name, "cannot log: {why}");
+            error!(device = self.dev.info.id, "cannot log: {why}");
             self.fatal = Some(format!("dirty log refused: {why}"));
             return false;
         }
         let map = match crate::transport::memory::memory_map(&mut self.regions, log.as_ref()) {
             Ok(m) => m,
             Err(e) => {
-                error!(device = %self.dev.info.name, "cannot switch dirty logging: {e}");
+                error!(
+                    device = self.dev.info.id,
+                    "cannot switch dirty logging: {e}"
+                );
                 return false;
             }
         };
@@ -332,7 +335,11 @@ impl Session {
         if !workers_caught_up(&self.pool, &self.vrings, &self.dev.info) {
             return false;
         }
-        info!(device = %self.dev.info.name, logging = log.is_some(), "memory map rebuilt");
+        info!(
+            device = self.dev.info.id,
+            logging = log.is_some(),
+            "memory map rebuilt"
+        );
         true
     }
 
@@ -351,7 +358,7 @@ impl Session {
             Ok(e) => self.log_fd = Some(e),
             Err(e) => {
                 DeviceMetrics::bump(&self.dev.info.metrics.failed_messages);
-                warn!(device = %self.dev.info.name, "{e}");
+                warn!(device = self.dev.info.id, "{e}");
             }
         }
     }
@@ -475,7 +482,7 @@ impl Session {
         // whose migration failed, takes its storage back before serving;
         // while another daemon holds it, the queue does not start.
         if let Err(e) = self.dev.device.set_active(true) {
-            error!(device = %self.dev.info.name, vq = index, "cannot start: {e}");
+            error!(device = self.dev.info.id, vq = index, "cannot start: {e}");
             return;
         }
         if index < self.local {
@@ -488,7 +495,10 @@ impl Session {
                 // A queue the guest set up wrong fails on any worker.
                 Ok(()) | Err(StartFailure::Queue) => return,
                 Err(StartFailure::Worker) => {
-                    warn!(device = %self.dev.info.name, rq, "worker {w} assigned but gone: round robin");
+                    warn!(
+                        device = self.dev.info.id,
+                        rq, "worker {w} assigned but gone: round robin"
+                    );
                 }
             }
         }
@@ -496,7 +506,7 @@ impl Session {
             Some(w) => {
                 let _ = self.start_on(index, w);
             }
-            None => error!(device = %self.dev.info.name, rq, "cannot start: no worker"),
+            None => error!(device = self.dev.info.id, rq, "cannot start: no worker"),
         }
     }
 
@@ -514,7 +524,7 @@ impl Session {
         let vq = u16::try_from(index).unwrap_or(u16::MAX);
         match self.with_device(|d, ctx| d.start_local(ctx, index, &ring, fds)) {
             Ok(()) => self.vrings[index].running = Running::Control,
-            Err(e) => error!(device = %self.dev.info.name, vq, "cannot start: {e}"),
+            Err(e) => error!(device = self.dev.info.id, vq, "cannot start: {e}"),
         }
     }
 
@@ -569,11 +579,11 @@ impl Session {
                 Ok(())
             }
             Ok(Err(e)) => {
-                error!(device = %self.dev.info.name, vq, "cannot start: {e}");
+                error!(device = self.dev.info.id, vq, "cannot start: {e}");
                 Err(StartFailure::Queue)
             }
             Err(e) => {
-                error!(device = %self.dev.info.name, vq, "cannot start: {e}");
+                error!(device = self.dev.info.id, vq, "cannot start: {e}");
                 Err(StartFailure::Worker)
             }
         }
@@ -636,13 +646,19 @@ impl Session {
         v.running = Running::No;
         self.dev.placement.set_running(rq, None);
         if self.start_on(index, to).is_ok() {
-            info!(device = %self.dev.info.name, vq, "queue moved from worker {from} to worker {to}");
+            info!(
+                device = self.dev.info.id,
+                vq, "queue moved from worker {from} to worker {to}"
+            );
             return Ok((vq, from, to));
         }
         if self.start_on(index, from).is_ok() {
             return Err(MoveError::Start { vq, from, to });
         }
-        error!(device = %self.dev.info.name, vq, "stopped for a move and could not start again");
+        error!(
+            device = self.dev.info.id,
+            vq, "stopped for a move and could not start again"
+        );
         Err(MoveError::Stopped { vq })
     }
 
@@ -680,7 +696,7 @@ impl Session {
                     Err(WorkerGone::TimedOut(_)) => stop_failed(&self.dev.info, vq, w),
                     Err(e @ WorkerGone::Exited(_)) => {
                         // The thread and everything it served are gone.
-                        error!(device = %self.dev.info.name, vq, "cannot stop: {e}");
+                        error!(device = self.dev.info.id, vq, "cannot stop: {e}");
                         None
                     }
                 }
@@ -712,9 +728,11 @@ impl Session {
             && self.vrings.iter().all(|v| matches!(v.running, Running::No))
         {
             match self.dev.device.set_active(false) {
-                Ok(()) => info!(device = %self.dev.info.name,
-                    "device stopped while logging: storage released for the migration's destination"),
-                Err(e) => warn!(device = %self.dev.info.name, "cannot release the storage: {e}"),
+                Ok(()) => info!(
+                    device = self.dev.info.id,
+                    "device stopped while logging: storage released for the migration's destination"
+                ),
+                Err(e) => warn!(device = self.dev.info.id, "cannot release the storage: {e}"),
             }
         }
     }
@@ -757,7 +775,10 @@ impl Session {
 
     fn send(&self, worker: usize, cmd: WorkerCommand, what: &str) {
         if let Err(e) = self.pool.send(worker, cmd) {
-            warn!(device = %self.dev.info.name, "cannot update the {what} fd: {e}");
+            warn!(
+                device = self.dev.info.id,
+                "cannot update the {what} fd: {e}"
+            );
         }
     }
 
@@ -802,7 +823,7 @@ impl Session {
         self.mappings.clear();
         self.retired.append(&mut self.regions);
         self.release_retired();
-        info!(device = %self.dev.info.name, "connection closed");
+        info!(device = self.dev.info.id, "connection closed");
         std::mem::take(&mut self.retired)
     }
 }
@@ -819,9 +840,12 @@ impl Session {
 /// restarted daemon (resubmitting from the in-flight area where it keeps
 /// one), and which no kernel copy can outlive into reused memory.
 fn stop_failed(info: &DeviceInfo, vq: u16, worker: usize) -> ! {
-    error!(device = %info.name, vq,
+    error!(
+        device = info.id,
+        vq,
         "worker {worker} did not stop the queue: backstore requests neither complete nor \
-         cancel; ending the process (vhost-user stop rule S5)");
+         cancel; ending the process (vhost-user stop rule S5)"
+    );
     std::process::abort()
 }
 
@@ -831,7 +855,7 @@ fn config_changed(channel: Option<&BackendChannel>, info: &DeviceInfo) -> bool {
     let Some(c) = channel else {
         DeviceMetrics::bump(&info.metrics.config_changes_lost);
         warn!(
-            device = %info.name,
+            device = info.id,
             "configuration changed, but the frontend gave no backend channel \
              (VHOST_USER_PROTOCOL_F_BACKEND_REQ) to tell it"
         );
@@ -839,17 +863,23 @@ fn config_changed(channel: Option<&BackendChannel>, info: &DeviceInfo) -> bool {
     };
     match c.config_changed() {
         Ok(true) => {
-            info!(device = %info.name, "frontend told of the configuration change");
+            info!(
+                device = info.id,
+                "frontend told of the configuration change"
+            );
             true
         }
         Ok(false) => {
             DeviceMetrics::bump(&info.metrics.config_changes_lost);
-            warn!(device = %info.name, "the frontend does not read its backend channel: configuration change not told");
+            warn!(
+                device = info.id,
+                "the frontend does not read its backend channel: configuration change not told"
+            );
             false
         }
         Err(e) => {
             DeviceMetrics::bump(&info.metrics.config_changes_lost);
-            warn!(device = %info.name, "backend channel: {e}");
+            warn!(device = info.id, "backend channel: {e}");
             false
         }
     }
@@ -863,7 +893,7 @@ fn workers_caught_up(pool: &WorkerPool, vrings: &[VringSetup], info: &DeviceInfo
     serving_workers(vrings).into_iter().all(|w| {
         let call = |reply| WorkerCommand::Barrier { reply };
         pool.call(w, call, deadline)
-            .inspect_err(|e| error!(device = %info.name, "memory map switch: {e}"))
+            .inspect_err(|e| error!(device = info.id, "memory map switch: {e}"))
             .is_ok()
     })
 }
@@ -893,7 +923,7 @@ fn drain_requests(pool: &WorkerPool, vrings: &[VringSetup], info: &DeviceInfo) -
     for w in workers {
         let call = |reply| WorkerCommand::Drain { device, reply };
         if let Err(e) = pool.call(w, call, deadline) {
-            error!(device = %info.name, "drain: {e}");
+            error!(device = info.id, "drain: {e}");
             drained = false;
         }
     }

@@ -454,7 +454,7 @@ impl Vring {
                 self.count_batch(batch);
             }
             Err(e) => {
-                error!(device = %self.device.name, vq = self.key.vq, "used ring: {e}");
+                error!(device = self.device.id, vq = self.key.vq, "used ring: {e}");
                 self.mark_broken();
             }
         }
@@ -515,8 +515,13 @@ impl Vring {
     /// Stops the queue for good (until the driver resets it): the
     /// doorbells are not touched again.
     fn poll_broken(&mut self, e: &PollError) {
-        guest_warn!(self.device.limiter, device = %self.device.name, vq = self.key.vq,
-            "{}: queue stopped, device needs reset", crate::runtime::error_chain(e));
+        guest_warn!(
+            self.device.limiter,
+            device = self.device.id,
+            vq = self.key.vq,
+            "{}: queue stopped, device needs reset",
+            crate::runtime::error_chain(e)
+        );
         self.flush_poll_figures();
         self.poll = None;
         self.mark_broken();
