@@ -85,11 +85,13 @@
 
 pub mod admin;
 pub mod blk;
+pub mod client;
 pub mod config;
 pub mod daemon;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod manage;
+pub mod manual;
 pub mod prometheus;
 pub mod registry;
 pub mod rpc;

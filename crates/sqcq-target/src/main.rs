@@ -37,6 +37,20 @@ fn main() -> ExitCode {
             let _ = <Cli as clap::CommandFactory>::command().print_long_help();
             return ExitCode::SUCCESS;
         }
+        Some("completions" | "man") => {
+            use std::io::Write as _;
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            return match sqcq_target::manual::run(&args) {
+                Ok(text) => {
+                    let _ = std::io::stdout().write_all(&text);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         _ => {}
     }
     // Usage errors are clap's own (exit 2), before any log line.
@@ -312,24 +326,30 @@ fn admin() -> ExitCode {
 /// that reports errors (printed on stderr), 2 when the daemon could not be
 /// asked.
 fn rpc() -> ExitCode {
-    use sqcq_target::rpc::{RpcCli, call, params_from_args, reload_errors};
+    use sqcq_target::client::{Request, RpcCli};
+    use sqcq_target::rpc::{call, reload_errors};
     use std::io::Write as _;
     let cli = RpcCli::parse_from(
         std::iter::once(std::ffi::OsString::from("sqcqd rpc")).chain(std::env::args_os().skip(2)),
     );
-    let params = match params_from_args(&cli.params) {
-        Ok(p) => p,
+    let (method, params) = match cli.request() {
+        Ok(Request::Call(method, params)) => (method, params),
+        Ok(Request::Help(text)) => {
+            let _ = write!(std::io::stdout(), "{text}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("sqcqd rpc: {e}");
             return ExitCode::from(2);
         }
     };
+    let socket = cli.socket();
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
-    match call(&cli.admin_socket, &cli.method, params) {
+    match call(&socket, &method, params) {
         // A closed pipe (`| head`) is not an error of the call.
         Ok(Ok(result)) => {
             let _ = writeln!(std::io::stdout(), "{}", pretty(&result));
-            match reload_errors(&cli.method, &result) {
+            match reload_errors(&method, &result) {
                 Some(errors) => {
                     let mut err = std::io::stderr().lock();
                     let _ = writeln!(err, "sqcqd rpc: the reload failed:");
@@ -346,7 +366,7 @@ fn rpc() -> ExitCode {
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("sqcqd rpc: {}: {e}", cli.admin_socket.display());
+            eprintln!("sqcqd rpc: {}: {e}", socket.display());
             ExitCode::from(2)
         }
     }

@@ -18,8 +18,8 @@
 //! `serde_json`, and the crates that implement JSON-RPC bring an async
 //! runtime or an HTTP server this daemon has no use for.
 //!
-//! `sqcqd rpc --admin-socket PATH METHOD [key=value|key:=json]...`
-//! ([`RpcCli`], [`call`]) is the client.
+//! `sqcqd rpc [--admin-socket PATH] METHOD [key=value|key:=json]...`
+//! ([`crate::client`], over [`call`]) is the client.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -336,9 +336,43 @@ pub static METHODS: &[Method] = &[
         params: &[
             DEVICE,
             p("lun", "integer", true, "LUN number"),
-            p("kind", "string", true, "null, ram or file"),
+            p("kind", "string", true, "null, ram, file or rbd"),
             p("size", "string", false, "Bytes (K, M, G, T suffixes)"),
             p("path", "string", false, "Backing file or block device"),
+            p(
+                "create",
+                "boolean",
+                false,
+                "Create a missing file of size bytes",
+            ),
+            p("block-size", "integer", false, "512 (default) or 4096"),
+            p("read-only", "boolean", false, "Refuse writes"),
+            p("serial", "string", false, "Unit serial number (VPD 0x80)"),
+            p("wwn", "string", false, "NAA WWN 0x5... (VPD 0x83)"),
+            p("zero", "boolean", false, "Null LUNs: reads return zeros"),
+            p(
+                "lock",
+                "boolean",
+                false,
+                "File LUNs: lock the image as QEMU does (default true)",
+            ),
+            p("pool", "string", false, "RBD: the pool"),
+            p("image", "string", false, "RBD: the image"),
+            p("namespace", "string", false, "RBD: the pool namespace"),
+            p(
+                "snap",
+                "string",
+                false,
+                "RBD: serve this snapshot, read-only",
+            ),
+            p("conf", "string", false, "RBD: the Ceph configuration file"),
+            p(
+                "id",
+                "string",
+                false,
+                "RBD: the cephx user, without client.",
+            ),
+            p("keyring", "string", false, "RBD: the keyring"),
         ],
         open: true,
         handler: |ctx, params| {
@@ -815,48 +849,6 @@ pub fn reload_errors<'a>(method: &str, result: &'a Value) -> Option<&'a [Value]>
 /// How long the client waits for an answer (a removal waits for I/O).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// `sqcqd rpc`: the command line of the client.
-#[derive(Debug, clap::Parser)]
-#[command(
-    name = "sqcqd rpc",
-    about = "Call a method of a running sqcqd's management API (JSON-RPC 2.0 on its admin socket)",
-    after_help = "PARAMS: key=value (a number, true, false or null if it reads as one, else a \
-                  string) or key:=JSON.\nExamples:\n  sqcqd rpc --admin-socket /run/sqcq/admin.sock \
-                  device_list\n  sqcqd rpc --admin-socket S lun_add device=0 lun=1 kind=ram size=64M\n  \
-                  sqcqd rpc --admin-socket S queue_attach_worker device=0 rq=1 worker=1\n  \
-                  sqcqd rpc --admin-socket S rpc.discover   (every method and its parameters)"
-)]
-pub struct RpcCli {
-    /// The daemon's admin socket.
-    #[arg(long)]
-    pub admin_socket: PathBuf,
-    /// The method.
-    pub method: String,
-    /// Its parameters.
-    #[arg(value_name = "PARAMS")]
-    pub params: Vec<String>,
-}
-
-/// The `params` object of `key=value` / `key:=json` arguments.
-pub fn params_from_args(args: &[String]) -> Result<Map<String, Value>, String> {
-    let mut params = Map::new();
-    for a in args {
-        if let Some((k, v)) = a.split_once(":=") {
-            let v = serde_json::from_str(v).map_err(|e| format!("{a}: {e}"))?;
-            params.insert(k.to_owned(), v);
-        } else if let Some((k, v)) = a.split_once('=') {
-            let v = match serde_json::from_str::<Value>(v) {
-                Ok(v @ (Value::Number(_) | Value::Bool(_) | Value::Null)) => v,
-                _ => Value::String(v.to_owned()),
-            };
-            params.insert(k.to_owned(), v);
-        } else {
-            return Err(format!("{a}: expected key=value or key:=json"));
-        }
-    }
-    Ok(params)
-}
-
 /// The client: calls `method` with `params` on the admin socket at
 /// `path`; `Ok(Ok(result))`, or the error object the daemon answered.
 pub fn call(
@@ -890,27 +882,6 @@ pub fn call(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn arguments_become_params() {
-        let args: Vec<String> = [
-            "device=0",
-            "size=64M",
-            "worker=null",
-            "lun:=[1,2]",
-            "ro=true",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        let p = params_from_args(&args).unwrap();
-        assert_eq!(p["device"], json!(0));
-        assert_eq!(p["size"], json!("64M"));
-        assert_eq!(p["worker"], Value::Null);
-        assert_eq!(p["lun"], json!([1, 2]));
-        assert_eq!(p["ro"], json!(true));
-        assert!(params_from_args(&["oops".into()]).is_err());
-    }
 
     #[test]
     fn every_method_is_described_once() {

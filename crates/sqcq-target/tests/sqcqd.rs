@@ -228,8 +228,8 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
             0,
             concat!("sqcqd ", env!("CARGO_PKG_VERSION")),
         ),
-        (&["help"], 0, "sqcqd rpc --admin-socket PATH METHOD"),
-        (&["--help"], 0, "sqcqd version | help"),
+        (&["help"], 0, "sqcqd rpc [--admin-socket PATH] METHOD"),
+        (&["--help"], 0, "sqcqd version | help | completions"),
         (
             &["--socket-path", socket, "--lun", &missing],
             1,
@@ -264,6 +264,59 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
             2,
             "\"loud\" names no level",
         ),
+        // The client checks parameters against the method's schema before
+        // it connects.
+        (
+            &[
+                "rpc",
+                "--admin-socket",
+                "/nonexistent/a.sock",
+                "lun_add",
+                "device=zero",
+                "lun=1",
+                "kind=ram",
+            ],
+            2,
+            "device is an integer",
+        ),
+        (
+            &[
+                "rpc",
+                "--admin-socket",
+                "/nonexistent/a.sock",
+                "lun_add",
+                "device=0",
+                "ro=1",
+            ],
+            2,
+            "lun_add has no parameter \"ro\": lun_add takes device, lun, kind",
+        ),
+        (
+            &[
+                "rpc",
+                "--admin-socket",
+                "/nonexistent/a.sock",
+                "device_lsit",
+            ],
+            2,
+            "no method \"device_lsit\" (sqcqd rpc help lists them)",
+        ),
+        (
+            &[
+                "rpc",
+                "--admin-socket",
+                "/nonexistent/a.sock",
+                "device_list",
+            ],
+            2,
+            "/nonexistent/a.sock: No such file or directory",
+        ),
+        (
+            &["rpc", "help", "config_save"],
+            0,
+            "path  string   optional",
+        ),
+        (&["completions", "tcsh"], 2, "bash, zsh, fish"),
     ];
     for (args, code, fragment) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_sqcqd"))

@@ -232,9 +232,10 @@ impl Default for ServiceConfig {
     version,
     about = "vhost-user-scsi and vhost-user-blk device daemon",
     override_usage = "sqcqd [OPTIONS]\n       \
-                      sqcqd rpc --admin-socket PATH METHOD [key=value]...\n       \
-                      sqcqd version | help",
-    after_help = "Run-time changes: sqcqd rpc --admin-socket PATH METHOD [key=value]... (sqcqd rpc --help)"
+                      sqcqd rpc [--admin-socket PATH] METHOD [key=value]...\n       \
+                      sqcqd version | help | completions bash|zsh|fish | man [rpc]",
+    after_help = "Run-time changes: sqcqd rpc [--admin-socket PATH] METHOD [key=value]... \
+                  (sqcqd rpc help: the methods)"
 )]
 pub struct Cli {
     /// vhost-user Unix socket to listen on (one device).
