@@ -15,7 +15,8 @@
 //! `device:inode`, which is compared with stderr's, as systemd.exec(5)
 //! says to), and `text` otherwise.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
@@ -83,14 +84,14 @@ pub fn stderr_is_journal() -> bool {
     let Some((dev, ino)) = v.to_str().and_then(|v| v.split_once(':')) else {
         return false;
     };
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat() on stderr's descriptor with a valid out pointer.
-    if unsafe { libc::fstat(std::io::stderr().as_raw_fd(), st.as_mut_ptr()) } != 0 {
+    let Ok(meta) = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(|fd| std::fs::File::from(fd).metadata())
+    else {
         return false;
-    }
-    // SAFETY: fstat() succeeded and filled it.
-    let st = unsafe { st.assume_init() };
-    dev.parse::<u64>().ok() == Some(st.st_dev) && ino.parse::<u64>().ok() == Some(st.st_ino)
+    };
+    dev.parse::<u64>().ok() == Some(meta.dev()) && ino.parse::<u64>().ok() == Some(meta.ino())
 }
 
 /// The journal's line: `<priority>target: message fields`.
