@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use crate::rpc::discover;
+use crate::runtime::events::Event;
 
 /// The admin socket of the packaged daemon (`contrib/sqcqd.toml`), and
 /// the client's default for root.
@@ -58,6 +59,14 @@ pub enum Request {
     Help(String),
     /// Call the method with these parameters.
     Call(String, Map<String, Value>),
+    /// Print the events named (every one if none) as they come, `count`
+    /// of them if given (`sqcqd rpc events`).
+    Follow {
+        /// The events.
+        only: Vec<String>,
+        /// How many to print before exiting.
+        count: Option<u64>,
+    },
 }
 
 impl RpcCli {
@@ -84,6 +93,7 @@ impl RpcCli {
                     Some(m) => Ok(Request::Help(method_help(find(&doc, m)?))),
                 };
             }
+            Some("events") => return follow(&self.params),
             Some(m) => find(&doc, m)?,
         };
         if self.params.iter().any(|p| p == "--help" || p == "-h") {
@@ -93,6 +103,40 @@ impl RpcCli {
         Ok(Request::Call(name, typed_params(method, &self.params)?))
     }
 }
+
+/// `sqcqd rpc events [NAME]... [--count N]`.
+fn follow(args: &[String]) -> Result<Request, String> {
+    let (mut only, mut count) = (Vec::new(), None);
+    let mut args = args.iter();
+    while let Some(a) = args.next() {
+        let n = match a.as_str() {
+            "--help" | "-h" => return Ok(Request::Help(FOLLOW_HELP.to_owned())),
+            "--count" => Some(args.next().ok_or("--count takes a number")?.as_str()),
+            s => s.strip_prefix("--count="),
+        };
+        if let Some(n) = n {
+            count = Some(
+                n.parse::<u64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("--count {n}: not a number above 0"))?,
+            );
+        } else if Event::NAMES.contains(&a.as_str()) {
+            only.push(a.clone());
+        } else {
+            return Err(format!(
+                "no event {a:?}: the events are {}",
+                Event::NAMES.join(", ")
+            ));
+        }
+    }
+    Ok(Request::Follow { only, count })
+}
+
+const FOLLOW_HELP: &str = "sqcqd rpc events [EVENT]... [--count N]\n\n\
+    Prints the daemon's events as they happen, one JSON object per line (the parameters of \
+    the JSON-RPC notifications events_subscribe asks for), until interrupted, or N of them.\n\
+    Only the EVENTs named if any.\n";
 
 /// The default admin socket: `env` (`$SQCQ_ADMIN_SOCKET`), else
 /// [`DEFAULT_ADMIN_SOCKET`] for root or without `runtime_dir`
@@ -278,8 +322,37 @@ mod tests {
     fn call(args: &[&str]) -> Result<Map<String, Value>, String> {
         match cli(args).request()? {
             Request::Call(_, p) => Ok(p),
-            Request::Help(h) => panic!("help, not a call: {h}"),
+            other => panic!("not a call: {other:?}"),
         }
+    }
+
+    #[test]
+    fn events_takes_names_and_a_count() {
+        assert_eq!(
+            cli(&["events", "io_error", "--count", "3", "lun_resized"]).request(),
+            Ok(Request::Follow {
+                only: vec!["io_error".into(), "lun_resized".into()],
+                count: Some(3),
+            })
+        );
+        assert_eq!(
+            cli(&["events"]).request(),
+            Ok(Request::Follow {
+                only: vec![],
+                count: None
+            })
+        );
+        for bad in [
+            &["events", "boom"][..],
+            &["events", "--count", "0"],
+            &["events", "--count"],
+        ] {
+            assert!(cli(bad).request().is_err(), "{bad:?}");
+        }
+        assert!(matches!(
+            cli(&["events", "--help"]).request(),
+            Ok(Request::Help(_))
+        ));
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub(crate) fn device_over(
             lun: 0,
             unit: Arc::new(unit),
             backstore,
+            stats: Arc::default(),
         }]))
         .expect("device"),
     );
@@ -71,6 +72,7 @@ pub(crate) fn device_over(
             // Quiet: fuzzing produces nothing but guest-triggered warnings.
             limiter: RateLimiter::new(0),
             backstore_limiter: RateLimiter::new(0),
+            events: Arc::default(),
         }),
         params: DeviceParams {
             num_queues: 2,

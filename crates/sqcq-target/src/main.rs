@@ -334,6 +334,7 @@ fn rpc() -> ExitCode {
     );
     let (method, params) = match cli.request() {
         Ok(Request::Call(method, params)) => (method, params),
+        Ok(Request::Follow { only, count }) => return follow_events(&cli.socket(), &only, count),
         Ok(Request::Help(text)) => {
             let _ = write!(std::io::stdout(), "{text}");
             return ExitCode::SUCCESS;
@@ -367,6 +368,38 @@ fn rpc() -> ExitCode {
         }
         Err(e) => {
             eprintln!("sqcqd rpc: {}: {e}", socket.display());
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `sqcqd rpc events`: prints each event's parameters on a line; exits 0
+/// after `count` events, 1 when the daemon refused or went away, 2 when
+/// it could not be asked.
+fn follow_events(socket: &std::path::Path, only: &[String], count: Option<u64>) -> ExitCode {
+    use std::io::Write as _;
+    let mut left = count;
+    let mut out = std::io::stdout().lock();
+    let followed = sqcq_target::rpc::follow_events(socket, only, |event| {
+        // A closed pipe (`| head`) ends the loop.
+        let written = writeln!(out, "{event}").and_then(|()| out.flush()).is_ok();
+        if let Some(n) = left.as_mut() {
+            *n = n.saturating_sub(1);
+        }
+        written && left != Some(0)
+    });
+    match followed {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(error)) => {
+            eprintln!("sqcqd rpc events: {error}");
+            ExitCode::FAILURE
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::Other => {
+            eprintln!("sqcqd rpc events: {}: {e}", socket.display());
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sqcqd rpc events: {}: {e}", socket.display());
             ExitCode::from(2)
         }
     }

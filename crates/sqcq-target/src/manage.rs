@@ -9,6 +9,8 @@ use std::sync::Arc;
 use tracing::{error, info, warn};
 
 use crate::blk::device::BlkDevice;
+use crate::runtime::events::Event;
+use crate::runtime::lun_stats::LunIo;
 use crate::runtime::queue::{DeviceInfo, QueueError};
 use crate::runtime::worker::{QUEUE_STOP_TIMEOUT, WorkerCommand, WorkerPool};
 use crate::scsi::device::{EventReport, ScsiDevice};
@@ -84,6 +86,10 @@ impl DeviceControl {
             return Err(HotplugError::Queue(e));
         }
         info!(device = self.info.id, lun, %geometry, "LUN added");
+        self.info.events.publish(Event::LunAdded {
+            device: self.info.id,
+            lun,
+        });
         self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_RESCAN);
         Ok(lun)
     }
@@ -109,8 +115,22 @@ impl DeviceControl {
         // The same snapshot again: prunes the drained backstore queues.
         let _ = self.hand_over();
         info!(device = self.info.id, lun, "LUN removed");
+        self.info.events.publish(Event::LunRemoved {
+            device: self.info.id,
+            lun,
+        });
         self.event(lun, EVT_TRANSPORT_RESET, EVT_RESET_REMOVED);
         Ok(())
+    }
+
+    /// Every LUN's I/O figures (a blk device's disk is LUN 0).
+    pub fn lun_io(&self) -> Vec<(u16, LunIo)> {
+        match &self.kind {
+            DeviceKind::Blk(blk) => vec![(0, blk.stats().snapshot())],
+            DeviceKind::Scsi(scsi) => (scsi.target.current().luns().iter())
+                .map(|e| (e.lun, e.stats.snapshot()))
+                .collect(),
+        }
     }
 
     /// Changes the capacity of `lun` to `bytes`.
@@ -126,6 +146,11 @@ impl DeviceControl {
             blk.resize(bytes, || self.drain())
                 .map_err(HotplugError::Backstore)?;
             info!(device = self.info.id, bytes, "disk resized");
+            self.info.events.publish(Event::LunResized {
+                device: self.info.id,
+                lun,
+                bytes,
+            });
             return Ok(bytes / u64::from(block_size));
         }
         let dev = self.scsi()?;
@@ -158,6 +183,11 @@ impl DeviceControl {
             }
         }
         info!(device = self.info.id, lun, blocks = new, "LUN resized");
+        self.info.events.publish(Event::LunResized {
+            device: self.info.id,
+            lun,
+            bytes,
+        });
         self.event(lun, EVT_PARAM_CHANGE, REASON_CAPACITY_CHANGED);
         Ok(new)
     }

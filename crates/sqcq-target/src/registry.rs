@@ -20,6 +20,7 @@ use crate::config::{
     BackstoreKind, ConfigError, DaemonConfig, DeviceConfig, DeviceType, LunSpec, SaveError,
 };
 use crate::manage::{DeviceControl, DeviceKind};
+use crate::runtime::events::{Event, EventBus};
 use crate::runtime::metrics::QueueSnapshot;
 use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
 use crate::scsi::device::ScsiDevice;
@@ -324,6 +325,8 @@ pub struct Registry {
     /// image resized in the cluster): `(device, lun, bytes)`, applied by
     /// the thread [`Registry::follow_storage_sizes`] starts.
     resizes: Mutex<Option<mpsc::Sender<(u32, u16, u64)>>>,
+    /// What subscribers of events are told.
+    events: Arc<EventBus>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -360,7 +363,13 @@ impl Registry {
             closed: AtomicBool::new(false),
             changes: Mutex::new(()),
             resizes: Mutex::new(None),
+            events: Arc::default(),
         }
+    }
+
+    /// The daemon's events, for the admin socket's subscribers.
+    pub fn events(&self) -> &Arc<EventBus> {
+        &self.events
     }
 
     /// Starts the thread that makes LUN capacities follow their storage
@@ -651,11 +660,19 @@ impl Registry {
             .sockets
             .listen(&config.socket_path)
             .map_err(StartError::from)?;
-        let handle = DeviceHandle::spawn(id, socket, params, device, Arc::clone(&self.pool))
-            .map_err(|source| StartError::Io {
-                what: format!("device {}", config.socket_path.display()),
-                source,
-            })?;
+        let handle = DeviceHandle::spawn(
+            id,
+            socket,
+            params,
+            device,
+            Arc::clone(&self.pool),
+            Arc::clone(&self.events),
+        )
+        .map_err(|source| StartError::Io {
+            what: format!("device {}", config.socket_path.display()),
+            source,
+        })?;
+        self.events.publish(Event::DeviceCreated { device: id });
         self.watch_sizes(id, &kind, None);
         let entry = Entry {
             handle,
@@ -702,6 +719,7 @@ impl Registry {
         let entry = self.lock().remove(&id).ok_or(RegistryError::NoDevice(id))?;
         entry.handle.shutdown();
         info!(device = id, "device deleted");
+        self.events.publish(Event::DeviceDeleted { device: id });
         Ok(())
     }
 
@@ -1104,6 +1122,10 @@ impl Registry {
         if !report.changed.is_empty() {
             let _ = self.saved(Ok(()));
         }
+        self.events.publish(Event::ReloadDone {
+            changed: report.changed.clone(),
+            errors: report.errors.clone(),
+        });
         report
     }
 

@@ -28,9 +28,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{ConfigError, DaemonConfig, LunSpec, SaveError, device_from_json, parse_size};
 use crate::registry::{Origin, Registry, RegistryError};
+use crate::runtime::events::{self, Event, Subscription};
 use crate::runtime::worker::PoolError;
 use crate::scsi::hotplug::HotplugError;
 use crate::transport::session::MoveError;
@@ -221,7 +223,67 @@ pub struct Method {
     /// Whether it takes keys other than `params` (`device_create`,
     /// `lun_add`: the configuration file's keys).
     pub open: bool,
-    handler: fn(&Context, &Map<String, Value>) -> Result<Value, RpcError>,
+    handler: fn(&Call<'_>, &Map<String, Value>) -> Result<Value, RpcError>,
+}
+
+/// A request being answered: the daemon, and the admin socket connection
+/// it came on (none for a caller within the process).
+#[derive(Debug)]
+pub struct Call<'a> {
+    ctx: &'a Context,
+    connection: Option<&'a Connection>,
+}
+
+impl std::ops::Deref for Call<'_> {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        self.ctx
+    }
+}
+
+/// What a connection of the admin socket keeps between its requests: its
+/// subscription to events (`events_subscribe`).
+#[derive(Debug)]
+pub struct Connection {
+    subscription: Mutex<Option<Arc<Subscription>>>,
+    /// Written when events are queued for it.
+    wake: Arc<EventFd>,
+}
+
+impl Connection {
+    /// A connection without a subscription; `wake` is written when events
+    /// are queued for it once it subscribed.
+    pub fn new(wake: Arc<EventFd>) -> Self {
+        Connection {
+            subscription: Mutex::new(None),
+            wake,
+        }
+    }
+
+    /// Its subscription, if it subscribed.
+    pub fn subscription(&self) -> Option<Arc<Subscription>> {
+        self.subscription
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn subscribe(&self, sub: Option<Arc<Subscription>>) -> bool {
+        let mut s = self
+            .subscription
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut *s, sub).is_some()
+    }
+}
+
+/// The connection of a call, or why the method needs one.
+fn connection<'a>(call: &Call<'a>, method: &str) -> Result<&'a Connection, RpcError> {
+    call.connection.ok_or_else(|| RpcError {
+        code: INVALID_REQUEST,
+        message: format!("{method} is for a client of the admin socket, which it changes"),
+    })
 }
 
 impl std::fmt::Debug for Method {
@@ -492,7 +554,9 @@ pub static METHODS: &[Method] = &[
     Method {
         name: "stats_get",
         summary: "Figures of every queue that ran (or of one device): completions, kicks, calls, \
-                  spins, sleeps, mode; and each device's error counters",
+                  spins, sleeps, mode; each device's error counters; each LUN's operations, \
+                  bytes, errors and service time by kind (read, write, flush, discard, \
+                  write_zeroes)",
         params: &[p("device", "integer", false, "Only this device")],
         open: false,
         handler: |ctx, params| {
@@ -506,7 +570,7 @@ pub static METHODS: &[Method] = &[
                 .into_iter()
                 .filter(|q| only.is_none_or(|d| d == q.device))
                 .collect();
-            let (mut errors, mut events) = (Map::new(), Map::new());
+            let (mut errors, mut events, mut luns) = (Map::new(), Map::new(), Map::new());
             let object = |pairs: &[(&str, u64)]| {
                 Value::Object(
                     pairs
@@ -526,11 +590,22 @@ pub static METHODS: &[Method] = &[
                     errors.insert(id.to_string(), object(&m.errors()));
                     events.insert(id.to_string(), object(&m.events()));
                 }
+                if let Ok(control) = ctx.registry.control(id) {
+                    let io: Map<String, Value> = (control.lun_io().into_iter())
+                        .map(|(lun, io)| Ok((lun.to_string(), to_value(&io)?)))
+                        .collect::<Result<_, RpcError>>()?;
+                    luns.insert(id.to_string(), Value::Object(io));
+                }
             }
             if let Some(d) = only.filter(|d| !errors.contains_key(&d.to_string())) {
                 return Err(RegistryError::NoDevice(d).into());
             }
-            Ok(json!({ "queues": to_value(&queues)?, "errors": errors, "events": events }))
+            Ok(json!({
+                "queues": to_value(&queues)?,
+                "errors": errors,
+                "events": events,
+                "luns": luns,
+            }))
         },
     },
     Method {
@@ -561,6 +636,55 @@ pub static METHODS: &[Method] = &[
                 message: crate::runtime::error_chain(&e),
             })?;
             Ok(json!({ "path": path, "notes": notes }))
+        },
+    },
+    Method {
+        name: "events_subscribe",
+        summary: "Send this connection a JSON-RPC notification (method \"event\") for each \
+                  event from now on: frontend_connected, frontend_disconnected, queue_started, \
+                  queue_stopped, queue_broken, io_error, device_created, device_deleted, \
+                  lun_added, lun_removed, lun_resized, reload_done (docs/target.md, Events)",
+        params: &[p(
+            "events",
+            "array",
+            false,
+            "Only these events (default: every one)",
+        )],
+        open: false,
+        handler: |call, params| {
+            let conn = connection(call, "events_subscribe")?;
+            let only = match params.get("events") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(names)) => names
+                    .iter()
+                    .map(|n| match n.as_str() {
+                        Some(s) if Event::NAMES.contains(&s) => Ok(s.to_owned()),
+                        _ => Err(RpcError::params(format!(
+                            "no event {n}: the events are {}",
+                            Event::NAMES.join(", ")
+                        ))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => return Err(RpcError::params("events must be an array of names")),
+            };
+            let names: Vec<&str> = if only.is_empty() {
+                Event::NAMES.to_vec()
+            } else {
+                only.iter().map(String::as_str).collect()
+            };
+            let result = json!({ "events": names, "queue": events::QUEUE_LEN });
+            conn.subscribe(Some(call.registry.events().subscribe(&only, &conn.wake)));
+            Ok(result)
+        },
+    },
+    Method {
+        name: "events_unsubscribe",
+        summary: "Send this connection no more events",
+        params: &[],
+        open: false,
+        handler: |call, _| {
+            let was = connection(call, "events_unsubscribe")?.subscribe(None);
+            Ok(json!({ "was_subscribed": was }))
         },
     },
     Method {
@@ -699,7 +823,7 @@ fn error_response(id: Value, e: &RpcError) -> Value {
 }
 
 /// Answers one request object; `None` for a notification.
-fn request(ctx: &Context, req: &Value) -> Option<Value> {
+fn request(call: &Call<'_>, req: &Value) -> Option<Value> {
     let Some(obj) = req.as_object() else {
         return Some(error_response(
             Value::Null,
@@ -752,7 +876,7 @@ fn request(ctx: &Context, req: &Value) -> Option<Value> {
             code: METHOD_NOT_FOUND,
             message: format!("no method {name:?} (rpc.discover lists them)"),
         }),
-        Some(m) => check_params(m, params).and_then(|()| (m.handler)(ctx, params)),
+        Some(m) => check_params(m, params).and_then(|()| (m.handler)(call, params)),
     };
     match &result {
         // Changes are logged where they are made; reads only when asked.
@@ -786,6 +910,28 @@ fn check_params(m: &Method, params: &Map<String, Value>) -> Result<(), RpcError>
 /// Answers one line of the admin socket (a request or a batch; anything
 /// else gets an error response); `None` when nothing is to be sent back.
 pub fn handle_line(ctx: &Context, line: &str) -> Option<String> {
+    handle(
+        &Call {
+            ctx,
+            connection: None,
+        },
+        line,
+    )
+}
+
+/// [`handle_line`] for a line that came on the admin socket connection
+/// `connection`.
+pub fn handle_line_on(ctx: &Context, connection: &Connection, line: &str) -> Option<String> {
+    handle(
+        &Call {
+            ctx,
+            connection: Some(connection),
+        },
+        line,
+    )
+}
+
+fn handle(call: &Call<'_>, line: &str) -> Option<String> {
     let parsed: Value = match serde_json::from_str(line) {
         Ok(v) => v,
         Err(e) => {
@@ -805,10 +951,10 @@ pub fn handle_line(ctx: &Context, line: &str) -> Option<String> {
             },
         )),
         Value::Array(batch) => {
-            let replies: Vec<Value> = batch.iter().filter_map(|r| request(ctx, r)).collect();
+            let replies: Vec<Value> = batch.iter().filter_map(|r| request(call, r)).collect();
             (!replies.is_empty()).then_some(Value::Array(replies))
         }
-        req => request(ctx, &req),
+        req => request(call, &req),
     };
     reply.map(|v| v.to_string())
 }
@@ -879,9 +1025,85 @@ pub fn call(
     }
 }
 
+/// Subscribes to the events named in `only` (every one if empty) on the
+/// admin socket `path` and hands each notification's parameters to `each`
+/// until it returns false. `Ok(Err(error))`: the daemon refused the
+/// subscription; `Err`: the socket failed, or the daemon closed it.
+pub fn follow_events(
+    path: &Path,
+    only: &[String],
+    mut each: impl FnMut(Value) -> bool,
+) -> io::Result<Result<(), Value>> {
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    let params = if only.is_empty() {
+        json!({})
+    } else {
+        json!({ "events": only })
+    };
+    let req = json!({ "jsonrpc": "2.0", "method": "events_subscribe", "params": params, "id": 1 });
+    conn.write_all(format!("{req}\n").as_bytes())?;
+    let mut lines = BufReader::new(&conn);
+    let mut line = String::new();
+    let mut subscribed = false;
+    loop {
+        line.clear();
+        if lines.read_line(&mut line)? == 0 {
+            return Err(io::Error::other("the daemon closed the connection"));
+        }
+        let mut v: Value = serde_json::from_str(&line).map_err(io::Error::other)?;
+        if !subscribed {
+            if let Some(e) = v.get_mut("error") {
+                return Ok(Err(e.take()));
+            }
+            subscribed = true;
+            // Events may be far apart.
+            conn.set_read_timeout(None)?;
+            continue;
+        }
+        if v["method"] == events::METHOD && !each(v["params"].take()) {
+            return Ok(Ok(()));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subscribing_needs_a_connection_of_the_admin_socket() {
+        let options = crate::config::PollOptions {
+            stats_interval: None,
+            ..Default::default()
+        };
+        let pool = Arc::new(crate::runtime::worker::WorkerPool::new(1, options).unwrap());
+        let ctx = Context::new(Arc::new(Registry::new(pool)));
+        let line = r#"{"jsonrpc":"2.0","method":"events_subscribe","id":1}"#;
+        let reply: Value = serde_json::from_str(&handle_line(&ctx, line).unwrap()).unwrap();
+        assert_eq!(reply["error"]["code"], INVALID_REQUEST, "{reply}");
+        let conn = Connection::new(Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        let reply: Value =
+            serde_json::from_str(&handle_line_on(&ctx, &conn, line).unwrap()).unwrap();
+        assert_eq!(
+            reply["result"]["events"].as_array().unwrap().len(),
+            Event::NAMES.len()
+        );
+        let sub = conn.subscription().expect("subscribed");
+        ctx.registry
+            .events()
+            .publish(Event::DeviceDeleted { device: 7 });
+        let mut out = Vec::new();
+        assert!(
+            sub.take(&mut out),
+            "the connection's subscription gets the event"
+        );
+        let unsub = r#"{"jsonrpc":"2.0","method":"events_unsubscribe","id":2}"#;
+        let reply: Value =
+            serde_json::from_str(&handle_line_on(&ctx, &conn, unsub).unwrap()).unwrap();
+        assert_eq!(reply["result"]["was_subscribed"], true);
+        assert!(conn.subscription().is_none());
+    }
 
     #[test]
     fn every_method_is_described_once() {

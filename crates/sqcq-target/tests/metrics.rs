@@ -174,6 +174,10 @@ const FAMILIES: &[(&str, &str)] = &[
     ("sqcq_device_errors", "counter"),
     ("sqcq_lun_capacity_bytes", "gauge"),
     ("sqcq_lun_block_size_bytes", "gauge"),
+    ("sqcq_lun_ops", "counter"),
+    ("sqcq_lun_bytes", "counter"),
+    ("sqcq_lun_errors", "counter"),
+    ("sqcq_lun_time_seconds", "counter"),
     ("sqcq_worker_queues", "gauge"),
     ("sqcq_worker_wakeups", "counter"),
     ("sqcq_worker_yields", "counter"),
@@ -297,6 +301,35 @@ fn a_tcp_scrape_parses_and_counts_every_request() {
     assert_eq!(delta("sqcq_queue_read_bytes", 2), 30 * 4096);
     assert_eq!(delta("sqcq_queue_read_bytes", 3), 64 * 4096);
     assert_eq!(delta("sqcq_queue_written_bytes", 3), 0);
+    // Per LUN, whichever queue served it: LUN 0 wrote 20 and read 30,
+    // LUN 1 read 64; nothing else, no error.
+    let lun_delta = |family: &str, lun: &str, op: &str| {
+        let sample = format!("{family}_total");
+        let l = [("device", "0"), ("lun", lun), ("op", op)];
+        value(&after, family, &sample, &l) - value(&before, family, &sample, &l)
+    };
+    for (lun, op, ops) in [
+        ("0", "write", 20.0),
+        ("0", "read", 30.0),
+        ("1", "read", 64.0),
+    ] {
+        assert_eq!(lun_delta("sqcq_lun_ops", lun, op), ops, "LUN {lun} {op}");
+        assert_eq!(
+            lun_delta("sqcq_lun_bytes", lun, op),
+            ops * 4096.0,
+            "LUN {lun} {op}"
+        );
+        assert_eq!(lun_delta("sqcq_lun_errors", lun, op), 0.0);
+        assert!(lun_delta("sqcq_lun_time_seconds", lun, op) >= 0.0);
+    }
+    for (lun, op) in [
+        ("1", "write"),
+        ("0", "flush"),
+        ("1", "discard"),
+        ("0", "write_zeroes"),
+    ] {
+        assert_eq!(lun_delta("sqcq_lun_ops", lun, op), 0.0, "LUN {lun} {op}");
+    }
     for vq in ["2", "3"] {
         let l = [("vq", vq)];
         assert_eq!(

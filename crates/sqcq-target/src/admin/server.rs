@@ -14,6 +14,12 @@
 //! their order and a client that does not read its replies holds one
 //! reply in memory. At most [`MAX_RUNNING`] requests run at once.
 //!
+//! A connection that subscribed to events (`events_subscribe`) is sent
+//! them as JSON-RPC notifications between its replies, from a queue of
+//! its own of at most [`QUEUE_LEN`](crate::runtime::events::QUEUE_LEN)
+//! (see [`crate::runtime::events`]); it may stay idle as long as it
+//! likes, but must read what is sent within [`IDLE_TIMEOUT`].
+//!
 //! A connection must complete a request line within [`IDLE_TIMEOUT`] of
 //! its connection or of its last request (a byte now and then does not
 //! extend it), and read a reply within as long, or it is closed. When
@@ -32,7 +38,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::rpc::Context;
+use crate::rpc::{Connection, Context};
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::stoppable::StoppableThread;
 use crate::service::pollset::PollSet;
@@ -87,6 +93,8 @@ impl AdminServer {
 struct Conn {
     /// Names it to the thread running its request.
     id: u64,
+    /// What its requests may change of it (its subscription).
+    state: Arc<Connection>,
     stream: UnixStream,
     /// What came and is not served yet.
     input: Vec<u8>,
@@ -106,10 +114,11 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(id: u64, stream: UnixStream) -> Self {
+    fn new(id: u64, stream: UnixStream, wake: &Arc<EventFd>) -> Self {
         let now = Instant::now();
         Conn {
             id,
+            state: Arc::new(Connection::new(Arc::clone(wake))),
             stream,
             input: Vec::new(),
             output: Vec::new(),
@@ -180,6 +189,30 @@ impl Conn {
         true
     }
 
+    /// Whether it waits for events (then only a reply it does not read
+    /// times it out).
+    fn subscribed(&self) -> bool {
+        self.state.subscription().is_some()
+    }
+
+    /// Sends the events queued for it, between two replies; false when
+    /// the connection failed.
+    fn send_events(&mut self, now: Instant) -> bool {
+        if self.running || self.replying() || self.closing {
+            return true;
+        }
+        let Some(sub) = self.state.subscription() else {
+            return true;
+        };
+        self.output.clear();
+        self.written = 0;
+        if !sub.take(&mut self.output) {
+            return true;
+        }
+        self.deadline = now + IDLE_TIMEOUT;
+        self.write()
+    }
+
     /// Queues `reply` (a line) and writes what it can of it.
     fn reply(&mut self, reply: &str) -> bool {
         self.output.clear();
@@ -227,15 +260,16 @@ impl Running {
         self.count >= MAX_RUNNING
     }
 
-    /// Runs `line` of connection `id` on a thread of its own.
-    fn start(&mut self, id: u64, line: String, ctx: &Arc<Context>) -> io::Result<()> {
+    /// Runs `line` of connection `conn` on a thread of its own.
+    fn start(&mut self, conn: &Conn, line: String, ctx: &Arc<Context>) -> io::Result<()> {
         let (ctx, tx, done) = (Arc::clone(ctx), self.tx.clone(), Arc::clone(&self.done));
+        let (id, state) = (conn.id, Arc::clone(&conn.state));
         std::thread::Builder::new()
             .name("sqcq-rpc".into())
             .spawn(move || {
                 // A request that panics still answers, and frees its place.
                 let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    crate::rpc::handle_line(&ctx, &line)
+                    crate::rpc::handle_line_on(&ctx, &state, &line)
                 }))
                 .unwrap_or_else(|_| {
                     let e = io::Error::other("the request panicked");
@@ -260,8 +294,15 @@ fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Arc<Context>) {
             return;
         }
     };
+    let events = match EventFd::new(libc::EFD_NONBLOCK) {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            error!("admin socket: {e}");
+            return;
+        }
+    };
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
-    let mut fds = PollSet::with_capacity(MAX_CONNECTIONS + 3);
+    let mut fds = PollSet::with_capacity(MAX_CONNECTIONS + FIRST_CONN);
     let shed_log = RateLimiter::new(1);
     let mut next_id = 0u64;
     loop {
@@ -269,6 +310,7 @@ fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Arc<Context>) {
         fds.push(stop.as_raw_fd(), libc::POLLIN);
         fds.push(listener.as_raw_fd(), libc::POLLIN);
         fds.push(running.done.as_raw_fd(), libc::POLLIN);
+        fds.push(events.as_raw_fd(), libc::POLLIN);
         for c in &conns {
             fds.push(c.stream.as_raw_fd(), c.events());
         }
@@ -280,7 +322,7 @@ fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Arc<Context>) {
             // Neither a request running nor a line waiting for one to
             // end is timed: `done` wakes the thread for them.
             (conns.iter())
-                .filter(|c| !c.running && !c.has_line())
+                .filter(|c| !c.running && !c.has_line() && (c.replying() || !c.subscribed()))
                 .map(|c| c.deadline)
                 .min()
         };
@@ -298,15 +340,18 @@ fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Arc<Context>) {
         let now = Instant::now();
         let mut i = 0;
         conns.retain_mut(|c| {
-            let revents = fds.revents(3 + i);
+            let revents = fds.revents(FIRST_CONN + i);
             i += 1;
             turn(c, revents, now, ctx, &mut running)
         });
         if fds.revents(1) != 0 {
-            accept(listener, &mut conns, &shed_log, &mut next_id);
+            accept(listener, &mut conns, &shed_log, &mut next_id, &events);
         }
         if fds.revents(2) != 0 {
             let _ = running.done.read();
+        }
+        if fds.revents(3) != 0 {
+            let _ = events.read();
         }
         while let Ok((id, reply)) = running.replies.try_recv() {
             running.count -= 1;
@@ -322,8 +367,15 @@ fn serve(listener: &UnixListener, stop: &EventFd, ctx: &Arc<Context>) {
                 }
             }
         }
+        // Between replies: the events queued meanwhile.
+        let now = Instant::now();
+        conns.retain_mut(|c| c.send_events(now));
     }
 }
+
+/// Index of the first connection in the poll set (after the stop signal,
+/// the listener, the requests' and the events' eventfds).
+const FIRST_CONN: usize = 4;
 
 /// One turn of a connection: writes or reads what it is ready for and
 /// starts at most one line. False once it is to be closed.
@@ -355,7 +407,7 @@ fn turn(
         if line.trim().is_empty() {
             return true;
         }
-        return match running.start(c.id, line, ctx) {
+        return match running.start(c, line, ctx) {
             Ok(()) => {
                 c.running = true;
                 true
@@ -376,7 +428,7 @@ fn turn(
     if c.closing || c.eof {
         return false;
     }
-    if now >= c.deadline {
+    if now >= c.deadline && !c.subscribed() {
         debug!("admin connection: idle for {IDLE_TIMEOUT:?}, closed");
         return false;
     }
@@ -391,6 +443,7 @@ fn accept(
     conns: &mut Vec<Conn>,
     shed_log: &RateLimiter,
     next_id: &mut u64,
+    events: &Arc<EventFd>,
 ) {
     for _ in 0..MAX_CONNECTIONS {
         let stream = match listener.accept() {
@@ -406,10 +459,12 @@ fn accept(
             continue;
         }
         // One whose request runs goes last, then one still reading its
-        // reply.
+        // reply, then one following events.
         if conns.len() >= MAX_CONNECTIONS
-            && let Some(idle) = (0..conns.len())
-                .min_by_key(|&i| (conns[i].running, conns[i].replying(), conns[i].since))
+            && let Some(idle) = (0..conns.len()).min_by_key(|&i| {
+                let c = &conns[i];
+                (c.running, c.replying(), c.subscribed(), c.since)
+            })
         {
             let permit = shed_log.check();
             if permit.allowed {
@@ -421,6 +476,6 @@ fn accept(
             conns.swap_remove(idle);
         }
         *next_id += 1;
-        conns.push(Conn::new(*next_id, stream));
+        conns.push(Conn::new(*next_id, stream, events));
     }
 }

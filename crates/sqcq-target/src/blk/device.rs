@@ -18,7 +18,10 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::blk::queue::BlkQueue;
 use crate::runtime::eventfd::PeerEventFd;
-use crate::runtime::queue::{DeviceInfo, MakeHandler, QueueError, RequestHandler, RingConfig};
+use crate::runtime::lun_stats::LunStats;
+use crate::runtime::queue::{
+    DeviceInfo, MakeHandler, QueueError, QueueKey, RequestHandler, RingConfig,
+};
 use crate::transport::device_type::{
     DeviceParams, DeviceSession, LocalQueueFds, SessionCtx, VirtioDevice,
 };
@@ -41,6 +44,8 @@ pub struct BlkDevice {
     /// resize changes it).
     sectors: Arc<AtomicU64>,
     notify: EventFd,
+    /// The disk's I/O figures, one slot per request queue.
+    stats: Arc<LunStats>,
 }
 
 impl std::fmt::Debug for BlkDevice {
@@ -68,6 +73,8 @@ pub(crate) struct Disk {
     /// The driver's cache mode (`writeback`, VIRTIO_BLK_F_CONFIG_WCE):
     /// false is write-through, every write durable before it completes.
     pub(crate) writeback: Arc<AtomicBool>,
+    /// The disk's I/O figures.
+    pub(crate) stats: Arc<LunStats>,
 }
 
 impl BlkDevice {
@@ -82,7 +89,13 @@ impl BlkDevice {
             read_only,
             sectors,
             notify: EventFd::new(EFD_NONBLOCK)?,
+            stats: Arc::default(),
         })
+    }
+
+    /// The disk's I/O figures.
+    pub fn stats(&self) -> &Arc<LunStats> {
+        &self.stats
     }
 
     /// The disk's backstore.
@@ -155,6 +168,7 @@ impl BlkDevice {
             id: sqcq_wire::blk::encode_id(&self.serial),
             seg_max: 0,
             writeback: Arc::new(AtomicBool::new(true)),
+            stats: Arc::clone(&self.stats),
         }
     }
 }
@@ -274,8 +288,8 @@ impl DeviceSession for BlkSession {
             writeback: Arc::clone(&self.writeback),
             ..self.dev.disk()
         };
-        Box::new(move |ring: &RingConfig| {
-            Ok(Box::new(BlkQueue::new(disk, ring)?) as Box<dyn RequestHandler>)
+        Box::new(move |key: QueueKey, ring: &RingConfig| {
+            Ok(Box::new(BlkQueue::new(disk, key.vq, ring)?) as Box<dyn RequestHandler>)
         })
     }
 

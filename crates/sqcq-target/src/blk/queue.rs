@@ -20,6 +20,7 @@
 //! per head, allocated once, keeps what a request in flight needs.
 
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqcq_backstore::{BackstoreError, BackstoreQueue, IoOp};
@@ -34,10 +35,13 @@ use crate::guest_warn;
 use crate::runtime::backstore;
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::{ChainBuffers, Segment as Buf};
+use crate::runtime::events::{Event, IoKind};
+use crate::runtime::lun_stats::LunSlot;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::pins::{MapPin, MapPins};
 use crate::runtime::queue::{
-    Accepted, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit, wait_readable,
+    Accepted, DeviceInfo, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit,
+    wait_readable,
 };
 use crate::runtime::ring::Chain;
 use crate::runtime::stream;
@@ -55,6 +59,8 @@ struct Slot {
     data_in: u32,
     /// Bytes of data-out (OUT).
     data_out: u64,
+    /// The operation (for the `io_error` event and per-LUN figures).
+    op: Option<IoOp>,
 }
 
 /// The virtio-blk request handler of one request queue.
@@ -69,6 +75,8 @@ pub(crate) struct BlkQueue {
     in_flight: u32,
     chain: ChainBuffers,
     max_segments: usize,
+    /// This queue's counts of the disk's I/O.
+    stats: Arc<LunSlot>,
 }
 
 impl std::fmt::Debug for BlkQueue {
@@ -101,7 +109,8 @@ enum Refusal {
 
 impl BlkQueue {
     /// A handler for `disk` with a backstore queue as deep as the ring.
-    pub(crate) fn new(disk: Disk, ring: &RingConfig) -> Result<Self, QueueError> {
+    /// The handler of request queue `rq` (its virtqueue index).
+    pub(crate) fn new(disk: Disk, rq: u16, ring: &RingConfig) -> Result<Self, QueueError> {
         let io = disk
             .backstore
             .open_queue(u32::from(ring.size))
@@ -109,6 +118,7 @@ impl BlkQueue {
         // Header, data segments, status.
         let max_segments = segment_limit(ring, disk.seg_max, 2);
         Ok(BlkQueue {
+            stats: disk.stats.slot(rq),
             disk,
             io,
             pending: backstore::Pending::default(),
@@ -291,9 +301,17 @@ impl BlkQueue {
         match req {
             BlkRequest::Io { op, data_in } => {
                 if let Err(e) = self.submit(mem, head, op, data_in) {
-                    ring.device()
-                        .metrics
+                    let d = ring.device();
+                    d.metrics
                         .count_backstore_failure(matches!(e, Some(BackstoreError::CephIo(_))));
+                    let bytes = self.chain.readable_len.saturating_sub(HEADER_SIZE as u64)
+                        + u64::from(data_in);
+                    if let Some(e) = e {
+                        io_error(d, op, bytes, &e);
+                    }
+                    let bytes = op_bytes(op, bytes);
+                    self.stats
+                        .record(IoKind::of(&op), bytes, false, ring.service_ns(head));
                     self.respond(ring, mem, head, Status::IoErr, 0);
                 }
             }
@@ -351,6 +369,7 @@ impl BlkQueue {
         slot.mem = Some(self.pins.pin(mem.map()));
         slot.writable.clone_from(&c.writable);
         slot.data_in = data_in;
+        slot.op = Some(op);
         slot.data_out = match op {
             IoOp::Write { .. } => c.readable_len - HEADER_SIZE as u64,
             _ => 0,
@@ -368,6 +387,7 @@ impl BlkQueue {
         let slots = &mut self.slots;
         let pins = &mut self.pins;
         let in_flight = &mut self.in_flight;
+        let stats = &self.stats;
         self.io.reap(&mut |tag, result| {
             let Some(slot) = usize::try_from(tag).ok().and_then(|i| slots.get_mut(i)) else {
                 return;
@@ -377,6 +397,17 @@ impl BlkQueue {
             }
             // What a read wrote through the iovecs, whatever its result.
             stream::mark_written(mem, &slot.writable, 0, u64::from(slot.data_in));
+            // `tag` came from a head index: it fits.
+            let head = u16::try_from(tag).unwrap_or(u16::MAX);
+            if let Some(op) = slot.op {
+                let bytes = op_bytes(op, u64::from(slot.data_in) + slot.data_out);
+                stats.record(
+                    IoKind::of(&op),
+                    bytes,
+                    result.is_ok(),
+                    ring.service_ns(head),
+                );
+            }
             let (status, data_in) = match result {
                 Ok(_) => {
                     ring.transferred(u64::from(slot.data_in), slot.data_out);
@@ -387,19 +418,54 @@ impl BlkQueue {
                     d.metrics
                         .count_backstore_failure(matches!(e, BackstoreError::CephIo(_)));
                     debug!(device = d.id, "backstore: {e}");
+                    if let Some(op) = slot.op {
+                        io_error(d, op, u64::from(slot.data_in) + slot.data_out, &e);
+                    }
                     (Status::IoErr, 0)
                 }
             };
             let writable_len = slot.writable.iter().map(|s| u64::from(s.len)).sum();
             let len = finish(mem, &slot.writable, writable_len, status, data_in);
-            // `tag` came from a head index: it fits.
-            ring.complete(mem, u16::try_from(tag).unwrap_or(u16::MAX), len);
+            ring.complete(mem, head, len);
             slot.busy = false;
             if let Some(pin) = slot.mem.take() {
                 pins.unpin(pin);
             }
             *in_flight -= 1;
         });
+    }
+}
+
+/// Tells subscribers of events that the backstore failed `op` (`bytes`
+/// long if it moves data).
+fn io_error(d: &DeviceInfo, op: IoOp, bytes: u64, e: &BackstoreError) {
+    if !d.events.wanted() {
+        return;
+    }
+    let offset = match op {
+        IoOp::Read { offset }
+        | IoOp::Write { offset, .. }
+        | IoOp::Discard { offset, .. }
+        | IoOp::WriteZeroes { offset, .. } => offset,
+        IoOp::Flush => 0,
+    };
+    d.events.publish(Event::IoError {
+        device: d.id,
+        lun: 0,
+        op: IoKind::of(&op),
+        lba: offset / SECTOR_SIZE,
+        bytes: op_bytes(op, bytes),
+        error: e.to_string(),
+    });
+}
+
+/// The bytes `op` covers: `moved` for a read or a write (its data), the
+/// range of a discard or write zeroes, 0 for a flush.
+fn op_bytes(op: IoOp, moved: u64) -> u64 {
+    match op {
+        IoOp::Read { .. } | IoOp::Write { .. } => moved,
+        IoOp::Discard { len, .. } | IoOp::WriteZeroes { len, .. } => len,
+        IoOp::Flush => 0,
     }
 }
 

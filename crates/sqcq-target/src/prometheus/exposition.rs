@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::manage::{DeviceControl, DeviceKind};
 use crate::prometheus::text::{Kind, Labels, family, sample, seconds};
 use crate::runtime::latency::upper_bound_us;
+use crate::runtime::lun_stats::{KIND_NAMES, KindFigures, LunIo};
 use crate::runtime::metrics::{QueueMode, QueueSnapshot, WorkerSnapshot};
 use crate::runtime::pass::nanos;
 use crate::runtime::worker::WorkerPool;
@@ -27,6 +28,8 @@ pub struct LunFigures {
     pub blocks: u64,
     /// Logical block size in bytes.
     pub block_size: u32,
+    /// Its I/O, by kind of operation.
+    pub io: LunIo,
 }
 
 /// One device's figures.
@@ -61,6 +64,7 @@ impl DeviceFigures {
                         lun: e.lun,
                         blocks: e.unit.blocks(),
                         block_size: e.unit.block_size(),
+                        io: e.stats.snapshot(),
                     })
                     .collect();
                 ("scsi", luns)
@@ -72,6 +76,7 @@ impl DeviceFigures {
                     lun: 0,
                     blocks,
                     block_size,
+                    io: blk.stats().snapshot(),
                 };
                 ("blk", vec![disk])
             }
@@ -105,6 +110,9 @@ pub struct Scrape {
     /// What waking a worker costs, as measured at start (`--poll auto`).
     pub wakeup_cost: Option<Duration>,
 }
+
+/// A per-LUN family: name, help, the figure of one kind of operation.
+type LunFamily = (&'static str, &'static str, fn(&KindFigures) -> Value);
 
 /// A sample value: counts stay integers.
 enum Value {
@@ -387,6 +395,37 @@ impl Scrape {
         for (labels, l) in luns() {
             sample(out, "sqcq_lun_block_size_bytes", &labels, l.block_size);
         }
+        let io: [LunFamily; 4] = [
+            (
+                "sqcq_lun_ops_total",
+                "Operations the logical unit completed (failed ones included), by kind.",
+                |f| Value::Int(f.ops),
+            ),
+            (
+                "sqcq_lun_bytes_total",
+                "Bytes the logical unit's operations that succeeded covered, by kind.",
+                |f| Value::Int(f.bytes),
+            ),
+            (
+                "sqcq_lun_errors_total",
+                "Operations of the logical unit the backstore failed, by kind.",
+                |f| Value::Int(f.errors),
+            ),
+            (
+                "sqcq_lun_time_seconds_total",
+                "Service times of the logical unit's operations added up, by kind \
+                 (rate over the rate of sqcq_lun_ops_total: the mean latency).",
+                |f| Value::Float(seconds(f.time_ns)),
+            ),
+        ];
+        for (name, help, get) in io {
+            family(out, name, Kind::Counter, help);
+            for (labels, l) in luns() {
+                for ((_, op), f) in KIND_NAMES.iter().zip(&l.io.kinds) {
+                    sample(out, name, &labels.with("op", op), get(f));
+                }
+            }
+        }
     }
 
     fn render_workers(&self, out: &mut String) {
@@ -558,6 +597,16 @@ mod tests {
                     lun: 3,
                     blocks: 2048,
                     block_size: 512,
+                    io: {
+                        let mut io = LunIo::default();
+                        io.kinds[1] = KindFigures {
+                            ops: 6,
+                            bytes: 24576,
+                            errors: 1,
+                            time_ns: 1_500_000,
+                        };
+                        io
+                    },
                 }],
                 queues: vec![queue(2, QueueMode::Kick), queue(3, QueueMode::Sqcq)],
                 errors: vec![("bad_lun", 5), ("io_errors", 0)],
@@ -604,6 +653,11 @@ mod tests {
             format!("sqcq_device_errors_total{{{dev},class=\"bad_lun\"}} 5"),
             format!("sqcq_device_events_total{{{dev},name=\"other_targets\"}} 510"),
             format!("sqcq_lun_capacity_bytes{{{dev},lun=\"3\"}} 1048576"),
+            format!("sqcq_lun_ops_total{{{dev},lun=\"3\",op=\"write\"}} 6"),
+            format!("sqcq_lun_bytes_total{{{dev},lun=\"3\",op=\"write\"}} 24576"),
+            format!("sqcq_lun_errors_total{{{dev},lun=\"3\",op=\"write\"}} 1"),
+            format!("sqcq_lun_time_seconds_total{{{dev},lun=\"3\",op=\"write\"}} 0.0015"),
+            format!("sqcq_lun_ops_total{{{dev},lun=\"3\",op=\"read\"}} 0"),
             "sqcq_worker_queues{worker=\"0\"} 2".into(),
             "sqcq_wakeup_cost_seconds 0.000025".into(),
             "sqcq_worker_cpu_seconds_total{worker=\"0\"} 2.5".into(),

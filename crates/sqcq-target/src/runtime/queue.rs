@@ -31,6 +31,7 @@ use crate::guest_warn;
 use crate::runtime::batch::{Batch, Mapped};
 use crate::runtime::chain::{self, ChainBuffers, ChainError};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
+use crate::runtime::events::{Event, EventBus};
 use crate::runtime::gather::Gather;
 use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
 use crate::runtime::pass;
@@ -99,6 +100,9 @@ pub struct DeviceInfo {
     /// commit), apart from `limiter` so that a guest's flood of bad
     /// requests cannot hide them.
     pub backstore_limiter: RateLimiter,
+    /// The daemon's events (queue started, stopped or broken, I/O
+    /// errors).
+    pub events: Arc<EventBus>,
 }
 
 /// What a device does with the requests of one of its request queues.
@@ -205,7 +209,7 @@ pub fn segment_limit(ring: &RingConfig, seg_max: u32, extra: u32) -> usize {
 /// Builds a queue's request handler on the worker that will serve it, so
 /// that it sees every device change handed to the workers before it.
 pub type MakeHandler =
-    Box<dyn FnOnce(&RingConfig) -> Result<Box<dyn RequestHandler>, QueueError> + Send>;
+    Box<dyn FnOnce(QueueKey, &RingConfig) -> Result<Box<dyn RequestHandler>, QueueError> + Send>;
 
 /// Everything a worker needs to start serving a queue.
 pub struct QueueStart {
@@ -374,7 +378,7 @@ impl ServedQueue {
             }
             resubmit = heads;
         }
-        let handler = (s.handler)(&ring)?;
+        let handler = (s.handler)(s.key, &ring)?;
         let mut ring_state = Vring {
             key: s.key,
             device: s.device,
@@ -394,6 +398,11 @@ impl ServedQueue {
         if let Some(m) = ring_state.metrics() {
             m.started(ring_state.mode());
         }
+        ring_state.device.events.publish(Event::QueueStarted {
+            device: ring_state.device.id,
+            vq: ring_state.key.vq,
+            mode: ring_state.mode().as_str(),
+        });
         ring_state.open_poll(&ring, s.spin);
         let mut served = ServedQueue {
             ring: ring_state,
@@ -550,7 +559,7 @@ impl ServedQueue {
             vq = self.ring.key.vq,
             "kick descriptor hung up: queue stopped, device needs reset"
         );
-        self.ring.mark_broken();
+        self.ring.mark_broken(&"kick descriptor hung up");
     }
 
     /// Backstore completion descriptor `source` fired.
@@ -873,6 +882,11 @@ impl ServedQueue {
         self.ring.park_poll();
         let requests = self.ring.counters.requests();
         info!(device = device.id, vq, requests, "queue stopped");
+        device.events.publish(Event::QueueStopped {
+            device: device.id,
+            vq,
+            requests,
+        });
         self.ring.flush_poll_figures();
         if let Some(m) = self.ring.metrics() {
             m.stopped();
@@ -1012,6 +1026,13 @@ impl Vring {
         }
     }
 
+    /// How long the request at `head` (in flight) has been served: from
+    /// the pass that took it to this one (the latency histogram's time).
+    #[inline]
+    pub fn service_ns(&self, head: u16) -> u64 {
+        self.counters.service_ns(head)
+    }
+
     /// A request completing now moved `read` bytes from the medium to
     /// the driver and `written` bytes from the driver to the medium (reads
     /// and writes that succeeded).
@@ -1072,7 +1093,7 @@ impl Vring {
             Ok(false) => {}
             Err(e) => {
                 error!(device = self.device.id, vq = self.key.vq, "used ring: {e}");
-                self.mark_broken();
+                self.mark_broken(&format_args!("used ring: {e}"));
             }
         }
     }
@@ -1101,7 +1122,7 @@ impl Vring {
                     vq = self.key.vq,
                     "call eventfd cannot be written ({e}): queue stopped"
                 );
-                self.mark_broken();
+                self.mark_broken(&format_args!("call eventfd cannot be written ({e})"));
             }
             Signal::Stalled => {
                 DeviceMetrics::bump(&self.device.metrics.stalled_writes);
@@ -1112,7 +1133,7 @@ impl Vring {
                     "call eventfd blocked the worker (made blocking and full by the frontend): \
                      queue stopped"
                 );
-                self.mark_broken();
+                self.mark_broken(&"call eventfd blocked the worker");
             }
         }
     }
@@ -1124,14 +1145,23 @@ impl Vring {
             vq = self.key.vq,
             "ring corrupt ({e}): queue stopped, device needs reset"
         );
-        self.mark_broken();
+        self.mark_broken(&format_args!("ring corrupt ({e})"));
     }
 
-    fn mark_broken(&mut self) {
+    /// The queue serves nothing more: counted, told to subscribers of
+    /// events, and DEVICE_NEEDS_RESET raised (the first time).
+    fn mark_broken(&mut self, reason: &dyn std::fmt::Display) {
         if self.broken {
             return;
         }
         self.broken = true;
+        if self.device.events.wanted() {
+            self.device.events.publish(Event::QueueBroken {
+                device: self.device.id,
+                vq: self.key.vq,
+                reason: reason.to_string(),
+            });
+        }
         DeviceMetrics::bump(&self.device.metrics.broken_rings);
         if let Some(m) = self.metrics() {
             m.broke();

@@ -220,6 +220,8 @@ impl ScsiQueue {
                     backstore: Arc::clone(&e.backstore),
                     io,
                     pending: crate::runtime::backstore::Pending::default(),
+                    // Virtqueues 0 and 1 are the control and event queues.
+                    stats: e.stats.slot(ring.key().vq.saturating_sub(2)),
                 },
                 None => {
                     let i = old.iter().position(|l| same(l, e)).unwrap_or(0);

@@ -17,6 +17,7 @@ use sqcq_backstore::Backstore;
 use sqcq_scsi::ScsiError;
 
 use crate::runtime::chain::Segment;
+use crate::runtime::events::IoKind;
 use crate::runtime::guest::GuestMem;
 use crate::runtime::pins::{MapPin, MapPins};
 
@@ -67,10 +68,16 @@ pub struct Slot {
     pub kind: OpKind,
     /// First LBA, for sense INFORMATION on failure.
     pub lba: u64,
+    /// The LUN.
+    pub lun: u16,
+    /// What the request does (for events and per-LUN figures).
+    pub io: IoKind,
     /// The first failure among the operations.
     pub error: Option<ScsiError>,
     /// That failure came from the Ceph cluster (counted apart).
     pub ceph_failure: bool,
+    /// The backstore's words for that failure (for the `io_error` event).
+    pub cause: String,
     /// Host iovecs of the data transfer.
     pub iov: Vec<libc::iovec>,
     /// Replicated WRITE SAME pattern, when the pattern is not zeros.
@@ -83,6 +90,8 @@ pub struct Slot {
     pub ranges: Vec<(u64, u64)>,
     /// The first range with bytes left.
     pub next_range: usize,
+    /// The ranges' bytes in all (per-LUN figures).
+    pub range_bytes: u64,
     /// What the ranges are for.
     pub range_op: RangeOp,
 }
@@ -123,13 +132,17 @@ impl Slot {
             pending_ops: 0,
             kind: OpKind::Other,
             lba: 0,
+            lun: 0,
+            io: IoKind::Read,
             error: None,
             ceph_failure: false,
+            cause: String::new(),
             iov: Vec::new(),
             pattern: Vec::new(),
             backstore: None,
             ranges: Vec::new(),
             next_range: 0,
+            range_bytes: 0,
             range_op: RangeOp::Discard,
         }
     }
@@ -179,6 +192,7 @@ impl Inflight {
         slot.iov.clear();
         slot.ranges.clear();
         slot.next_range = 0;
+        slot.range_bytes = 0;
         self.current += 1;
         Some(slot)
     }

@@ -17,8 +17,9 @@ use tracing::{debug, warn};
 use crate::runtime::backstore;
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::ChainBuffers;
+use crate::runtime::lun_stats::LunSlot;
 use crate::runtime::queue::{
-    MakeHandler, QueueError, RequestHandler, RingConfig, Vring, drain_fd, segment_limit,
+    MakeHandler, QueueError, QueueKey, RequestHandler, RingConfig, Vring, drain_fd, segment_limit,
     wait_readable,
 };
 use crate::scsi::device::ScsiDevice;
@@ -34,6 +35,8 @@ pub(crate) struct LunQueue {
     pub(crate) io: Box<dyn BackstoreQueue>,
     /// What `io` has queued and not sent.
     pub(crate) pending: backstore::Pending,
+    /// This queue's counts of the LUN's I/O.
+    pub(crate) stats: Arc<LunSlot>,
 }
 
 /// The SCSI request handler of one request queue.
@@ -67,9 +70,11 @@ pub fn make_handler(
     sense_size: u32,
     seg_max: u32,
 ) -> MakeHandler {
-    Box::new(move |ring: &RingConfig| {
+    Box::new(move |key: QueueKey, ring: &RingConfig| {
         let sizes = (cdb_size, sense_size, seg_max);
-        let queue = ScsiQueue::new(Arc::clone(&dev), nexus, sizes, ring)?;
+        // Virtqueues 0 and 1 are the control and event queues.
+        let rq = key.vq.saturating_sub(2);
+        let queue = ScsiQueue::new(Arc::clone(&dev), nexus, sizes, (rq, ring))?;
         Ok(Box::new(queue) as Box<dyn RequestHandler>)
     })
 }
@@ -88,12 +93,12 @@ impl ScsiQueue {
     /// A handler serving the current LUN snapshot of `dev` (one backstore
     /// queue per LUN, as deep as the ring) for `nexus`, with the
     /// connection's CDB and sense sizes and the configuration space's
-    /// `seg_max`.
+    /// `seg_max`, for request queue `rq`.
     pub fn new(
         dev: Arc<ScsiDevice>,
         nexus: NexusId,
         (cdb_size, sense_size, seg_max): (u32, u32, u32),
-        ring: &RingConfig,
+        (rq, ring): (u16, &RingConfig),
     ) -> Result<Self, QueueError> {
         let target = dev.target.current();
         let mut luns = Vec::with_capacity(target.luns().len());
@@ -110,6 +115,7 @@ impl ScsiQueue {
                 backstore: Arc::clone(&entry.backstore),
                 io,
                 pending: backstore::Pending::default(),
+                stats: entry.stats.slot(rq),
             });
         }
         let data_out_len = target

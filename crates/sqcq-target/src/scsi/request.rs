@@ -16,6 +16,7 @@
 //! failures become a `ScsiError` in [`medium_error`], the one place that
 //! maps them.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use sqcq_backstore::{BackstoreError, IoOp};
@@ -28,6 +29,8 @@ use tracing::debug;
 use crate::guest_warn;
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::Segment;
+use crate::runtime::events::{Event, IoKind};
+use crate::runtime::lun_stats::LunSlot;
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::queue::{Accepted, Vring};
 use crate::runtime::ring::Chain;
@@ -333,12 +336,16 @@ impl ScsiQueue {
         // A medium command comes from a logical unit that exists.
         let lun_index = lun.unwrap_or(0);
         let resp_len = (CMD_RESP_FIXED + self.sense_size) as u64;
-        let (kind, lba, needed, have) = match op {
-            MediumOp::Read { lba, bytes, .. } => (OpKind::Read, lba, bytes, data_in_len),
-            MediumOp::Write { lba, bytes, .. } => (OpKind::Write, lba, bytes, data_out_len),
-            MediumOp::Flush { lba, .. } => (OpKind::Write, lba, 0, 0),
-            MediumOp::WriteSame { lba, .. } => (OpKind::Write, lba, 0, 0),
-            MediumOp::Unmap(_) => (OpKind::Other, 0, 0, 0),
+        let (kind, io_kind, lba, needed, have) = match op {
+            MediumOp::Read { lba, bytes, .. } => {
+                (OpKind::Read, IoKind::Read, lba, bytes, data_in_len)
+            }
+            MediumOp::Write { lba, bytes, .. } => {
+                (OpKind::Write, IoKind::Write, lba, bytes, data_out_len)
+            }
+            MediumOp::Flush { lba, .. } => (OpKind::Write, IoKind::Flush, lba, 0, 0),
+            MediumOp::WriteSame { lba, .. } => (OpKind::Write, IoKind::WriteZeroes, lba, 0, 0),
+            MediumOp::Unmap(_) => (OpKind::Other, IoKind::Discard, 0, 0, 0),
         };
         if have < needed {
             let d = ring.device();
@@ -358,10 +365,12 @@ impl ScsiQueue {
         slot.writable.extend_from_slice(&self.chain.writable);
         slot.resp_len = self.chain.writable_len.min(resp_len);
         slot.kind = kind;
+        slot.io = io_kind;
         slot.lba = lba;
         slot.buffer_len = have;
         slot.transfer = needed;
         let io = &mut self.luns[lun_index];
+        slot.lun = io.lun;
         let tag = u64::from(head);
         match op {
             MediumOp::Read { offset, bytes, .. } | MediumOp::Write { offset, bytes, .. } => {
@@ -386,6 +395,7 @@ impl ScsiQueue {
                 // reference count per request is not free).
                 slot.backstore = Some(Arc::clone(&io.backstore));
                 slot.ranges.extend(list.iter().map(|r| (r.offset, r.bytes)));
+                slot.range_bytes = list.iter().map(|r| r.bytes).sum();
                 slot.range_op = RangeOp::Discard;
                 submit_slice(io, slot, tag);
             }
@@ -411,6 +421,11 @@ impl ScsiQueue {
                     } else {
                         RangeOp::Pattern { fua }
                     };
+                slot.io = match slot.range_op {
+                    RangeOp::Discard => IoKind::Discard,
+                    RangeOp::WriteZeroes => IoKind::WriteZeroes,
+                    RangeOp::Pattern { .. } => IoKind::Write,
+                };
                 if let (RangeOp::Pattern { .. }, Some(p)) = (slot.range_op, pattern) {
                     // The pattern replicated over at most PATTERN_BYTES
                     // (whole blocks): each slice writes from it.
@@ -421,6 +436,7 @@ impl ScsiQueue {
                     }
                 }
                 slot.ranges.push((offset, u64::from(blocks) * bs));
+                slot.range_bytes = u64::from(blocks) * bs;
                 submit_slice(io, slot, tag);
             }
         }
@@ -445,6 +461,7 @@ impl ScsiQueue {
         let inflight = &mut self.inflight;
         let resume = &mut self.resume;
         let sense_size = self.sense_size;
+        let stats = &l.stats;
         l.io.reap(&mut |tag, result| {
             let Some(head) = u16::try_from(tag).ok() else {
                 return;
@@ -462,7 +479,7 @@ impl ScsiQueue {
             if slot.error.is_none() && slot.has_slices_left() {
                 resume.push(head);
             } else {
-                complete_request(inflight, ring, mem, sense_size, head);
+                complete_request(inflight, ring, mem, sense_size, head, Some(stats));
             }
         });
     }
@@ -499,7 +516,11 @@ impl ScsiQueue {
     }
 
     fn complete_slot(&mut self, ring: &mut Vring, mem: Batch<'_>, head: u16) {
-        complete_request(&mut self.inflight, ring, mem, self.sense_size, head);
+        let lun = self.inflight.get_mut(head).map(|s| s.lun);
+        let stats = (self.luns.iter())
+            .find(|l| Some(l.lun) == lun)
+            .map(|l| &*l.stats);
+        complete_request(&mut self.inflight, ring, mem, self.sense_size, head, stats);
     }
 }
 
@@ -511,10 +532,15 @@ fn complete_request(
     mem: Batch<'_>,
     sense_size: usize,
     head: u16,
+    stats: Option<&LunSlot>,
 ) {
     let Some(slot) = inflight.get_mut(head) else {
         return;
     };
+    if let Some(s) = stats {
+        let bytes = slot.transfer.max(slot.range_bytes);
+        s.record(slot.io, bytes, slot.error.is_none(), ring.service_ns(head));
+    }
     if slot.kind == OpKind::Read {
         // What the backstore wrote through the iovecs, whatever its
         // result (a failed read may have written part).
@@ -543,9 +569,22 @@ fn complete_request(
             },
         ),
         Some(e) => {
-            ring.device()
-                .metrics
-                .count_backstore_failure(slot.ceph_failure);
+            let d = ring.device();
+            d.metrics.count_backstore_failure(slot.ceph_failure);
+            if d.events.wanted() {
+                d.events.publish(Event::IoError {
+                    device: d.id,
+                    lun: slot.lun,
+                    op: slot.io,
+                    lba: slot.lba,
+                    bytes: slot.transfer,
+                    error: if slot.cause.is_empty() {
+                        e.to_string()
+                    } else {
+                        slot.cause.clone()
+                    },
+                });
+            }
             let (status, sense, n) = scsi_failure(e);
             (
                 CmdResp::completed(status, saturating_u32(slot.buffer_len)),
@@ -592,6 +631,8 @@ fn fail(slot: &mut Slot, e: &BackstoreError) {
     if slot.error.is_none() {
         slot.error = Some(medium_error(slot.kind, slot.lba, e));
         slot.ceph_failure = matches!(e, BackstoreError::CephIo(_));
+        slot.cause.clear();
+        let _ = write!(slot.cause, "{e}");
     }
 }
 

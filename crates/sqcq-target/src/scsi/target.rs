@@ -7,6 +7,7 @@ use sqcq_backstore::{Backstore, BackstoreError};
 use sqcq_scsi::{ConfigError, LogicalUnit, LuConfig, Provisioning};
 use thiserror::Error;
 
+use crate::runtime::lun_stats::LunStats;
 use crate::spec::{LunSpec, OpenError};
 
 /// One logical unit of the target.
@@ -17,6 +18,8 @@ pub struct LunEntry {
     pub unit: Arc<LogicalUnit>,
     /// Where its blocks live; each worker opens its own queue to it.
     pub backstore: Arc<dyn Backstore>,
+    /// Its I/O figures, one slot per request queue.
+    pub stats: Arc<LunStats>,
 }
 
 impl std::fmt::Debug for LunEntry {
@@ -116,6 +119,7 @@ impl Target {
                 lun: e.lun,
                 unit: Arc::clone(&e.unit),
                 backstore: Arc::clone(&e.backstore),
+                stats: Arc::clone(&e.stats),
             })
             .collect();
         luns.extend(added);
@@ -166,6 +170,7 @@ pub(crate) fn build_lun(lun: u16, spec: &LunSpec, wwn_seed: u64) -> Result<LunEn
         lun,
         unit: Arc::new(unit),
         backstore,
+        stats: Arc::default(),
     })
 }
 

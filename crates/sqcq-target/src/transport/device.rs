@@ -23,6 +23,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::guest_warn;
+use crate::runtime::events::{Event, EventBus};
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::placement::QueuePlacement;
 use crate::runtime::queue::DeviceInfo;
@@ -153,6 +154,7 @@ impl DeviceHandle {
         params: DeviceParams,
         device: Arc<dyn VirtioDevice>,
         pool: Arc<WorkerPool>,
+        events: Arc<EventBus>,
     ) -> io::Result<Self> {
         let socket_path = socket.path().to_owned();
         let passed = if socket.adopted() {
@@ -167,6 +169,7 @@ impl DeviceHandle {
             metrics: Arc::new(DeviceMetrics::new(id, vrings)),
             limiter: RateLimiter::new(DEFAULT_BURST),
             backstore_limiter: RateLimiter::new(DEFAULT_BURST),
+            events,
         });
         let shared = Arc::new(DeviceShared {
             info,
@@ -379,6 +382,9 @@ impl ControlThread {
             .device
             .epoll_fd();
         info!(device = self.shared.info.id, "frontend connected");
+        let info = &self.shared.info;
+        info.events
+            .publish(Event::FrontendConnected { device: info.id });
         let mut handler = BackendReqHandler::from_stream(stream, Arc::clone(&session));
         let socket_fd = handler.as_raw_fd();
         if let Err(e) = self

@@ -18,6 +18,7 @@ use tracing::{error, info, warn};
 use vhost::vhost_user::VhostUserVirtioFeatures;
 
 use crate::runtime::eventfd::PeerEventFd;
+use crate::runtime::events::Event;
 use crate::runtime::guest::{DirtyLog, GuestMem};
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::options::RingMode;
@@ -824,6 +825,9 @@ impl Session {
         self.retired.append(&mut self.regions);
         self.release_retired();
         info!(device = self.dev.info.id, "connection closed");
+        let info = &self.dev.info;
+        info.events
+            .publish(Event::FrontendDisconnected { device: info.id });
         std::mem::take(&mut self.retired)
     }
 }

@@ -76,12 +76,17 @@ impl Counters {
     /// batch's figures.
     #[inline]
     pub(crate) fn completed(&mut self, head: u16) {
+        let ns = self.service_ns(head);
+        self.figures.latency.record(ns);
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// How long the request at `head` has been in flight (pass clock).
+    #[inline]
+    pub(crate) fn service_ns(&self, head: u16) -> u64 {
         let now = pass::now();
         let taken = self.taken_at.get(usize::from(head)).copied();
-        self.figures
-            .latency
-            .record(now.saturating_sub(taken.unwrap_or(now)));
-        self.in_flight = self.in_flight.saturating_sub(1);
+        now.saturating_sub(taken.unwrap_or(now))
     }
 
     /// A request completing now moved `read` bytes from the medium and

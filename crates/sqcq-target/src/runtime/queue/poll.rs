@@ -455,7 +455,7 @@ impl Vring {
             }
             Err(e) => {
                 error!(device = self.device.id, vq = self.key.vq, "used ring: {e}");
-                self.mark_broken();
+                self.mark_broken(&format_args!("used ring: {e}"));
             }
         }
         true
@@ -524,7 +524,7 @@ impl Vring {
         );
         self.flush_poll_figures();
         self.poll = None;
-        self.mark_broken();
+        self.mark_broken(&crate::runtime::error_chain(e));
     }
 }
 
