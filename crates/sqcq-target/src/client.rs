@@ -34,9 +34,15 @@ pub const DEFAULT_ADMIN_SOCKET: &str = "/run/sqcq/sqcqd.sock";
                   sqcqd rpc device_list\n  \
                   sqcqd rpc lun_add device=0 lun=1 kind=ram size=64M serial=00042\n  \
                   sqcqd rpc device_create socket-path=/run/sqcq/vm1.sock type=blk lun=kind=ram,size=1G\n  \
-                  sqcqd rpc --admin-socket /tmp/a.sock queue_attach_worker device=0 rq=1 worker=1"
+                  sqcqd rpc --admin-socket /tmp/a.sock queue_attach_worker device=0 rq=1 worker=1",
+    // Our own --help: clap's would answer `METHOD --help` with this help
+    // instead of the method's.
+    disable_help_flag = true
 )]
 pub struct RpcCli {
+    /// Print help (after METHOD: the method's).
+    #[arg(short, long)]
+    pub help: bool,
     /// The daemon's admin socket [default: $SQCQ_ADMIN_SOCKET, else
     /// /run/sqcq/sqcqd.sock for root, else $XDG_RUNTIME_DIR/sqcq/sqcqd.sock].
     #[arg(long, value_name = "PATH")]
@@ -87,6 +93,10 @@ impl RpcCli {
     pub fn request(&self) -> Result<Request, String> {
         let doc = discover();
         let method = match self.method.as_deref() {
+            None if self.help => {
+                let help = <Self as clap::CommandFactory>::command().render_long_help();
+                return Ok(Request::Help(help.to_string()));
+            }
             None | Some("help" | "--help" | "-h") => {
                 return match self.params.first() {
                     None => Ok(Request::Help(overview(&doc))),
@@ -96,7 +106,7 @@ impl RpcCli {
             Some("events") => return follow(&self.params),
             Some(m) => find(&doc, m)?,
         };
-        if self.params.iter().any(|p| p == "--help" || p == "-h") {
+        if self.help || self.params.iter().any(|p| p == "--help" || p == "-h") {
             return Ok(Request::Help(method_help(method)));
         }
         let name = method["name"].as_str().unwrap_or_default().to_owned();
@@ -443,6 +453,10 @@ mod tests {
             cli(&["help", "lun_add"]).request().unwrap(),
             Request::Help(one)
         );
+        let Request::Help(usage) = cli(&["--help"]).request().unwrap() else {
+            panic!()
+        };
+        assert!(usage.contains("--admin-socket <PATH>"), "{usage}");
     }
 
     #[test]

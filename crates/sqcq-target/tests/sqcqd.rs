@@ -317,6 +317,7 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
             "path  string   optional",
         ),
         (&["completions", "tcsh"], 2, "bash, zsh, fish"),
+        (&["rpc", "lun_add", "--help"], 0, "lun_add: Add a LUN"),
     ];
     for (args, code, fragment) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
