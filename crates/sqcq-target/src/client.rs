@@ -10,13 +10,30 @@
 //!
 //! Without `--admin-socket` the client calls `$SQCQ_ADMIN_SOCKET`, else
 //! [`DEFAULT_ADMIN_SOCKET`] (root), else `$XDG_RUNTIME_DIR/sqcq/sqcqd.sock`.
+//!
+//! For a person at a terminal: `sqcqd rpc stats_get --human` prints the
+//! totals as a table ([`stats_table`]), and `sqcqd top` ([`top`]) shows
+//! them as rates, refreshed every second. Both read a [`Sample`], four
+//! methods' answers to one batch, and render it with pure functions.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
 use crate::rpc::discover;
 use crate::runtime::events::Event;
+
+mod rates;
+mod sample;
+pub mod top;
+mod totals;
+mod units;
+
+pub use sample::{DaemonInfo, Device, FetchError, Latency, Queue, Sample, Worker};
+
+/// The methods `--human` prints as a table.
+const TABLES: &[&str] = &["stats_get"];
 
 /// The admin socket of the packaged daemon (`contrib/sqcqd.toml`), and
 /// the client's default for root.
@@ -49,7 +66,12 @@ pub struct RpcCli {
     pub admin_socket: Option<PathBuf>,
     /// The method (`help`: the methods, `help METHOD`: one of them).
     pub method: Option<String>,
-    /// Its parameters (`--help` after the method: its help).
+    /// Print a table for a person instead of JSON (stats_get: the totals
+    /// of every device, queue and worker, in 80 columns).
+    #[arg(long)]
+    pub human: bool,
+    /// Its parameters (`--help` after the method: its help; `--human`
+    /// there too).
     #[arg(
         value_name = "PARAMS",
         trailing_var_arg = true,
@@ -73,19 +95,15 @@ pub enum Request {
         /// How many to print before exiting.
         count: Option<u64>,
     },
+    /// Call the method with these parameters and print its table
+    /// (`--human`).
+    Table(String, Map<String, Value>),
 }
 
 impl RpcCli {
     /// The socket to call.
     pub fn socket(&self) -> PathBuf {
-        self.admin_socket.clone().unwrap_or_else(|| {
-            default_socket(
-                std::env::var_os("SQCQ_ADMIN_SOCKET").map(PathBuf::from),
-                // SAFETY: geteuid() cannot fail.
-                unsafe { libc::geteuid() } == 0,
-                std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
-            )
-        })
+        admin_socket(self.admin_socket.clone())
     }
 
     /// The call (or the help) the arguments ask for, checked against
@@ -103,6 +121,7 @@ impl RpcCli {
                     Some(m) => Ok(Request::Help(method_help(find(&doc, m)?))),
                 };
             }
+            Some("events") if self.help => return Ok(Request::Help(FOLLOW_HELP.to_owned())),
             Some("events") => return follow(&self.params),
             Some(m) => find(&doc, m)?,
         };
@@ -110,7 +129,24 @@ impl RpcCli {
             return Ok(Request::Help(method_help(method)));
         }
         let name = method["name"].as_str().unwrap_or_default().to_owned();
-        Ok(Request::Call(name, typed_params(method, &self.params)?))
+        let human = self.human || self.params.iter().any(|p| p == "--human");
+        let params: Vec<String> = self
+            .params
+            .iter()
+            .filter(|p| *p != "--human")
+            .cloned()
+            .collect();
+        let params = typed_params(method, &params)?;
+        if !human {
+            return Ok(Request::Call(name, params));
+        }
+        if !TABLES.contains(&name.as_str()) {
+            return Err(format!(
+                "--human: {name} has no table (only {}); without it, JSON",
+                TABLES.join(", ")
+            ));
+        }
+        Ok(Request::Table(name, params))
     }
 }
 
@@ -147,6 +183,38 @@ const FOLLOW_HELP: &str = "sqcqd rpc events [EVENT]... [--count N]\n\n\
     Prints the daemon's events as they happen, one JSON object per line (the parameters of \
     the JSON-RPC notifications events_subscribe asks for), until interrupted, or N of them.\n\
     Only the EVENTs named if any.\n";
+
+/// `explicit` (`--admin-socket`), else the [`default_socket`] of this
+/// process's environment.
+pub fn admin_socket(explicit: Option<PathBuf>) -> PathBuf {
+    explicit.unwrap_or_else(|| {
+        default_socket(
+            std::env::var_os("SQCQ_ADMIN_SOCKET").map(PathBuf::from),
+            // SAFETY: geteuid() cannot fail.
+            unsafe { libc::geteuid() } == 0,
+            std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+        )
+    })
+}
+
+/// How long `--human` waits for the daemon's answer.
+const TABLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The table of `sqcqd rpc stats_get --human`: the daemon at `socket`,
+/// only device `params.device` if it is given.
+pub fn stats_table(
+    socket: &std::path::Path,
+    params: &Map<String, Value>,
+) -> Result<String, FetchError> {
+    let device = params
+        .get("device")
+        .and_then(Value::as_u64)
+        .and_then(|d| u32::try_from(d).ok());
+    let sample = Sample::fetch(socket, device, TABLE_TIMEOUT)?;
+    let mut text = totals::table(&sample).join("\n");
+    text.push('\n');
+    Ok(text)
+}
 
 /// The default admin socket: `env` (`$SQCQ_ADMIN_SOCKET`), else
 /// [`DEFAULT_ADMIN_SOCKET`] for root or without `runtime_dir`
@@ -363,6 +431,24 @@ mod tests {
             cli(&["events", "--help"]).request(),
             Ok(Request::Help(_))
         ));
+    }
+
+    #[test]
+    fn human_asks_for_a_table_where_there_is_one() {
+        let table = |args: &[&str]| cli(args).request();
+        let p = json!({ "device": 1 }).as_object().cloned().unwrap();
+        let want = Ok(Request::Table("stats_get".into(), p));
+        assert_eq!(table(&["stats_get", "device=1", "--human"]), want);
+        assert_eq!(table(&["--human", "stats_get", "device=1"]), want);
+        let e = table(&["device_list", "--human"]).unwrap_err();
+        assert!(
+            e.contains("device_list has no table (only stats_get)"),
+            "{e}"
+        );
+        assert_eq!(
+            table(&["stats_get"]),
+            Ok(Request::Call("stats_get".into(), Map::new()))
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! | [`blk`] | the virtio-blk device: one disk, its configuration space, block requests | [`runtime`], [`spec`], [`transport`] |
 //! | [`service`] | running under a service manager: readiness notifications, sockets passed in, the pidfile, user and group names | nothing else in the crate |
 //! | [`config`], [`daemon`], [`registry`], [`manage`], [`rpc`], [`admin`], [`prometheus`], [`sandbox`] | the daemon: command line and file, start and stop, the devices and workers and every change to them, the management API (JSON-RPC) on the admin socket, the metrics endpoint, seccomp | everything |
+//! | [`client`] | the management API's clients in the binary: `sqcqd rpc` (parameters typed by the schema, `--human` tables) and `sqcqd top` (the live view), their renderers pure functions of the answers | [`rpc`], the poll set of [`service`], the latency buckets of [`runtime`] |
 //!
 //! # Threads and what each owns
 //!

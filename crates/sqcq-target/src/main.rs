@@ -23,6 +23,9 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "rpc") {
         return rpc();
     }
+    if std::env::args_os().nth(1).is_some_and(|a| a == "top") {
+        return top();
+    }
     // Words an operator tries before the options.
     match std::env::args_os()
         .nth(1)
@@ -339,6 +342,22 @@ fn rpc() -> ExitCode {
             let _ = write!(std::io::stdout(), "{text}");
             return ExitCode::SUCCESS;
         }
+        Ok(Request::Table(_, params)) => {
+            let socket = cli.socket();
+            return match sqcq_target::client::stats_table(&socket, &params) {
+                Ok(text) => {
+                    let _ = write!(std::io::stdout(), "{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("sqcqd rpc: {}: {}", socket.display(), error_chain(&e));
+                    match e {
+                        sqcq_target::client::FetchError::Unreachable(_) => ExitCode::from(2),
+                        _ => ExitCode::FAILURE,
+                    }
+                }
+            };
+        }
         Err(e) => {
             eprintln!("sqcqd rpc: {e}");
             return ExitCode::from(2);
@@ -401,6 +420,24 @@ fn follow_events(socket: &std::path::Path, only: &[String], count: Option<u64>) 
         Err(e) => {
             eprintln!("sqcqd rpc events: {}: {e}", socket.display());
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `sqcqd top [--admin-socket PATH] [--interval SECS] [--iterations N]
+/// [--batch]`: exits 0 when asked to (q, a signal, the frames counted),
+/// 2 when the daemon cannot be reached (or is gone), 1 on another error,
+/// each with one line on stderr.
+fn top() -> ExitCode {
+    use sqcq_target::client::top::{TopCli, run};
+    let cli = TopCli::parse_from(
+        std::iter::once(std::ffi::OsString::from("sqcqd top")).chain(std::env::args_os().skip(2)),
+    );
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sqcqd top: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

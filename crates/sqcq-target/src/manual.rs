@@ -1,6 +1,7 @@
 //! Man pages and shell completions, generated from the clap definitions
-//! of the command line ([`crate::Cli`], [`crate::client::RpcCli`]) by
-//! `clap_mangen` and `clap_complete`: `sqcqd man [rpc]` prints a page,
+//! of the command line ([`crate::Cli`], [`crate::client::RpcCli`],
+//! [`crate::client::top::TopCli`]) by `clap_mangen` and `clap_complete`:
+//! `sqcqd man [rpc|top]` prints a page,
 //! `sqcqd completions bash|zsh|fish` a completion script. The Debian
 //! package (`scripts/build-deb.sh`) runs them when it is built and
 //! installs what they print, so pages and completions always describe the
@@ -11,12 +12,14 @@ use clap_complete::Shell;
 
 use crate::Cli;
 use crate::client::RpcCli;
+use crate::client::top::TopCli;
 
 /// The words `sqcqd` takes before its options, as subcommands, so that
 /// completions and the man page know them (`help` is clap's own).
 fn command() -> clap::Command {
     Cli::command()
         .subcommand(RpcCli::command().name("rpc"))
+        .subcommand(TopCli::command().name("top"))
         .subcommand(clap::Command::new("version").about("Print the version"))
         .subcommand(
             clap::Command::new("completions")
@@ -29,21 +32,27 @@ fn command() -> clap::Command {
         )
         .subcommand(
             clap::Command::new("man")
-                .about("Print a man page (sqcqd(8), or sqcqd-rpc(8) with rpc)")
-                .arg(clap::Arg::new("page").value_parser(["rpc"])),
+                .about("Print a man page (sqcqd(8); sqcqd-rpc(8) with rpc, sqcqd-top(8) with top)")
+                .arg(clap::Arg::new("page").value_parser(["rpc", "top"])),
         )
 }
 
-/// The man page of `sqcqd` (`rpc`: of `sqcqd rpc`), in roff.
-pub fn man_page(rpc: bool) -> std::io::Result<Vec<u8>> {
-    let cmd = if rpc {
-        RpcCli::command().name("sqcqd-rpc")
-    } else {
-        command()
+/// The man page of `sqcqd`, or of its word `page` (`rpc`, `top`), in
+/// roff; `None` for a word that has none.
+pub fn man_page(page: Option<&str>) -> Option<std::io::Result<Vec<u8>>> {
+    let cmd = match page {
+        None => command(),
+        Some("rpc") => RpcCli::command().name("sqcqd-rpc"),
+        Some("top") => TopCli::command().name("sqcqd-top"),
+        Some(_) => return None,
     };
     let mut out = Vec::new();
-    clap_mangen::Man::new(cmd).section("8").render(&mut out)?;
-    Ok(out)
+    Some(
+        clap_mangen::Man::new(cmd)
+            .section("8")
+            .render(&mut out)
+            .map(|()| out),
+    )
 }
 
 /// The completion script of `shell`.
@@ -53,8 +62,8 @@ pub fn completions(shell: Shell) -> Vec<u8> {
     out
 }
 
-/// `sqcqd completions SHELL` / `sqcqd man [rpc]`: the text to print, or
-/// the usage error.
+/// `sqcqd completions SHELL` / `sqcqd man [rpc|top]`: the text to
+/// print, or the usage error.
 pub fn run(args: &[String]) -> Result<Vec<u8>, String> {
     match args {
         [what, shell] if what == "completions" => {
@@ -62,9 +71,18 @@ pub fn run(args: &[String]) -> Result<Vec<u8>, String> {
                 format!("sqcqd completions {shell}: bash, zsh, fish, elvish or powershell")
             })
         }
-        [what] if what == "man" => man_page(false).map_err(|e| e.to_string()),
-        [what, page] if what == "man" && page == "rpc" => man_page(true).map_err(|e| e.to_string()),
-        _ => Err("usage: sqcqd completions bash|zsh|fish, sqcqd man [rpc]".into()),
+        [what] if what == "man" => page(None),
+        [what, p] if what == "man" => page(Some(p)),
+        _ => Err(USAGE.into()),
+    }
+}
+
+const USAGE: &str = "usage: sqcqd completions bash|zsh|fish, sqcqd man [rpc|top]";
+
+fn page(name: Option<&str>) -> Result<Vec<u8>, String> {
+    match man_page(name) {
+        Some(text) => text.map_err(|e| e.to_string()),
+        None => Err(USAGE.into()),
     }
 }
 
@@ -74,7 +92,7 @@ mod tests {
 
     #[test]
     fn pages_and_completions_name_every_option() {
-        let man = String::from_utf8(man_page(false).unwrap()).unwrap();
+        let man = String::from_utf8(man_page(None).unwrap().unwrap()).unwrap();
         assert!(
             man.starts_with(".ie") || man.contains(".TH sqcqd 8"),
             "{man}"
@@ -87,15 +105,23 @@ mod tests {
         ] {
             assert!(man.contains(option), "{option}");
         }
-        let rpc = String::from_utf8(man_page(true).unwrap()).unwrap();
+        let rpc = String::from_utf8(man_page(Some("rpc")).unwrap().unwrap()).unwrap();
         assert!(rpc.contains(".TH sqcqd-rpc 8"), "{rpc}");
         assert!(rpc.contains("admin\\-socket"));
+        assert!(rpc.contains("human"));
+        let top = String::from_utf8(man_page(Some("top")).unwrap().unwrap()).unwrap();
+        assert!(top.contains(".TH sqcqd-top 8"), "{top}");
+        for option in ["interval", "iterations", "batch", "admin\\-socket"] {
+            assert!(top.contains(option), "{option}");
+        }
         for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
             let script = String::from_utf8(completions(shell)).unwrap();
             assert!(script.contains("save-config"), "{shell}");
             assert!(script.contains("rpc"), "{shell}");
+            assert!(script.contains("iterations"), "{shell}");
         }
         assert!(run(&["completions".into(), "tcsh".into()]).is_err());
         assert!(run(&["man".into(), "x".into()]).is_err());
+        assert!(run(&["man".into(), "top".into()]).is_ok());
     }
 }

@@ -283,6 +283,9 @@ pub struct WorkerStatus {
     pub cpu_displaced: bool,
     /// Times it was found moved off `cpu`.
     pub cpu_displacements: u64,
+    /// CPU time of the thread so far, ns (`null` if it could not be
+    /// read): `sqcqd top` shows its rate.
+    pub cpu_ns: Option<u64>,
     /// `[device, vq]` of every queue it serves now.
     pub queues: Vec<(u32, u16)>,
 }
@@ -973,6 +976,7 @@ impl Registry {
                     cpu: w.cpu,
                     cpu_displaced: f.is_some_and(|f| f.cpu_displaced),
                     cpu_displacements: f.map_or(0, |f| f.cpu_displacements),
+                    cpu_ns: f.and_then(|f| f.cpu_ns),
                     queues: devices
                         .iter()
                         .flat_map(|d| {

@@ -1002,10 +1002,54 @@ pub fn call(
     method: &str,
     params: Map<String, Value>,
 ) -> io::Result<Result<Value, Value>> {
-    let mut conn = UnixStream::connect(path)?;
-    conn.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     let req = json!({ "jsonrpc": "2.0", "method": method, "params": params, "id": 1 });
-    let mut line = req.to_string();
+    outcome(exchange(path, &req, CLIENT_TIMEOUT)?)
+}
+
+/// Calls every `(method, params)` of `calls` in one batch, one line on
+/// one connection (so the answers describe one moment, in one round
+/// trip), waiting at most `timeout` for the answer: each call's result or
+/// error object, in the order of `calls`.
+pub fn call_batch(
+    path: &Path,
+    calls: &[(&str, Map<String, Value>)],
+    timeout: Duration,
+) -> io::Result<Vec<Result<Value, Value>>> {
+    let batch: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(id, (method, params))| {
+            json!({ "jsonrpc": "2.0", "method": method, "params": params, "id": id })
+        })
+        .collect();
+    let Value::Array(replies) = exchange(path, &Value::Array(batch), timeout)? else {
+        return Err(io::Error::other("not a JSON-RPC batch response"));
+    };
+    // The answers of a batch may come in any order: placed by id.
+    let mut out: Vec<Option<Result<Value, Value>>> = calls.iter().map(|_| None).collect();
+    for reply in replies {
+        let slot = reply
+            .get("id")
+            .and_then(Value::as_u64)
+            .and_then(|id| usize::try_from(id).ok())
+            .and_then(|id| out.get_mut(id))
+            .ok_or_else(|| io::Error::other(format!("an answer to no call: {reply}")))?;
+        *slot = Some(outcome(reply)?);
+    }
+    out.into_iter()
+        .zip(calls)
+        .map(|(r, (method, _))| {
+            r.ok_or_else(|| io::Error::other(format!("{method} was not answered")))
+        })
+        .collect()
+}
+
+/// Sends `request` (an object or a batch) on a new connection to `path`
+/// and reads the one line that answers it.
+fn exchange(path: &Path, request: &Value, timeout: Duration) -> io::Result<Value> {
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(timeout))?;
+    let mut line = request.to_string();
     line.push('\n');
     conn.write_all(line.as_bytes())?;
     let mut reply = String::new();
@@ -1015,13 +1059,15 @@ pub fn call(
             "the daemon closed the connection without an answer",
         ));
     }
-    let mut v: Value = serde_json::from_str(&reply).map_err(io::Error::other)?;
+    serde_json::from_str(&reply).map_err(io::Error::other)
+}
+
+/// A response object as `Ok(result)` or `Err(error object)`.
+fn outcome(mut v: Value) -> io::Result<Result<Value, Value>> {
     match (v.get_mut("result").map(Value::take), v.get_mut("error")) {
         (Some(r), _) => Ok(Ok(r)),
         (None, Some(e)) => Ok(Err(e.take())),
-        _ => Err(io::Error::other(format!(
-            "not a JSON-RPC response: {reply}"
-        ))),
+        _ => Err(io::Error::other(format!("not a JSON-RPC response: {v}"))),
     }
 }
 
@@ -1134,6 +1180,33 @@ mod tests {
         // stats_get's "errors" are counters, not a failure.
         let stats = json!({ "errors": { "0": { "bad_descriptor": 0 } } });
         assert_eq!(reload_errors("stats_get", &stats), None);
+    }
+
+    #[test]
+    fn a_batch_is_answered_call_by_call_whatever_the_order() {
+        let path = std::env::temp_dir().join(format!("sqcq-rpc-batch-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&conn).read_line(&mut line).unwrap();
+            let batch: Vec<Value> = serde_json::from_str(&line).unwrap();
+            // The second call first, and with an error.
+            let answer = json!([
+                { "jsonrpc": "2.0", "error": { "code": NOT_FOUND }, "id": batch[1]["id"] },
+                { "jsonrpc": "2.0", "result": batch[0]["method"], "id": batch[0]["id"] },
+            ]);
+            (&conn).write_all(format!("{answer}\n").as_bytes()).unwrap();
+        });
+        let calls = [("daemon_info", Map::new()), ("stats_get", Map::new())];
+        let answers = call_batch(&path, &calls, Duration::from_secs(10)).unwrap();
+        server.join().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            answers,
+            [Ok(json!("daemon_info")), Err(json!({ "code": NOT_FOUND }))]
+        );
     }
 
     #[test]

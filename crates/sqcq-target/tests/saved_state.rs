@@ -43,13 +43,15 @@ fn call(admin: &Path, method: &str, params: Value) -> Value {
 }
 
 /// `device_list` without the connection state (no frontend here either
-/// way) and `worker_list` without the per-run CPU displacement figures.
+/// way) and `worker_list` without the per-run CPU figures (time,
+/// displacements).
 fn state(admin: &Path) -> (Value, Value) {
     let mut workers = call(admin, "worker_list", json!({}));
     for w in workers.as_array_mut().unwrap() {
         let w = w.as_object_mut().unwrap();
         w.remove("cpu_displacements");
         w.remove("cpu_displaced");
+        w.remove("cpu_ns");
     }
     (call(admin, "device_list", json!({})), workers)
 }

@@ -317,6 +317,23 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
             "path  string   optional",
         ),
         (&["completions", "tcsh"], 2, "bash, zsh, fish"),
+        (
+            &["top", "--admin-socket", "/nonexistent/a.sock"],
+            2,
+            "sqcqd top: /nonexistent/a.sock: cannot reach the daemon",
+        ),
+        (&["top", "--interval", "0"], 2, "at least 0.1 s"),
+        (
+            &[
+                "rpc",
+                "--admin-socket",
+                "/nonexistent/a.sock",
+                "device_list",
+                "--human",
+            ],
+            2,
+            "device_list has no table (only stats_get)",
+        ),
         (&["rpc", "lun_add", "--help"], 0, "lun_add: Add a LUN"),
     ];
     for (args, code, fragment) in cases {
@@ -334,6 +351,107 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
         assert!(text.contains(fragment), "{args:?}: {text}");
         assert!(!std::path::Path::new(socket).exists(), "{args:?}");
     }
+}
+
+/// `sqcqd top --batch` and `sqcqd rpc stats_get --human` on a daemon
+/// that the project's driver keeps busy: the device and its queues are
+/// there, with requests counted.
+#[test]
+fn top_and_the_human_table_show_a_device_at_work() {
+    let dir = TempDir::new("bin-top");
+    let socket = dir.path("sqcqd.sock");
+    let admin = dir.path("admin.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .arg("--socket-path")
+        .arg(&socket)
+        .arg("--admin-socket")
+        .arg(&admin)
+        .args(["--lun", "kind=null,size=64M", "--num-queues", "2"])
+        .args(["--queue-size", "64", "--workers", "2"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path("sqcqd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _log = LogOnPanic(dir.path("sqcqd.log"), child.id());
+    let mut child = Running(child);
+    let mut d = Driver::connect(&socket);
+    let (rq0, rq1) = d.two_rqs();
+    rq0.clear_unit_attention(0);
+    let admin_arg = admin.to_str().unwrap();
+    // Ends by itself, after its two frames.
+    let mut top = Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .args(["top", "--admin-socket", admin_arg, "--batch"])
+        .args(["--iterations", "2", "--interval", "0.2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Reads on both request queues until top has shown its frames.
+    let deadline = Instant::now() + WAIT;
+    while top.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "sqcqd top did not end");
+        for rq in [&mut *rq0, &mut *rq1] {
+            let r = rq.command(lun_at(0, 0), Cdb::read_10(0, 8, false), &[], 4096);
+            assert!(r.good(), "{r:?}");
+        }
+    }
+    let out = top.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Two frames, each with the device (its IOPS, the fourth field, not
+    // 0) and both its queues.
+    let devices: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| l.starts_with("0 scsi "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(devices.len(), 2, "{text}");
+    for fields in &devices {
+        assert_eq!(fields[2], "connected", "{text}");
+        assert_ne!(fields[3], "0", "no IOPS: {text}");
+    }
+    for vq in ["  vq 2 ", "  vq 3 "] {
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with(vq)).count(),
+            2,
+            "{text}"
+        );
+    }
+
+    let human = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+            .args(["rpc", "--admin-socket", admin_arg, "stats_get"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = human(&["--human"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(
+        table.contains(&format!("device 0: scsi, connected, {}", socket.display())),
+        "{table}"
+    );
+    // The queues' rows: VQ, STATE, WORKER, REQUESTS (not 0).
+    for vq in ["2", "3"] {
+        let row: Vec<&str> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&vq))
+            .unwrap_or_else(|| panic!("no row of vq {vq}: {table}"));
+        assert_ne!(row[3], "0", "no requests on vq {vq}: {table}");
+    }
+    assert!(table.lines().all(|l| l.len() <= 80), "{table}");
+    let out = human(&["device=7", "--human"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stats_get: no device 7"), "{err}");
+    drop(d);
+    sigterm_exits_zero(&mut child.0);
 }
 
 /// `--log-format` and `--log-level`, and the journal's format chosen by

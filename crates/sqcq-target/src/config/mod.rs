@@ -232,10 +232,11 @@ impl Default for ServiceConfig {
     version,
     about = "vhost-user-scsi and vhost-user-blk device daemon",
     override_usage = "sqcqd [OPTIONS]\n       \
-                      sqcqd rpc [--admin-socket PATH] METHOD [key=value]...\n       \
-                      sqcqd version | help | completions bash|zsh|fish | man [rpc]",
+                      sqcqd rpc [--admin-socket PATH] METHOD [key=value]... [--human]\n       \
+                      sqcqd top [--admin-socket PATH] [--interval SECS] [--iterations N] [--batch]\n       \
+                      sqcqd version | help | completions bash|zsh|fish | man [rpc|top]",
     after_help = "Run-time changes: sqcqd rpc [--admin-socket PATH] METHOD [key=value]... \
-                  (sqcqd rpc help: the methods)"
+                  (sqcqd rpc help: the methods). A live view: sqcqd top."
 )]
 pub struct Cli {
     /// vhost-user Unix socket to listen on (one device).
