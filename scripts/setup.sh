@@ -12,9 +12,13 @@ set -euo pipefail
 # as a service manager does; util-linux's setpriv and unshare are always
 # there), and librbd-dev, which the RBD backstore links (cargo feature
 # rbd, on by default; scripts/ceph-cluster.sh installs the cluster's
-# daemons when the tests start one).
+# daemons when the tests start one); for the Debian package
+# (scripts/build-deb.sh, scripts/deb-test.sh) dpkg-dev (dpkg-shlibdeps,
+# strip), lintian, man-db (man -l), curl (a scrape of the metrics socket)
+# and adduser (the package's postinst).
 # shellcheck source=scripts/lib/packages.sh
 source "$(dirname "$0")/lib/packages.sh"
-ensure_packages setup spin gcc qemu-system-common qemu-utils python3-prometheus-client systemd librbd-dev
+ensure_packages setup spin gcc qemu-system-common qemu-utils python3-prometheus-client systemd librbd-dev \
+    dpkg-dev lintian man-db curl adduser
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }

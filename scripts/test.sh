@@ -5,7 +5,8 @@
 # each fence removed, spin on the Promela models), every unit and
 # integration test, QEMU's own vhost-user-blk tests (qos-test)
 # against sqcqd, the unsafe-heavy crates' tests under AddressSanitizer, a
-# 3-minute soak (scripts/soak.sh), every fuzz target for a while, and Linux
+# 3-minute soak (scripts/soak.sh), every fuzz target for a while, the
+# Debian package installed and its service run, and Linux
 # guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
 # (patches/linux, patches/qemu); sqcqd killed and restarted, and the guest
 # migrated, under a verified fio load; the guest on Ceph RBD disks, and
@@ -80,6 +81,9 @@ cargo build --quiet -p sqcq-target -p sqcq-bench --features sqcq-target/fault-in
 scripts/soak.sh --minutes 3
 stage "fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
+stage "deb: the Debian package (release build, scripts/build-deb.sh) installed, checked by lintian, run from its unit as systemd would, removed and purged (scripts/deb-test.sh)"
+deb=$(scripts/build-deb.sh)
+scripts/deb-test.sh "$deb"
 stage "guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
 cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 rm -f target/guest/measure.txt

@@ -11,7 +11,8 @@
 //! - [`workload`], [`verify`]: which blocks, which direction, what data;
 //! - [`io`]: the request layer a job drives (SCSI or blk);
 //! - [`job`]: one job's submission loop on its own thread and queue;
-//! - [`stats`], [`report`], [`progress`]: measuring and telling.
+//! - [`stats`], [`report`], [`progress`]: measuring and telling;
+//! - [`manual`]: `sqcq-bench man`, the man page from [`args`].
 
 mod args;
 mod cpu;
@@ -20,6 +21,7 @@ mod error;
 mod io;
 mod job;
 mod link;
+mod manual;
 mod progress;
 mod report;
 mod sqcqd_config;
@@ -52,6 +54,9 @@ use sqcq_driver::{DeviceType, NotifyMode};
 const DEFAULT_LUN_SIZE: u64 = 1 << 30;
 
 fn main() {
+    if let Some(code) = manual::run() {
+        std::process::exit(code);
+    }
     let args = Args::parse();
     match run(&args) {
         Ok((report, ok)) => {

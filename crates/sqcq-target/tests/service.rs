@@ -767,7 +767,9 @@ fn the_daemon_serves_under_the_units_hardening() {
 }
 
 /// The example configuration in `contrib/` is valid (with a group that
-/// exists here in place of libvirt's).
+/// exists here in place of libvirt's), and serves its metrics on a Unix
+/// socket in /run/sqcq: the unit allows no other address family
+/// (`RestrictAddressFamilies=AF_UNIX`) and writes nowhere else.
 #[test]
 fn the_contrib_example_configuration_is_valid() {
     let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../contrib/sqcqd.toml");
@@ -778,6 +780,15 @@ fn the_contrib_example_configuration_is_valid() {
     config.validate().unwrap();
     assert_eq!(config.devices.len(), 2);
     assert_eq!(config.service.socket_ownership.mode, Some(0o660));
+    assert_eq!(
+        config.service.metrics,
+        Some(sqcq_target::prometheus::MetricsListen::Unix(
+            "/run/sqcq/metrics.sock".into()
+        ))
+    );
+    let unit = std::fs::read_to_string(example.with_file_name("systemd/sqcqd.service")).unwrap();
+    assert!(unit.contains("\nRestrictAddressFamilies=AF_UNIX\n"));
+    assert!(unit.contains("\nReadWritePaths=/run/sqcq\n"));
 }
 
 /// SIGHUP makes the daemon what its (changed) configuration file says:
