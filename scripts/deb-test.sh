@@ -113,6 +113,7 @@ for f in /usr/bin/sqcqd /usr/bin/sqcq-bench \
     /lib/systemd/system/sqcqd.service /lib/systemd/system/sqcqd.socket \
     /usr/lib/tmpfiles.d/sqcqd.conf /etc/sqcq/sqcqd.toml \
     /usr/share/man/man8/sqcqd.8.gz /usr/share/man/man8/sqcqd-rpc.8.gz \
+    /usr/share/man/man8/sqcqd-top.8.gz \
     /usr/share/man/man1/sqcq-bench.1.gz \
     /usr/share/bash-completion/completions/sqcqd \
     /usr/share/zsh/vendor-completions/_sqcqd \
@@ -128,7 +129,7 @@ grep -q '^ExecStart=/usr/bin/sqcqd ' /lib/systemd/system/sqcqd.service ||
 dpkg-query -W -f='${Conffiles}\n' sqcq | grep -q '^ /etc/sqcq/sqcqd.toml ' ||
     fail "/etc/sqcq/sqcqd.toml is not a conffile"
 
-for page in sqcqd sqcqd-rpc sqcq-bench; do
+for page in sqcqd sqcqd-rpc sqcqd-top sqcq-bench; do
     path=$(man -w "$page") || fail "man -w $page finds no page"
     # man's own warnings (groff -ww) on stderr, as lintian checks them.
     LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$path" >"$work/$page.txt" 2>"$work/$page.err" ||
@@ -136,7 +137,7 @@ for page in sqcqd sqcqd-rpc sqcq-bench; do
     [ ! -s "$work/$page.err" ] || fail "man -l $path warns: $(cat "$work/$page.err")"
     grep -q -- '--' "$work/$page.txt" || fail "man -l $path renders no option"
 done
-say "man pages render: sqcqd(8), sqcqd-rpc(8), sqcq-bench(1)"
+say "man pages render: sqcqd(8), sqcqd-rpc(8), sqcqd-top(8), sqcq-bench(1)"
 bash -n /usr/share/bash-completion/completions/sqcqd || fail "bash -n of the bash completion"
 bash -c 'source /usr/share/bash-completion/completions/sqcqd && complete -p sqcqd' >/dev/null ||
     fail "the bash completion registers nothing for sqcqd"
