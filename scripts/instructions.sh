@@ -10,8 +10,10 @@
 #
 # BIN_DIR holds release builds of sqcqd and sqcq-bench (default
 # target/release; `cargo build --release` first). Cells: scsi and blk,
-# QD1 and QD32, the driver in notify mode (kicks and calls): a polling
-# daemon's count would include its spinning, which depends on timing.
+# QD1 and QD32, the driver in notify mode (kicks and calls) and the
+# daemon in `--poll kick`: a polling daemon's count (the default, `--poll
+# auto`, polls a busy ring) would include its spinning, which depends on
+# timing.
 # Prints one line per cell with the median of REPEATS (default 3) and the
 # spread.
 set -euo pipefail
@@ -35,7 +37,7 @@ count() {
     local dev=$1 qd=$2 ios=$3 out=$work/cg.out sock=$work/vhost.sock
     rm -f "$out" "$sock"
     valgrind --tool=callgrind --callgrind-out-file="$out" \
-        "$BIN/sqcqd" --socket-path "$sock" --device-type "$dev" \
+        "$BIN/sqcqd" --socket-path "$sock" --device-type "$dev" --poll kick \
         --lun kind=null,size=1G >"$work/sqcqd.log" 2>&1 &
     local pid=$!
     # Listening once it says so (the socket file exists a moment before).

@@ -73,11 +73,13 @@ pub(crate) fn device_over(
             limiter: RateLimiter::new(0),
             backstore_limiter: RateLimiter::new(0),
             events: Arc::default(),
+            qos: Default::default(),
         }),
         params: DeviceParams {
             num_queues: 2,
             queue_size,
             queue_map: QueueMap::default(),
+            qos: Default::default(),
         },
         device: Arc::clone(&scsi) as Arc<dyn VirtioDevice>,
         memory_fault: EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"),

@@ -22,6 +22,7 @@ use crate::config::{
 use crate::manage::{DeviceControl, DeviceKind};
 use crate::runtime::events::{Event, EventBus};
 use crate::runtime::metrics::QueueSnapshot;
+use crate::runtime::qos::QosLimits;
 use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::hotplug::HotplugError;
@@ -234,6 +235,11 @@ pub struct DeviceStatus {
     pub num_queues: u16,
     /// Largest vring size.
     pub queue_size: u16,
+    /// Its IOPS and bandwidth limits (absent: none).
+    #[serde(skip_serializing_if = "QosLimits::is_off")]
+    pub qos: QosLimits,
+    /// It takes no new request (`device_quiesce`).
+    pub quiesced: bool,
     /// Its LUNs (a blk device: its disk, LUN 0).
     pub luns: Vec<LunStatus>,
     /// Its request queues.
@@ -347,6 +353,25 @@ pub struct ReloadReport {
     pub changed: Vec<String>,
     /// The changes that failed or need a restart, one line each.
     pub errors: Vec<String>,
+}
+
+/// `limits` for a log line.
+fn qos_text(limits: &QosLimits) -> String {
+    if limits.is_off() {
+        return "no limit".into();
+    }
+    let mut parts = Vec::new();
+    if let Some(n) = limits.iops {
+        parts.push(format!("{n} IOPS"));
+    }
+    if let Some(n) = limits.bps {
+        parts.push(format!("{n} bytes/s"));
+    }
+    let burst = limits
+        .burst_ms
+        .unwrap_or(crate::runtime::qos::DEFAULT_BURST_MS);
+    parts.push(format!("burst {burst} ms"));
+    parts.join(", ")
 }
 
 fn plain<T>(r: Result<T, PoisonError<T>>) -> T {
@@ -658,6 +683,7 @@ impl Registry {
             num_queues: config.num_queues,
             queue_size: config.queue_size,
             queue_map: config.queue_map.clone(),
+            qos: config.qos,
         };
         let socket = self
             .sockets
@@ -1252,6 +1278,63 @@ impl Registry {
                 }
             }
         }
+        if old.qos != new.qos {
+            note(
+                self.set_qos_locked(id, new.qos)
+                    .map(|l| format!("device {id} qos {}", qos_text(&l)))
+                    .map_err(|e| err(id, &e)),
+            );
+        }
+    }
+
+    /// Limits device `id`'s IOPS and bandwidth from now on (no limit:
+    /// none); returns the limits in force.
+    pub fn set_qos(&self, id: u32, limits: QosLimits) -> Result<QosLimits, RegistryError> {
+        let _change = self.begin_change()?;
+        self.saved(self.set_qos_locked(id, limits))
+    }
+
+    fn set_qos_locked(&self, id: u32, limits: QosLimits) -> Result<QosLimits, RegistryError> {
+        let shared = self.shared(id).ok_or(RegistryError::NoDevice(id))?;
+        shared.info.qos.set(limits);
+        let limits = shared.info.qos.limits();
+        self.update_config(id, |c| c.qos = limits);
+        info!(device = id, "qos: {}", qos_text(&limits));
+        Ok(limits)
+    }
+
+    /// Quiesces device `id`: its queues take no new request (they wait on
+    /// the rings) and this waits, up to `timeout`, for the ones in flight
+    /// to complete. Returns the requests still in flight (0: drained);
+    /// the device stays quiesced either way, until [`Self::resume`].
+    pub fn quiesce(&self, id: u32, timeout: std::time::Duration) -> Result<u32, RegistryError> {
+        let shared = self.shared(id).ok_or(RegistryError::NoDevice(id))?;
+        shared.info.qos.set_quiesced(true);
+        info!(device = id, "quiesced: no new request is taken");
+        let in_flight = || {
+            (shared.info.metrics.queues())
+                .map(|q| q.in_flight)
+                .sum::<u32>()
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        let mut left = in_flight();
+        while left > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            left = in_flight();
+        }
+        Ok(left)
+    }
+
+    /// Lets device `id`'s queues take requests again after
+    /// [`Self::quiesce`]; returns whether it was quiesced.
+    pub fn resume(&self, id: u32) -> Result<bool, RegistryError> {
+        let shared = self.shared(id).ok_or(RegistryError::NoDevice(id))?;
+        let was = shared.info.qos.quiesced();
+        shared.info.qos.set_quiesced(false);
+        if was {
+            info!(device = id, "resumed");
+        }
+        Ok(was)
     }
 
     /// Stops every device (each after its requests in flight), once the
@@ -1351,6 +1434,8 @@ fn status(id: u32, e: &Entry) -> DeviceStatus {
         connected: shared.connected.load(std::sync::atomic::Ordering::Relaxed),
         num_queues: e.config.num_queues,
         queue_size: e.config.queue_size,
+        qos: e.config.qos,
+        quiesced: e.handle.shared().info.qos.quiesced(),
         luns,
         queues: (0..e.config.num_queues)
             .map(|rq| QueueStatus {
@@ -1387,6 +1472,7 @@ mod tests {
             num_queues: 1,
             queue_size: 64,
             queue_map: QueueMap::default(),
+            qos: Default::default(),
         };
         (registry, pool, dir, config)
     }

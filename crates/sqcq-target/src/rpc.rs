@@ -33,6 +33,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::config::{ConfigError, DaemonConfig, LunSpec, SaveError, device_from_json, parse_size};
 use crate::registry::{Origin, Registry, RegistryError};
 use crate::runtime::events::{self, Event, Subscription};
+use crate::runtime::qos::QosLimits;
 use crate::runtime::worker::PoolError;
 use crate::scsi::hotplug::HotplugError;
 use crate::transport::session::MoveError;
@@ -552,6 +553,85 @@ pub static METHODS: &[Method] = &[
         },
     },
     Method {
+        name: "device_set_qos",
+        summary: "Limit a device's IOPS and bandwidth from now on, every queue together (a \
+                  request over the limit waits on the ring); without iops and bps, no limit",
+        params: &[
+            DEVICE,
+            p(
+                "iops",
+                "integer",
+                false,
+                "Requests per second (0 or absent: no limit)",
+            ),
+            p(
+                "bps",
+                "integer",
+                false,
+                "Bytes per second (0 or absent: no limit)",
+            ),
+            p(
+                "burst_ms",
+                "integer",
+                false,
+                "How far ahead of the limit a burst may go, in ms of it (default 100)",
+            ),
+        ],
+        open: false,
+        handler: |ctx, params| {
+            let device = u32_param(params, "device")?;
+            let limits = QosLimits {
+                iops: opt_u64(params, "iops")?,
+                bps: opt_u64(params, "bps")?,
+                burst_ms: opt_u64(params, "burst_ms")?,
+            };
+            to_value(&ctx.registry.set_qos(device, limits)?)
+        },
+    },
+    Method {
+        name: "device_quiesce",
+        summary: "Drain a device: its queues take no new request (they wait on the rings, the \
+                  guest sees time) and this answers once the requests in flight completed, or \
+                  after timeout_ms with how many are left; the device stays quiesced until \
+                  device_resume (e.g. while its backing file is copied or snapshotted)",
+        params: &[
+            DEVICE,
+            p(
+                "timeout_ms",
+                "integer",
+                false,
+                "How long to wait for the requests in flight (default 30000)",
+            ),
+        ],
+        open: false,
+        handler: |ctx, params| {
+            let device = u32_param(params, "device")?;
+            let ms = opt_u64(params, "timeout_ms")?.unwrap_or(30_000);
+            let left = ctx.registry.quiesce(device, Duration::from_millis(ms))?;
+            if left > 0 {
+                return Err(RpcError {
+                    code: FAILED,
+                    message: format!(
+                        "device {device}: {left} requests still in flight after {ms} ms (a \
+                         backstore that does not answer); it stays quiesced: device_resume \
+                         to go on, or device_quiesce again to wait longer"
+                    ),
+                });
+            }
+            Ok(json!({ "in_flight": 0 }))
+        },
+    },
+    Method {
+        name: "device_resume",
+        summary: "Let a quiesced device take requests again",
+        params: &[DEVICE],
+        open: false,
+        handler: |ctx, params| {
+            let was = ctx.registry.resume(u32_param(params, "device")?)?;
+            Ok(json!({ "was_quiesced": was }))
+        },
+    },
+    Method {
         name: "stats_get",
         summary: "Figures of every queue that ran (or of one device): completions, kicks, calls, \
                   spins, sleeps, mode; each device's error counters; each LUN's operations, \
@@ -743,6 +823,16 @@ fn opt_usize(params: &Map<String, Value>, key: &str) -> Result<Option<usize>, Rp
         Some(v) => v
             .as_u64()
             .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| RpcError::params(format!("{key} must be a non-negative integer"))),
+    }
+}
+
+fn opt_u64(params: &Map<String, Value>, key: &str) -> Result<Option<u64>, RpcError> {
+    match params.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
             .map(Some)
             .ok_or_else(|| RpcError::params(format!("{key} must be a non-negative integer"))),
     }

@@ -123,6 +123,7 @@ fn steady_state_io_allocates_nothing_on_the_worker() {
             num_queues: 1,
             queue_size: QUEUE_SIZE,
             queue_map: QueueMap::default(),
+            qos: Default::default(),
         }],
         // Periodic statistics format a log line per interval: not part of
         // the request path, and off here.

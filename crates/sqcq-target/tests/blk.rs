@@ -74,6 +74,7 @@ fn start_blk_on(
             num_queues: 2,
             queue_size: DEVICE_QUEUE_SIZE,
             queue_map: QueueMap::default(),
+            qos: Default::default(),
         }],
     };
     config.validate().unwrap();

@@ -29,6 +29,7 @@ fn start_big(dir: &TempDir) -> (Daemon, std::path::PathBuf) {
             queue_size: QUEUE_SIZE,
             // Both request queues on the one worker.
             queue_map: QueueMap::default(),
+            qos: Default::default(),
         }],
         poll: Default::default(),
         admin_socket: None,

@@ -34,6 +34,7 @@ fn start_admin(dir: &TempDir, luns: Vec<LunSpec>) -> (Daemon, PathBuf, PathBuf) 
             num_queues: 2,
             queue_size: QUEUE_SIZE,
             queue_map: QueueMap(vec![(0, 0), (1, 1)]),
+            qos: Default::default(),
         }],
         poll: Default::default(),
         admin_socket: Some(admin.clone()),

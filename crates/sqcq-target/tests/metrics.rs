@@ -636,6 +636,7 @@ fn run_time_devices_workers_and_queue_moves_show_in_the_next_scrape() {
         num_queues: 1,
         queue_size: QUEUE_SIZE,
         queue_map: QueueMap::default(),
+        qos: Default::default(),
     };
     let id = registry
         .create(config, sqcq_target::registry::Origin::Api)

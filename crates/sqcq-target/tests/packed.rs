@@ -159,6 +159,7 @@ fn start_blk_with(dir: &TempDir, ring: RingMode) -> (sqcq_target::Daemon, std::p
             num_queues: 1,
             queue_size: QUEUE_SIZE,
             queue_map: QueueMap::default(),
+            qos: Default::default(),
         }],
     };
     config.validate().unwrap();

@@ -38,6 +38,7 @@ fn device(socket: PathBuf, device_type: DeviceType, luns: Vec<LunSpec>) -> Devic
         num_queues: 2,
         queue_size: QUEUE_SIZE,
         queue_map: QueueMap::default(),
+        qos: Default::default(),
     }
 }
 

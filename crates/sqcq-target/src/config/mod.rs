@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::prometheus::MetricsListen;
+use crate::runtime::qos::QosLimits;
 use crate::sandbox::SeccompMode;
 pub use crate::spec::{BackstoreKind, LunSpec, LunSpecError, parse_size};
 
@@ -100,6 +101,8 @@ pub struct DeviceConfig {
     pub queue_size: u16,
     /// Request queue to worker map.
     pub queue_map: QueueMap,
+    /// IOPS and bandwidth limits (`[device.qos]`, `device_set_qos`).
+    pub qos: QosLimits,
 }
 
 impl DeviceConfig {
@@ -332,6 +335,8 @@ struct FileDevice {
     queue_map: Option<String>,
     #[serde(default)]
     lun: Vec<LunSpec>,
+    #[serde(default, skip_serializing_if = "QosLimits::is_off")]
+    qos: QosLimits,
 }
 
 impl Cli {
@@ -361,6 +366,7 @@ impl Cli {
                 num_queues: self.num_queues,
                 queue_size: self.queue_size,
                 queue_map: self.queue_map.unwrap_or_default(),
+                qos: QosLimits::default(),
             });
         } else if !self.luns.is_empty() {
             return Err(ConfigError::Invalid("--lun needs --socket-path".into()));
@@ -399,6 +405,7 @@ pub fn device_from_json(mut value: serde_json::Value) -> Result<DeviceConfig, Co
         num_queues: d.num_queues.unwrap_or(DEFAULT_NUM_QUEUES),
         queue_size: d.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE),
         queue_map: d.queue_map.as_deref().unwrap_or("").parse()?,
+        qos: d.qos.normalized(),
     })
 }
 
@@ -439,6 +446,7 @@ pub fn parse_toml(
                 num_queues: d.num_queues.unwrap_or(num_queues),
                 queue_size: d.queue_size.unwrap_or(queue_size),
                 queue_map: d.queue_map.as_deref().unwrap_or("").parse()?,
+                qos: d.qos.normalized(),
             })
         })
         .collect::<Result<_, ConfigError>>()?;

@@ -56,6 +56,7 @@ impl From<&DaemonConfig> for FileConfig {
                     queue_size: Some(d.queue_size),
                     queue_map: (!d.queue_map.0.is_empty()).then(|| d.queue_map.to_string()),
                     lun: d.luns.clone(),
+                    qos: d.qos,
                 })
                 .collect(),
         }
@@ -132,6 +133,7 @@ mod tests {
         parse_toml, spin_config,
     };
     use crate::prometheus::MetricsListen;
+    use crate::runtime::qos::QosLimits;
     use crate::sandbox::SeccompMode;
     use crate::transport::listen::SocketOwnership;
 
@@ -169,6 +171,11 @@ mod tests {
                     num_queues: 2,
                     queue_size: 256,
                     queue_map: "0:2,1:0".parse().unwrap(),
+                    qos: QosLimits {
+                        iops: Some(5000),
+                        bps: Some(100 << 20),
+                        burst_ms: Some(20),
+                    },
                 },
                 DeviceConfig {
                     device_type: DeviceType::Blk,
@@ -177,6 +184,7 @@ mod tests {
                     num_queues: 1,
                     queue_size: 1024,
                     queue_map: QueueMap::default(),
+                    qos: Default::default(),
                 },
             ],
             poll: PollOptions {

@@ -29,6 +29,7 @@ pub(crate) mod pass;
 pub(crate) mod pins;
 pub mod placement;
 pub(crate) mod poll;
+pub mod qos;
 pub(crate) mod queue;
 pub(crate) mod ratelimit;
 pub(crate) mod ring;

@@ -35,6 +35,7 @@ use crate::runtime::events::{Event, EventBus};
 use crate::runtime::gather::Gather;
 use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
 use crate::runtime::pass;
+use crate::runtime::qos::Qos;
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::ring::{Chain, Ring};
 pub use crate::runtime::split::RingConfig;
@@ -103,6 +104,8 @@ pub struct DeviceInfo {
     /// The daemon's events (queue started, stopped or broken, I/O
     /// errors).
     pub events: Arc<EventBus>,
+    /// Its IOPS and bandwidth limits.
+    pub qos: Qos,
 }
 
 /// What a device does with the requests of one of its request queues.
@@ -471,7 +474,14 @@ impl ServedQueue {
                 self.ring.is_spinning().then_some(Duration::ZERO)
             }
         };
-        ring.into_iter().chain(self.handler.commit_retry_in()).min()
+        // Chains held back by a QoS limit: taken when it lets them.
+        let qos = (self.ring.backpressure.left)
+            .then(|| self.ring.device.qos.wait(pass::now()))
+            .flatten();
+        (ring.into_iter())
+            .chain(self.handler.commit_retry_in())
+            .chain(qos)
+            .min()
     }
 
     /// Fault injection (`fault_break`): the queue will break when it next
@@ -526,8 +536,9 @@ impl ServedQueue {
     }
 
     /// Whether the queue may take no more requests now: its requests in
-    /// flight reached its limit, or its backstore refuses work (a commit
-    /// waits for a retry).
+    /// flight reached its limit, its backstore refuses work (a commit
+    /// waits for a retry), or its device's QoS limit holds it
+    /// (`runtime::qos`).
     #[inline]
     fn at_limit(&self) -> bool {
         self.ring
@@ -535,6 +546,7 @@ impl ServedQueue {
             .limit
             .reached(self.ring.counters.in_flight())
             || self.handler.commit_retry_in().is_some()
+            || self.ring.device.qos.wait(pass::now()).is_some()
     }
 
     /// The queue left chains on its ring at its limit and is under it
@@ -726,7 +738,10 @@ impl ServedQueue {
             let n = usize::from(avail.wrapping_sub(split!().next_avail())).min(HEADS_AHEAD);
             let got = split!().read_heads(mem, entries, &mut heads[..n]);
             for &head in &heads[..got] {
-                if saturated || ring.backpressure.limit.reached(ring.counters.in_flight()) {
+                if saturated
+                    || ring.backpressure.limit.reached(ring.counters.in_flight())
+                    || ring.device.qos.wait(pass::now()).is_some()
+                {
                     // Full: this chain and the ones after it stay on the
                     // ring (see `runtime::queue::limit`).
                     ring.hold();
@@ -777,7 +792,10 @@ impl ServedQueue {
                     return false;
                 }
             }
-            if saturated || ring.backpressure.limit.reached(ring.counters.in_flight()) {
+            if saturated
+                || ring.backpressure.limit.reached(ring.counters.in_flight())
+                || ring.device.qos.wait(pass::now()).is_some()
+            {
                 // Full: this list and the ones after it stay on the ring.
                 ring.hold();
                 break;
@@ -946,6 +964,10 @@ impl Vring {
             return Accepted::Duplicate;
         }
         self.counters.accepted(head);
+        if d.qos.on() {
+            d.qos
+                .charge(pass::now(), out.readable_len + out.writable_len);
+        }
         match parsed {
             Ok(()) => Accepted::Request(head),
             Err(e) => {

@@ -26,6 +26,7 @@ use crate::guest_warn;
 use crate::runtime::events::{Event, EventBus};
 use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::placement::QueuePlacement;
+use crate::runtime::qos::Qos;
 use crate::runtime::queue::DeviceInfo;
 use crate::runtime::ratelimit::{DEFAULT_BURST, RateLimiter};
 use crate::runtime::stoppable::StoppableThread;
@@ -170,7 +171,9 @@ impl DeviceHandle {
             limiter: RateLimiter::new(DEFAULT_BURST),
             backstore_limiter: RateLimiter::new(DEFAULT_BURST),
             events,
+            qos: Qos::default(),
         });
+        info.qos.set(params.qos);
         let shared = Arc::new(DeviceShared {
             info,
             placement: QueuePlacement::new(

@@ -73,6 +73,8 @@ pub struct DeviceParams {
     pub queue_size: u16,
     /// Request queue to worker map.
     pub queue_map: crate::runtime::options::QueueMap,
+    /// IOPS and bandwidth limits at start.
+    pub qos: crate::runtime::qos::QosLimits,
 }
 
 /// The eventfds of a queue the device serves on the control thread.

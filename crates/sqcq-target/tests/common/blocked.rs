@@ -53,6 +53,7 @@ pub fn start(
             num_queues: 1,
             queue_size: QUEUE_SIZE,
             queue_map: QueueMap::default(),
+            qos: Default::default(),
         }],
     };
     config.validate().unwrap();

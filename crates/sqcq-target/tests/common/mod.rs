@@ -153,6 +153,7 @@ pub fn config_with(dir: &TempDir, workers: usize, poll: PollOptions) -> (DaemonC
             } else {
                 QueueMap::default()
             },
+            qos: Default::default(),
         }],
     };
     (config, socket)

@@ -1,0 +1,179 @@
+//! IOPS and bandwidth limits per device, with the real binary: a device
+//! limited in its configuration file serves no more than its limit (and
+//! its burst) over a measured time, whatever the machine's speed; the
+//! limit is changed, lifted and put on another device at run time
+//! (`device_set_qos`), shown by `device_list`, saved by `config_save`,
+//! and a bandwidth limit counts bytes; a quiesced device
+//! (`device_quiesce`) takes no request until `device_resume`. Speeds themselves (the other
+//! device unharmed) are measured by `scripts/qos-bench.sh`, not asserted.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::blk_driver::BlkDriver;
+use common::*;
+use serde_json::json;
+use sqcq_driver::NotifyMode;
+
+const SQCQD: &str = env!("CARGO_BIN_EXE_sqcqd");
+
+/// `sqcqd` on one worker with blk devices `a` (limited to 200 IOPS,
+/// burst 10 ms) and `b` (no limit), both null disks.
+fn start(dir: &TempDir) -> (Running, LogOnPanic, PathBuf) {
+    let admin = dir.path("admin.sock");
+    let config = dir.path("sqcqd.toml");
+    let device = |name: &str, qos: &str| {
+        format!(
+            "[[device]]\ntype = \"blk\"\nsocket-path = {:?}\n{qos}\
+             [[device.lun]]\nkind = \"null\"\nsize = \"1G\"\n",
+            dir.path(name)
+        )
+    };
+    std::fs::write(
+        &config,
+        format!(
+            "workers = 1\nadmin-socket = {admin:?}\n{}{}",
+            device("a.sock", "qos = { iops = 200, burst-ms = 10 }\n"),
+            device("b.sock", "")
+        ),
+    )
+    .unwrap();
+    let log = dir.path("sqcqd.log");
+    let child = Command::new(SQCQD)
+        .arg("--config")
+        .arg(&config)
+        .args(["--seccomp", "kill"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let guard = LogOnPanic(log, child.id());
+    wait_until("the admin socket answers", || {
+        sqcq_target::rpc::call(&admin, "daemon_info", Default::default()).is_ok()
+    });
+    (Running(child), guard, admin)
+}
+
+/// Reads of `len` bytes, one at a time, for about `for_`: how many
+/// completed, and the time they took.
+fn reads(socket: &Path, len: u32, for_: Duration) -> (u64, Duration) {
+    let mut d = BlkDriver::connect(socket, NotifyMode::Notify);
+    let rq = &mut d.rqs[0];
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < for_ {
+        assert!(rq.read(n % 1024 * 8, len).0.is_ok());
+        n += 1;
+    }
+    (n, start.elapsed())
+}
+
+/// The most a limit of `per_second` with `burst` lets through in
+/// `elapsed`: the burst, then the rate (and the one request the clock
+/// lets go at its start).
+fn most(per_second: f64, burst: Duration, elapsed: Duration) -> f64 {
+    per_second * (elapsed + burst).as_secs_f64() + 1.0
+}
+
+#[test]
+fn a_device_serves_no_more_than_its_limit() {
+    let dir = TempDir::new("qos-limit");
+    let (_daemon, _log, admin) = start(&dir);
+    let ms = Duration::from_millis;
+
+    let (n, elapsed) = reads(&dir.path("a.sock"), 4096, ms(800));
+    assert!(n > 0);
+    let cap = most(200.0, ms(10), elapsed);
+    assert!(
+        f64::from(u32::try_from(n).unwrap()) <= cap,
+        "{n} reads in {elapsed:?} at 200 IOPS"
+    );
+
+    // The limit is the configuration's, and shown.
+    let list = rpc(&admin, "device_list", json!({})).unwrap();
+    assert_eq!(
+        list[0]["qos"],
+        json!({"iops": 200, "burst-ms": 10}),
+        "{list}"
+    );
+    assert!(list[1].get("qos").is_none(), "{list}");
+
+    // At run time: b gets a bandwidth limit (1 MiB/s, 64 KiB reads).
+    let set = rpc(
+        &admin,
+        "device_set_qos",
+        json!({"device": 1, "bps": 1 << 20, "burst_ms": 20}),
+    )
+    .unwrap();
+    assert_eq!(set, json!({"bps": 1 << 20, "burst-ms": 20}));
+    let (n, elapsed) = reads(&dir.path("b.sock"), 64 << 10, ms(800));
+    let cap = most(16.0, ms(20), elapsed);
+    assert!(
+        f64::from(u32::try_from(n).unwrap()) <= cap,
+        "{n} 64 KiB reads in {elapsed:?} at 1 MiB/s"
+    );
+
+    // Saved with the rest of the device.
+    let saved = dir.path("saved.toml");
+    rpc(&admin, "config_save", json!({"path": saved})).unwrap();
+    let text = std::fs::read_to_string(&saved).unwrap();
+    let file: toml::Value = toml::from_str(&text).unwrap();
+    assert_eq!(
+        file["device"][0]["qos"]["iops"].as_integer(),
+        Some(200),
+        "{text}"
+    );
+    assert_eq!(
+        file["device"][1]["qos"]["bps"].as_integer(),
+        Some(1 << 20),
+        "{text}"
+    );
+
+    // Lifted: a reads past its old limit; nothing is shown.
+    let off = rpc(&admin, "device_set_qos", json!({"device": 0})).unwrap();
+    assert_eq!(off, json!({}));
+    let list = rpc(&admin, "device_list", json!({})).unwrap();
+    assert!(list[0].get("qos").is_none(), "{list}");
+
+    // Quiesced: a request made meanwhile waits on the ring until resumed.
+    let mut d = BlkDriver::connect(&dir.path("a.sock"), NotifyMode::Notify);
+    assert!(d.rqs[0].read(0, 4096).0.is_ok());
+    let q = rpc(
+        &admin,
+        "device_quiesce",
+        json!({"device": 0, "timeout_ms": 5000}),
+    )
+    .unwrap();
+    assert_eq!(q, json!({"in_flight": 0}));
+    let list = rpc(&admin, "device_list", json!({})).unwrap();
+    assert_eq!(
+        (list[0]["quiesced"].as_bool(), list[1]["quiesced"].as_bool()),
+        (Some(true), Some(false))
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let ok = d.rqs[0].read(8, 4096).0.is_ok();
+        tx.send(ok).unwrap();
+        d
+    });
+    assert!(
+        rx.recv_timeout(ms(300)).is_err(),
+        "a quiesced device completed a request"
+    );
+    let r = rpc(&admin, "device_resume", json!({"device": 0})).unwrap();
+    assert_eq!(r, json!({"was_quiesced": true}));
+    assert_eq!(
+        rx.recv_timeout(WAIT),
+        Ok(true),
+        "resumed, the request completes"
+    );
+    drop(reader.join().unwrap());
+
+    let e = rpc(&admin, "device_set_qos", json!({"device": 0, "iops": -1})).unwrap_err();
+    assert_eq!(error_code(&e), -32602, "{e}");
+    let e = rpc(&admin, "device_set_qos", json!({"device": 9, "iops": 1})).unwrap_err();
+    assert_eq!(error_code(&e), -32001, "{e}");
+}
