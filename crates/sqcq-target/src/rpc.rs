@@ -36,6 +36,7 @@ use crate::runtime::events::{self, Event, Subscription};
 use crate::runtime::qos::QosLimits;
 use crate::runtime::worker::PoolError;
 use crate::scsi::hotplug::HotplugError;
+use crate::scsi::target::TargetError;
 use crate::transport::session::MoveError;
 
 /// JSON-RPC 2.0: invalid JSON.
@@ -95,9 +96,16 @@ impl From<RegistryError> for RpcError {
             RegistryError::Config(_)
             | RegistryError::SandboxedRbd
             | RegistryError::Pool(PoolError::BadCpu(_))
-            | RegistryError::Lun(HotplugError::BadLun | HotplugError::BadSize { .. }) => {
-                INVALID_PARAMS
-            }
+            | RegistryError::Lun(
+                HotplugError::BadLun
+                | HotplugError::BadSize { .. }
+                // The LUN's parameters (a WWN that is not NAA type 5, a
+                // block size the unit refuses, a missing field), not the
+                // storage.
+                | HotplugError::Build(
+                    TargetError::Config { .. } | TargetError::Spec { .. } | TargetError::Duplicate(_),
+                ),
+            ) => INVALID_PARAMS,
             _ => FAILED,
         };
         RpcError {

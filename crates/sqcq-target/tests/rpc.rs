@@ -234,6 +234,16 @@ fn devices_created_at_run_time_serve_and_deleted_ones_are_gone() {
         -32602,
         "a blk device without a disk"
     );
+    // A LUN parameter the unit refuses is the caller's mistake, not a
+    // failure of the storage.
+    let wwn = rpc(
+        &admin,
+        "lun_add",
+        json!({"device": 1, "lun": 9, "kind": "null", "size": "1M", "wwn": "0x1234"}),
+    )
+    .unwrap_err();
+    assert_eq!(error_code(&wwn), -32602, "{wwn}");
+    assert!(wwn.to_string().contains("NAA IEEE Registered"), "{wwn}");
     // Deleting a connected device is refused, as is removing its LUN:
     // its VM would lose the disk. With force it disconnects the frontend
     // and removes the socket; the other devices go on.
