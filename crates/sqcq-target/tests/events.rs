@@ -38,20 +38,8 @@ fn start(dir: &TempDir, disk: &Path) -> (Running, LogOnPanic, PathBuf) {
         ),
     )
     .unwrap();
-    let log = dir.path("sqcqd.log");
-    let child = Command::new(SQCQD)
-        .arg("--config")
-        .arg(&config)
-        .args(["--seccomp", "kill"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let guard = LogOnPanic(log, child.id());
-    wait_until("the admin socket answers", || {
-        sqcq_target::rpc::call(&admin, "daemon_info", Default::default()).is_ok()
-    });
-    (Running(child), guard, admin)
+    let (daemon, log) = sqcqd_from_file(dir, &config, &admin);
+    (daemon, log, admin)
 }
 
 /// Subscribes to the events `only` (every one if empty) and follows

@@ -10,15 +10,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::blk_driver::BlkDriver;
 use common::*;
 use serde_json::json;
 use sqcq_driver::NotifyMode;
-
-const SQCQD: &str = env!("CARGO_BIN_EXE_sqcqd");
 
 /// `sqcqd` on one worker with blk devices `a` (limited to 200 IOPS,
 /// burst 10 ms) and `b` (no limit), both null disks.
@@ -41,20 +38,8 @@ fn start(dir: &TempDir) -> (Running, LogOnPanic, PathBuf) {
         ),
     )
     .unwrap();
-    let log = dir.path("sqcqd.log");
-    let child = Command::new(SQCQD)
-        .arg("--config")
-        .arg(&config)
-        .args(["--seccomp", "kill"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let guard = LogOnPanic(log, child.id());
-    wait_until("the admin socket answers", || {
-        sqcq_target::rpc::call(&admin, "daemon_info", Default::default()).is_ok()
-    });
-    (Running(child), guard, admin)
+    let (daemon, log) = sqcqd_from_file(dir, &config, &admin);
+    (daemon, log, admin)
 }
 
 /// Reads of `len` bytes, one at a time, for about `for_`: how many

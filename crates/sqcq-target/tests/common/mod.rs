@@ -229,6 +229,30 @@ pub fn serving(
     }
 }
 
+/// `sqcqd --config CONFIG --seccomp kill` (stderr in `sqcqd.log` of
+/// `dir`), once its admin socket `admin` answers.
+pub fn sqcqd_from_file(
+    dir: &TempDir,
+    config: &std::path::Path,
+    admin: &std::path::Path,
+) -> (Running, LogOnPanic) {
+    let log = dir.path("sqcqd.log");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+        .arg("--config")
+        .arg(config)
+        .args(["--seccomp", "kill"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let guard = LogOnPanic(log, child.id());
+    let running = Running(child);
+    wait_until("the admin socket answers", || {
+        sqcq_target::rpc::call(admin, "daemon_info", Default::default()).is_ok()
+    });
+    (running, guard)
+}
+
 /// The error output of a daemon that refused to start (which it checks).
 pub fn refused(out: &std::process::Output) -> String {
     assert!(!out.status.success(), "{out:?}");
