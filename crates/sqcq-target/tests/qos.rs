@@ -38,7 +38,7 @@ fn start(dir: &TempDir) -> (Running, LogOnPanic, PathBuf) {
         ),
     )
     .unwrap();
-    let (daemon, log) = sqcqd_from_file(dir, &config, &admin);
+    let (daemon, log) = sqcqd_from_file(env!("CARGO_BIN_EXE_sqcqd"), dir, &config, &admin);
     (daemon, log, admin)
 }
 

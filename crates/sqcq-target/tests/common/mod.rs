@@ -229,15 +229,18 @@ pub fn serving(
     }
 }
 
-/// `sqcqd --config CONFIG --seccomp kill` (stderr in `sqcqd.log` of
-/// `dir`), once its admin socket `admin` answers.
+/// `SQCQD --config CONFIG --seccomp kill` (the binary: the test's
+/// `env!("CARGO_BIN_EXE_sqcqd")`, which the examples sharing this module
+/// do not have; stderr in `sqcqd.log` of `dir`), once its admin socket
+/// `admin` answers.
 pub fn sqcqd_from_file(
+    sqcqd: &str,
     dir: &TempDir,
     config: &std::path::Path,
     admin: &std::path::Path,
 ) -> (Running, LogOnPanic) {
     let log = dir.path("sqcqd.log");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sqcqd"))
+    let child = std::process::Command::new(sqcqd)
         .arg("--config")
         .arg(config)
         .args(["--seccomp", "kill"])
