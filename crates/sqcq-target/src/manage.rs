@@ -234,14 +234,24 @@ impl DeviceControl {
 
     /// Waits until every request of the device in flight now completed.
     fn drain(&self) {
+        self.drain_by(self.pool.deadline(QUEUE_STOP_TIMEOUT));
+    }
+
+    /// Waits, until `deadline`, for every request of the device in flight
+    /// now to complete, on every worker (each answers between two of its
+    /// passes, so a request it takes after answering saw whatever was
+    /// stored before the call); false if a worker did not answer in time.
+    pub fn drain_by(&self, deadline: std::time::Instant) -> bool {
         let device = self.info.id;
-        let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
+        let mut drained = true;
         for w in self.pool.ids() {
             let call = |reply| WorkerCommand::Drain { device, reply };
             if let Err(e) = self.pool.call(w, call, deadline) {
                 warn!(device, "drain: {e}");
+                drained = false;
             }
         }
+        drained
     }
 
     fn event(&self, lun: u16, event: u32, reason: u32) {

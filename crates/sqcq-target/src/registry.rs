@@ -1308,21 +1308,22 @@ impl Registry {
     /// to complete. Returns the requests still in flight (0: drained);
     /// the device stays quiesced either way, until [`Self::resume`].
     pub fn quiesce(&self, id: u32, timeout: std::time::Duration) -> Result<u32, RegistryError> {
-        let shared = self.shared(id).ok_or(RegistryError::NoDevice(id))?;
-        shared.info.qos.set_quiesced(true);
+        let control = self.control(id)?;
+        control.info.qos.set_quiesced(true);
         info!(device = id, "quiesced: no new request is taken");
-        let in_flight = || {
-            (shared.info.metrics.queues())
-                .map(|q| q.in_flight)
-                .sum::<u32>()
-        };
-        let deadline = std::time::Instant::now() + timeout;
-        let mut left = in_flight();
-        while left > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            left = in_flight();
+        // The workers' drain, not a look at the figures: a worker answers
+        // between two passes, so a request taken after its answer saw the
+        // flag (the command channel orders the store before it), and one
+        // taken before is among those it waited for.
+        if control.drain_by(std::time::Instant::now() + timeout) {
+            return Ok(0);
         }
-        Ok(left)
+        // Not in time: the figures say how many are left (shown once per
+        // published batch).
+        let left = (control.info.metrics.queues())
+            .map(|q| q.in_flight)
+            .sum::<u32>();
+        Ok(left.max(1))
     }
 
     /// Lets device `id`'s queues take requests again after

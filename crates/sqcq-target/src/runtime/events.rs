@@ -274,6 +274,7 @@ impl EventBus {
             self.active.store(false, Ordering::Relaxed);
             return;
         }
+        // Relaxed: a number only; the lock held here orders the queueing.
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let time = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -15,6 +15,12 @@
 //! whichever workers run them: a charge is one `fetch_update` on it, made
 //! only when a limit is set. Without a limit a queue reads one flag.
 //!
+//! Every atomic here is Relaxed: none publishes other memory, each word is
+//! read on its own, and a queue that sees a limit (or `quiesced`) one pass
+//! late takes one request more or fewer. What must be ordered, a
+//! quiesce against the requests it waits for, is ordered by the workers'
+//! drain command (`Registry::quiesce`), not by these words.
+//!
 //! A request's bytes are those of its buffers (the data, and the few
 //! bytes of header and status around it): known once the chain is
 //! walked, charged then, so a large request may take the limit over by
