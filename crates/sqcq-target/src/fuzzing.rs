@@ -61,6 +61,7 @@ pub(crate) fn device_over(
             unit: Arc::new(unit),
             backstore,
             stats: Arc::default(),
+            qos: Arc::default(),
         }]))
         .expect("device"),
     );

@@ -26,7 +26,7 @@ use crate::runtime::qos::QosLimits;
 use crate::runtime::worker::{PoolError, WorkerGone, WorkerPool};
 use crate::scsi::device::ScsiDevice;
 use crate::scsi::hotplug::HotplugError;
-use crate::scsi::target::{LunEntry, Target, TargetError, wwn_seed};
+use crate::scsi::target::{LunEntry, Target, TargetError, spec_limits, wwn_seed};
 use crate::spec::OpenError;
 use crate::transport::device::{DeviceHandle, DeviceParams, DeviceShared, ManageError};
 use crate::transport::device_type::VirtioDevice;
@@ -262,6 +262,9 @@ pub struct LunStatus {
     pub block_size: u32,
     /// Whether writes are refused.
     pub read_only: bool,
+    /// Its own IOPS and bandwidth limits (SCSI; absent: none).
+    #[serde(skip_serializing_if = "QosLimits::is_off")]
+    pub qos: QosLimits,
 }
 
 /// A request queue.
@@ -1195,30 +1198,39 @@ impl Registry {
                 s
             })
             .collect();
-        let same_but_size = |a: &LunSpec, b: &LunSpec| {
-            LunSpec {
+        // The same disk: what differs (size, limits) changes in place.
+        let same_disk = |a: &LunSpec, b: &LunSpec| {
+            let strip = |s: &LunSpec| LunSpec {
                 size: None,
-                ..a.clone()
-            } == LunSpec {
-                size: None,
-                ..b.clone()
-            }
+                iops: None,
+                bps: None,
+                burst_ms: None,
+                ..s.clone()
+            };
+            strip(a) == strip(b)
         };
         for o in &old_luns {
             let lun = o.lun.unwrap_or(0);
             match new_luns.iter().find(|n| n.lun == o.lun) {
                 Some(n) if n == o => {}
-                // The file does not fix a size (a file, device or RBD
-                // image has its own) and the LUN was resized since: it
-                // keeps its size, as a restart would find it.
-                Some(n) if same_but_size(n, o) && n.size.is_none() => {}
-                Some(n) if same_but_size(n, o) && n.size.is_some() => {
-                    let bytes = n.size.unwrap_or(0);
-                    note(
-                        self.lun_resize_locked(id, lun, bytes)
-                            .map(|b| format!("device {id} lun {lun} resized to {b} blocks"))
-                            .map_err(|e| err(id, &e)),
-                    );
+                Some(n) if same_disk(n, o) => {
+                    // A file that does not fix a size (a file, device or
+                    // RBD image has its own) leaves the LUN its size, as
+                    // a restart would find it.
+                    if let Some(bytes) = n.size.filter(|_| n.size != o.size) {
+                        note(
+                            self.lun_resize_locked(id, lun, bytes)
+                                .map(|b| format!("device {id} lun {lun} resized to {b} blocks"))
+                                .map_err(|e| err(id, &e)),
+                        );
+                    }
+                    if spec_limits(n) != spec_limits(o) {
+                        note(
+                            self.set_lun_qos_locked(id, lun, spec_limits(n))
+                                .map(|l| format!("device {id} lun {lun} qos {}", qos_text(&l)))
+                                .map_err(|e| err(id, &e)),
+                        );
+                    }
                 }
                 Some(_) if new.device_type == DeviceType::Blk => note(Err(format!(
                     "device {id}: the disk changed: delete and create the device to apply"
@@ -1287,11 +1299,49 @@ impl Registry {
         }
     }
 
-    /// Limits device `id`'s IOPS and bandwidth from now on (no limit:
-    /// none); returns the limits in force.
-    pub fn set_qos(&self, id: u32, limits: QosLimits) -> Result<QosLimits, RegistryError> {
+    /// Limits device `id`'s IOPS and bandwidth from now on, or only its
+    /// SCSI LUN `lun`'s (a blk device's disk, LUN 0, is its device); no
+    /// limit: none. Returns the limits in force.
+    pub fn set_qos(
+        &self,
+        id: u32,
+        lun: Option<u16>,
+        limits: QosLimits,
+    ) -> Result<QosLimits, RegistryError> {
         let _change = self.begin_change()?;
-        self.saved(self.set_qos_locked(id, limits))
+        self.shared(id).ok_or(RegistryError::NoDevice(id))?;
+        match lun {
+            Some(lun) if self.scsi(id).is_some() => {
+                self.saved(self.set_lun_qos_locked(id, lun, limits))
+            }
+            // A blk device's disk is LUN 0, and its limits its device's.
+            Some(lun) if lun != 0 => Err(HotplugError::NoSuchLun(lun).into()),
+            _ => self.saved(self.set_qos_locked(id, limits)),
+        }
+    }
+
+    /// Limits SCSI LUN `lun` of device `id` (its own limits, within its
+    /// device's).
+    fn set_lun_qos_locked(
+        &self,
+        id: u32,
+        lun: u16,
+        limits: QosLimits,
+    ) -> Result<QosLimits, RegistryError> {
+        let scsi = self.scsi(id).ok_or(HotplugError::NotScsi(id))?;
+        let target = scsi.target.current();
+        let entry = (target.luns().iter())
+            .find(|e| e.lun == lun)
+            .ok_or(HotplugError::NoSuchLun(lun))?;
+        entry.qos.set(limits);
+        let limits = entry.qos.limits();
+        self.update_config(id, |c| {
+            for s in c.luns.iter_mut().filter(|s| s.lun == Some(lun)) {
+                (s.iops, s.bps, s.burst_ms) = (limits.iops, limits.bps, limits.burst_ms);
+            }
+        });
+        info!(device = id, lun, "qos: {}", qos_text(&limits));
+        Ok(limits)
     }
 
     fn set_qos_locked(&self, id: u32, limits: QosLimits) -> Result<QosLimits, RegistryError> {
@@ -1409,6 +1459,7 @@ fn status(id: u32, e: &Entry) -> DeviceStatus {
                     blocks: l.unit.blocks(),
                     block_size: l.unit.block_size(),
                     read_only: l.backstore.geometry().read_only || s.is_some_and(|s| s.read_only),
+                    qos: l.qos.limits(),
                 }
             })
             .collect(),
@@ -1422,6 +1473,8 @@ fn status(id: u32, e: &Entry) -> DeviceStatus {
                 blocks: g.blocks,
                 block_size: g.block_size,
                 read_only: g.read_only || s.is_some_and(|s| s.read_only),
+                // A blk device's limits are its device's.
+                qos: QosLimits::default(),
             }]
         }
     };

@@ -563,9 +563,17 @@ pub static METHODS: &[Method] = &[
     Method {
         name: "device_set_qos",
         summary: "Limit a device's IOPS and bandwidth from now on, every queue together (a \
-                  request over the limit waits on the ring); without iops and bps, no limit",
+                  request over the limit waits on the ring), or with lun one LUN of a SCSI \
+                  device (its requests wait in the queue, the other LUNs' go on); without iops \
+                  and bps, no limit",
         params: &[
             DEVICE,
+            p(
+                "lun",
+                "integer",
+                false,
+                "Only this LUN of a SCSI device (a blk device's disk is the device)",
+            ),
             p(
                 "iops",
                 "integer",
@@ -588,12 +596,16 @@ pub static METHODS: &[Method] = &[
         open: false,
         handler: |ctx, params| {
             let device = u32_param(params, "device")?;
+            let lun = match params.get("lun") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(u16_param(params, "lun")?),
+            };
             let limits = QosLimits {
                 iops: opt_u64(params, "iops")?,
                 bps: opt_u64(params, "bps")?,
                 burst_ms: opt_u64(params, "burst_ms")?,
             };
-            to_value(&ctx.registry.set_qos(device, limits)?)
+            to_value(&ctx.registry.set_qos(device, lun, limits)?)
         },
     },
     Method {

@@ -133,6 +133,21 @@ pub struct LunSpec {
     /// RBD LUNs: the keyring (default: the configuration's `keyring`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keyring: Option<PathBuf>,
+    /// SCSI LUNs: at most this many requests per second (QoS of the LUN;
+    /// a blk device's is its device's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops: Option<u64>,
+    /// SCSI LUNs: at most this many bytes per second (`K`/`M`/`G`
+    /// suffixes).
+    #[serde(
+        default,
+        deserialize_with = "de_size",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bps: Option<u64>,
+    /// SCSI LUNs: the burst allowance of `iops` and `bps`, in ms.
+    #[serde(default, alias = "burst_ms", skip_serializing_if = "Option::is_none")]
+    pub burst_ms: Option<u64>,
 }
 
 /// Why a spec's backstore could not be opened.
@@ -316,6 +331,9 @@ impl LunSpec {
             conf: None,
             id: None,
             keyring: None,
+            iops: None,
+            bps: None,
+            burst_ms: None,
         }
     }
 }
@@ -325,7 +343,8 @@ impl FromStr for LunSpec {
 
     /// Parses `kind=null|ram|file|rbd,size=..,path=..,create,
     /// block-size=512|4096,ro,serial=..,wwn=0x..,lun=N,zero,lock=off,
-    /// pool=..,image=..,namespace=..,snap=..,conf=..,id=..,keyring=..`.
+    /// pool=..,image=..,namespace=..,snap=..,conf=..,id=..,keyring=..,
+    /// iops=N,bps=N,burst-ms=N`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why: String| LunSpecError {
             spec: s.to_owned(),
@@ -365,6 +384,17 @@ impl FromStr for LunSpec {
                 "keyring" => spec.keyring = Some(PathBuf::from(value)),
                 "serial" => spec.serial = Some(value.to_owned()),
                 "wwn" => spec.wwn = Some(parse_wwn(value).map_err(err)?),
+                "iops" | "burst-ms" => {
+                    let n = value
+                        .parse()
+                        .map_err(|_| err(format!("{key}={value}: not a number")))?;
+                    if key == "iops" {
+                        spec.iops = Some(n);
+                    } else {
+                        spec.burst_ms = Some(n);
+                    }
+                }
+                "bps" => spec.bps = Some(parse_size(value).map_err(err)?),
                 "lun" => {
                     spec.lun = Some(
                         value
@@ -575,6 +605,23 @@ mod tests {
             stray.open_backstore(),
             Err(OpenError::Spec(why)) if why.contains("options of RBD LUNs")
         ));
+    }
+
+    #[test]
+    fn a_luns_limits_parse_as_the_device_qos_does() {
+        let spec = lun("kind=null,size=1M,iops=500,bps=4M,burst-ms=20").unwrap();
+        assert_eq!(
+            (spec.iops, spec.bps, spec.burst_ms),
+            (Some(500), Some(4 << 20), Some(20))
+        );
+        let toml: LunSpec =
+            toml::from_str("kind = \"null\"\nsize = \"1M\"\nbps = \"1K\"\nburst_ms = 5").unwrap();
+        assert_eq!(
+            (toml.iops, toml.bps, toml.burst_ms),
+            (None, Some(1024), Some(5))
+        );
+        let e = lun("kind=null,size=1M,iops=fast").unwrap_err();
+        assert!(e.why.contains("iops=fast: not a number"), "{e}");
     }
 
     #[test]

@@ -13,9 +13,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::blk_driver::BlkDriver;
+use common::driver::{Driver, lun_at};
 use common::*;
 use serde_json::json;
 use sqcq_driver::NotifyMode;
+use sqcq_driver::scsi::{Cdb, Response, Tmf};
 
 /// `sqcqd` on one worker with blk devices `a` (limited to 200 IOPS,
 /// burst 10 ms) and `b` (no limit), both null disks.
@@ -160,5 +162,95 @@ fn a_device_serves_no_more_than_its_limit() {
     let e = rpc(&admin, "device_set_qos", json!({"device": 0, "iops": -1})).unwrap_err();
     assert_eq!(error_code(&e), -32602, "{e}");
     let e = rpc(&admin, "device_set_qos", json!({"device": 9, "iops": 1})).unwrap_err();
+    assert_eq!(error_code(&e), -32001, "{e}");
+}
+
+/// A SCSI LUN with a limit of its own holds only its own requests: the
+/// other LUN's, on the same queue behind it, go on.
+#[test]
+fn a_lun_limit_holds_that_lun_only() {
+    let dir = TempDir::new("qos-lun");
+    let admin = dir.path("admin.sock");
+    let config = dir.path("sqcqd.toml");
+    let socket = dir.path("scsi.sock");
+    std::fs::write(
+        &config,
+        format!(
+            "admin-socket = {admin:?}\n[[device]]\nsocket-path = {socket:?}\n\
+             [[device.lun]]\nkind = \"null\"\nsize = \"1G\"\n\
+             [[device.lun]]\nkind = \"null\"\nsize = \"1G\"\niops = 1\nburst-ms = 1\n"
+        ),
+    )
+    .unwrap();
+    let (_daemon, _log) = sqcqd_from_file(env!("CARGO_BIN_EXE_sqcqd"), &dir, &config, &admin);
+    let list = rpc(&admin, "device_list", json!({})).unwrap();
+    assert_eq!(
+        list[0]["luns"][1]["qos"],
+        json!({"iops": 1, "burst-ms": 1}),
+        "{list}"
+    );
+    assert!(list[0]["luns"][0].get("qos").is_none(), "{list}");
+
+    let mut d = Driver::connect(&socket);
+    let rq = &mut d.rqs[0];
+    rq.clear_unit_attention(0);
+    rq.clear_unit_attention(1);
+    let read = |lba| Cdb::read_10(lba, 8, false);
+    // LUN 1's one request a second goes; the next waits about a second,
+    // and LUN 0's, made after it, completes first.
+    assert!(rq.command(lun_at(0, 1), read(0), &[], 4096).good());
+    let held = rq.submit(lun_at(0, 1), read(8), &[], 4096);
+    let free = rq.submit(lun_at(0, 0), read(8), &[], 4096);
+    rq.publish();
+    let first = rq.wait(1);
+    assert_eq!(first[0].token, free, "LUN 0 waited behind LUN 1's limit");
+    assert!(first[0].good());
+    let second = rq.wait(1);
+    assert_eq!((second[0].token, second[0].good()), (held, true));
+
+    // A task management function does not wait for the limit: at one
+    // byte a second LUN 1's second read would be held for more than an
+    // hour, and ABORT TASK SET, which waits for the requests in flight,
+    // would fail after 30 s; the held read goes at once instead.
+    let bps = rpc(
+        &admin,
+        "device_set_qos",
+        json!({"device": 0, "lun": 1, "bps": 1}),
+    )
+    .unwrap();
+    assert_eq!(bps["bps"], 1, "{bps}");
+    let first = rq.submit(lun_at(0, 1), read(16), &[], 4096);
+    let held = rq.submit(lun_at(0, 1), read(24), &[], 4096);
+    rq.publish();
+    let ctrl = &mut d.control;
+    let r = ctrl
+        .task_management(Tmf::AbortTaskSet, lun_at(0, 1), 0)
+        .unwrap();
+    assert_eq!(r, Response::Ok);
+    let rq = &mut d.rqs[0];
+    let mut done = rq.wait(2);
+    done.sort_by_key(|r| r.token);
+    assert_eq!(
+        done.iter().map(|r| (r.token, r.good())).collect::<Vec<_>>(),
+        [(first, true), (held, true)]
+    );
+
+    // Saved with its LUN.
+    let saved = dir.path("saved.toml");
+    rpc(&admin, "config_save", json!({"path": saved})).unwrap();
+    let text = std::fs::read_to_string(&saved).unwrap();
+    let lun1 = text.split("[[device.lun]]").nth(2).unwrap_or_default();
+    assert!(lun1.contains("bps = 1\n"), "{text}");
+
+    // Lifted at run time; a blk-style lun on a SCSI device that does not
+    // exist is refused.
+    let off = rpc(&admin, "device_set_qos", json!({"device": 0, "lun": 1})).unwrap();
+    assert_eq!(off, json!({}));
+    let e = rpc(
+        &admin,
+        "device_set_qos",
+        json!({"device": 0, "lun": 7, "iops": 5}),
+    )
+    .unwrap_err();
     assert_eq!(error_code(&e), -32001, "{e}");
 }

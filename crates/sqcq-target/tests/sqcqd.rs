@@ -260,6 +260,18 @@ fn operator_mistakes_get_one_line_that_says_what_to_do() {
             "give an absolute path",
         ),
         (
+            &[
+                "--socket-path",
+                socket,
+                "--device-type",
+                "blk",
+                "--lun",
+                "kind=null,size=1M,iops=100",
+            ],
+            2,
+            "not iops=/bps= on its --lun",
+        ),
+        (
             &["--socket-path", socket, "--log-level", "loud"],
             2,
             "\"loud\" names no level",

@@ -118,6 +118,17 @@ impl DeviceConfig {
         if self.num_queues == 0 || self.num_queues > max_queues {
             return bad(format!("{name}: num-queues must be 1..={max_queues}"));
         }
+        if self.device_type == DeviceType::Blk
+            && self
+                .luns
+                .iter()
+                .any(|l| l.iops.is_some() || l.bps.is_some() || l.burst_ms.is_some())
+        {
+            return bad(format!(
+                "{name}: a blk device's limits are the device's: qos = {{ iops = .., bps = .. }} \
+                 in its [[device]] (or device_set_qos), not iops=/bps= on its --lun"
+            ));
+        }
         if self.device_type == DeviceType::Blk && self.luns.len() != 1 {
             return bad(format!(
                 "{name}: a blk device needs exactly one --lun (its disk), not {}",

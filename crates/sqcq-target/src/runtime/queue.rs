@@ -150,6 +150,13 @@ pub trait RequestHandler {
         None
     }
 
+    /// How long until deferred work not due yet becomes due (a request a
+    /// LUN's limit holds): the worker sleeps that long at most. `None`
+    /// when nothing waits so.
+    fn deferred_in(&self) -> Option<Duration> {
+        None
+    }
+
     /// Does the work of [`Self::has_deferred`]; the runtime commits, reaps
     /// and publishes afterwards.
     fn run_deferred(&mut self, ring: &mut Vring, mem: Batch<'_>);
@@ -480,6 +487,7 @@ impl ServedQueue {
             .flatten();
         (ring.into_iter())
             .chain(self.handler.commit_retry_in())
+            .chain(self.handler.deferred_in())
             .chain(qos)
             .min()
     }

@@ -222,6 +222,7 @@ impl ScsiQueue {
                     pending: crate::runtime::backstore::Pending::default(),
                     // Virtqueues 0 and 1 are the control and event queues.
                     stats: e.stats.slot(ring.key().vq.saturating_sub(2)),
+                    qos: Arc::clone(&e.qos),
                 },
                 None => {
                     let i = old.iter().position(|l| same(l, e)).unwrap_or(0);

@@ -6,11 +6,12 @@
 //! flight, and scratch buffers for everything answered without the
 //! backstore. The runtime owns the ring; this owns nothing of it.
 
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqcq_backstore::{Backstore, BackstoreQueue};
+use sqcq_backstore::{Backstore, BackstoreQueue, IoOp};
 use sqcq_scsi::NexusId;
 use tracing::{debug, warn};
 
@@ -18,6 +19,8 @@ use crate::runtime::backstore;
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::ChainBuffers;
 use crate::runtime::lun_stats::LunSlot;
+use crate::runtime::pass;
+use crate::runtime::qos::Qos;
 use crate::runtime::queue::{
     MakeHandler, QueueError, QueueKey, RequestHandler, RingConfig, Vring, drain_fd, segment_limit,
     wait_readable,
@@ -37,6 +40,20 @@ pub(crate) struct LunQueue {
     pub(crate) pending: backstore::Pending,
     /// This queue's counts of the LUN's I/O.
     pub(crate) stats: Arc<LunSlot>,
+    /// The LUN's IOPS and bandwidth limits.
+    pub(crate) qos: Arc<Qos>,
+}
+
+/// A read, write or flush taken from the ring whose LUN's limit holds it:
+/// its slot is ready, its backstore operation goes out once the limit
+/// lets it (`ScsiQueue::release_held`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held {
+    pub(crate) head: u16,
+    pub(crate) lun: u16,
+    pub(crate) op: IoOp,
+    /// Its bytes, charged when it goes.
+    pub(crate) bytes: u64,
 }
 
 /// The SCSI request handler of one request queue.
@@ -53,6 +70,10 @@ pub struct ScsiQueue {
     pub(crate) inflight: Inflight,
     /// Heads of requests whose next slice goes out on the next pass.
     pub(crate) resume: Vec<u16>,
+    /// Requests their LUN's limit holds, in the order they came.
+    pub(crate) held: VecDeque<Held>,
+    /// A drain began while requests were held: they go at once.
+    pub(crate) held_flush: bool,
     pub(crate) chain: ChainBuffers,
     pub(crate) max_segments: usize,
     pub(crate) header: Vec<u8>,
@@ -116,6 +137,7 @@ impl ScsiQueue {
                 io,
                 pending: backstore::Pending::default(),
                 stats: entry.stats.slot(rq),
+                qos: Arc::clone(&entry.qos),
             });
         }
         let data_out_len = target
@@ -135,6 +157,8 @@ impl ScsiQueue {
             luns,
             inflight: Inflight::new(ring.size),
             resume: Vec::with_capacity(usize::from(ring.size)),
+            held: VecDeque::with_capacity(usize::from(ring.size)),
+            held_flush: false,
             chain: ChainBuffers::with_capacity(max_segments.min(64)),
             max_segments,
             header: vec![0; sqcq_wire::scsi::CMD_REQ_FIXED + cdb_size],
@@ -195,9 +219,10 @@ impl RequestHandler for ScsiQueue {
     }
 
     fn has_deferred(&self) -> bool {
-        // The next slice of a long command, or the retry of a commit the
-        // backstore refused.
+        // The next slice of a long command, a request its LUN's limit
+        // lets go now, or the retry of a commit the backstore refused.
         self.has_slices_pending()
+            || self.held_ready(pass::now())
             || self.retrying() && {
                 let now = Instant::now();
                 self.luns.iter().any(|l| l.pending.retry_due(now))
@@ -217,9 +242,21 @@ impl RequestHandler for ScsiQueue {
 
     fn run_deferred(&mut self, ring: &mut Vring, mem: Batch<'_>) {
         self.resume_slices(ring, mem);
+        self.release_held(ring, mem, false);
+    }
+
+    fn deferred_in(&self) -> Option<Duration> {
+        let now = pass::now();
+        (self.held.iter())
+            .filter_map(|h| self.luns.iter().find(|l| l.lun == h.lun))
+            .map(|l| l.qos.wait(now).unwrap_or(Duration::ZERO))
+            .min()
     }
 
     fn begin_drain(&mut self) -> bool {
+        // A task management function or a drain does not wait for a
+        // LUN's limit: what it holds goes on the next pass.
+        self.held_flush = !self.held.is_empty();
         self.inflight.begin_drain()
     }
 
@@ -249,6 +286,8 @@ impl RequestHandler for ScsiQueue {
     }
 
     fn finish(&mut self, ring: &mut Vring, mem: Batch<'_>, deadline: Instant) -> usize {
+        // The queue stops: what a limit holds goes now.
+        self.release_held(ring, mem, true);
         RequestHandler::commit(self, ring);
         while !self.inflight.is_empty() && Instant::now() < deadline {
             if self.has_slices_pending() {

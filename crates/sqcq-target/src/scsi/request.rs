@@ -16,6 +16,7 @@
 //! failures become a `ScsiError` in [`medium_error`], the one place that
 //! maps them.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -32,11 +33,12 @@ use crate::runtime::chain::Segment;
 use crate::runtime::events::{Event, IoKind};
 use crate::runtime::lun_stats::LunSlot;
 use crate::runtime::metrics::DeviceMetrics;
+use crate::runtime::pass;
 use crate::runtime::queue::{Accepted, Vring};
 use crate::runtime::ring::Chain;
 use crate::runtime::stream;
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
-use crate::scsi::queue::{LunQueue, ScsiQueue};
+use crate::scsi::queue::{Held, LunQueue, ScsiQueue};
 use sqcq_wire::scsi::{CMD_REQ_FIXED, CMD_RESP_FIXED, CmdReqHeader, CmdResp, Response};
 
 /// Bytes of a non-zero WRITE SAME pattern replicated per backstore write:
@@ -386,10 +388,16 @@ impl ScsiQueue {
                         MediumOp::Write { fua, .. } => IoOp::Write { offset, fua },
                         _ => IoOp::Read { offset },
                     };
-                    submit(io, slot, tag, io_op, true);
+                    if !hold(&mut self.held, io, head, io_op, bytes) {
+                        submit(io, slot, tag, io_op, true);
+                    }
                 }
             }
-            MediumOp::Flush { .. } => submit(io, slot, tag, IoOp::Flush, false),
+            MediumOp::Flush { .. } => {
+                if !hold(&mut self.held, io, head, IoOp::Flush, 0) {
+                    submit(io, slot, tag, IoOp::Flush, false);
+                }
+            }
             MediumOp::Unmap(list) => {
                 // Only commands done in slices keep their backstore (a
                 // reference count per request is not free).
@@ -397,6 +405,9 @@ impl ScsiQueue {
                 slot.ranges.extend(list.iter().map(|r| (r.offset, r.bytes)));
                 slot.range_bytes = list.iter().map(|r| r.bytes).sum();
                 slot.range_op = RangeOp::Discard;
+                // Counted against the LUN's limit, not held (a discard
+                // carries no data to pace).
+                io.qos.charge(pass::now(), 0);
                 submit_slice(io, slot, tag);
             }
             MediumOp::WriteSame {
@@ -437,14 +448,71 @@ impl ScsiQueue {
                 }
                 slot.ranges.push((offset, u64::from(blocks) * bs));
                 slot.range_bytes = u64::from(blocks) * bs;
+                io.qos.charge(pass::now(), 0);
                 submit_slice(io, slot, tag);
             }
         }
-        if slot.pending_ops == 0 {
+        if slot.pending_ops == 0 && !self.held.back().is_some_and(|h| h.head == head) {
             // Nothing reached the backstore (an empty UNMAP list or a
-            // submission failure): complete now.
+            // submission failure) and no limit holds it: complete now.
             self.complete_slot(ring, mem, head);
         }
+    }
+
+    /// Whether a request its LUN's limit holds may go now.
+    pub(crate) fn held_ready(&self, now: u64) -> bool {
+        if self.held_flush && !self.held.is_empty() {
+            return true;
+        }
+        self.held.iter().any(|h| {
+            (self.luns.iter())
+                .find(|l| l.lun == h.lun)
+                .is_none_or(|l| l.qos.wait(now).is_none())
+        })
+    }
+
+    /// Sends the backstore operations of the held requests their LUN's
+    /// limit lets go (all of them with `all`, or after a drain began: a
+    /// queue that stops, or a task management function, does not wait
+    /// for a limit), each LUN's in the order they came; a request whose
+    /// LUN went away fails. Allocates nothing.
+    pub(crate) fn release_held(&mut self, ring: &mut Vring, mem: Batch<'_>, all: bool) {
+        if self.held.is_empty() {
+            return;
+        }
+        let all = all || std::mem::take(&mut self.held_flush);
+        let now = pass::now();
+        let Self {
+            held,
+            luns,
+            inflight,
+            sense_size,
+            ..
+        } = self;
+        // Once a LUN's limit holds one request it holds every later one
+        // of that LUN in this pass (nothing is charged back), so each
+        // LUN's requests go in order.
+        held.retain(|h| {
+            let Some(io) = luns.iter_mut().find(|l| l.lun == h.lun) else {
+                if let Some(slot) = inflight.get_mut(h.head) {
+                    slot.error = Some(ScsiError::LogicalUnitNotSupported);
+                }
+                complete_request(inflight, ring, mem, *sense_size, h.head, None);
+                return false;
+            };
+            if !all && io.qos.wait(now).is_some() {
+                return true;
+            }
+            io.qos.charge(now, h.bytes);
+            if let Some(slot) = inflight.get_mut(h.head) {
+                let with_iov = !matches!(h.op, IoOp::Flush);
+                submit(io, slot, u64::from(h.head), h.op, with_iov);
+                if slot.pending_ops == 0 {
+                    complete_request(inflight, ring, mem, *sense_size, h.head, Some(&io.stats));
+                }
+            }
+            false
+        });
     }
 
     /// Reaps the completions of one LUN's backstore queue. A request with
@@ -605,6 +673,28 @@ fn complete_request(
     .map_or(0, |r| r + data);
     ring.complete(mem, head, saturating_u32(len));
     inflight.release(head);
+}
+
+/// Holds the request at `head` (`op` of `bytes` on `io`'s LUN) if its
+/// LUN's limit, or an earlier request of that LUN held, says so; charges
+/// it otherwise (it goes now). Without a limit, one flag is read.
+#[inline]
+fn hold(held: &mut VecDeque<Held>, io: &LunQueue, head: u16, op: IoOp, bytes: u64) -> bool {
+    if !io.qos.on() {
+        return false;
+    }
+    let now = pass::now();
+    if io.qos.wait(now).is_some() || held.iter().any(|h| h.lun == io.lun) {
+        held.push_back(Held {
+            head,
+            lun: io.lun,
+            op,
+            bytes,
+        });
+        return true;
+    }
+    io.qos.charge(now, bytes);
+    false
 }
 
 /// Queues one backstore operation for `slot` (with its iovecs when

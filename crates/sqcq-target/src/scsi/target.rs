@@ -8,6 +8,7 @@ use sqcq_scsi::{ConfigError, LogicalUnit, LuConfig, Provisioning};
 use thiserror::Error;
 
 use crate::runtime::lun_stats::LunStats;
+use crate::runtime::qos::{Qos, QosLimits};
 use crate::spec::{LunSpec, OpenError};
 
 /// One logical unit of the target.
@@ -20,6 +21,9 @@ pub struct LunEntry {
     pub backstore: Arc<dyn Backstore>,
     /// Its I/O figures, one slot per request queue.
     pub stats: Arc<LunStats>,
+    /// Its IOPS and bandwidth limits (`runtime::qos`), shared by every
+    /// queue.
+    pub qos: Arc<Qos>,
 }
 
 impl std::fmt::Debug for LunEntry {
@@ -120,6 +124,7 @@ impl Target {
                 unit: Arc::clone(&e.unit),
                 backstore: Arc::clone(&e.backstore),
                 stats: Arc::clone(&e.stats),
+                qos: Arc::clone(&e.qos),
             })
             .collect();
         luns.extend(added);
@@ -171,7 +176,25 @@ pub(crate) fn build_lun(lun: u16, spec: &LunSpec, wwn_seed: u64) -> Result<LunEn
         unit: Arc::new(unit),
         backstore,
         stats: Arc::default(),
+        qos: Arc::new(lun_qos(spec)),
     })
+}
+
+/// The limits `spec` gives its LUN.
+pub fn lun_qos(spec: &LunSpec) -> Qos {
+    let qos = Qos::default();
+    qos.set(spec_limits(spec));
+    qos
+}
+
+/// The QoS keys of `spec` (`iops=`, `bps=`, `burst-ms=`).
+pub fn spec_limits(spec: &LunSpec) -> QosLimits {
+    QosLimits {
+        iops: spec.iops,
+        bps: spec.bps,
+        burst_ms: spec.burst_ms,
+    }
+    .normalized()
 }
 
 /// The seed of a device's default WWNs, from its socket path.
