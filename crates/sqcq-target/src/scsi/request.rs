@@ -452,7 +452,7 @@ impl ScsiQueue {
                 submit_slice(io, slot, tag);
             }
         }
-        if slot.pending_ops == 0 && !self.held.back().is_some_and(|h| h.head == head) {
+        if slot.pending_ops == 0 && self.held.back().is_none_or(|h| h.head != head) {
             // Nothing reached the backstore (an empty UNMAP list or a
             // submission failure) and no limit holds it: complete now.
             self.complete_slot(ring, mem, head);
