@@ -447,7 +447,10 @@ impl BackstoreQueue for FileQueue {
         op: IoOp,
         iov: &[libc::iovec],
     ) -> Result<(), BackstoreError> {
-        let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
+        let Some(len) = iov_len(iov) else {
+            // (`ok_or` would build and drop the error on every request.)
+            return Err(BackstoreError::QueueFull("request larger than 4 GiB"));
+        };
         let writes = !matches!(op, IoOp::Read { .. } | IoOp::Flush);
         if writes && self.read_only {
             return Err(BackstoreError::ReadOnly);

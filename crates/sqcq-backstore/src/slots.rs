@@ -141,7 +141,10 @@ impl<T: Immediate> BackstoreQueue for ImmediateQueue<T> {
         op: IoOp,
         iov: &[libc::iovec],
     ) -> Result<(), BackstoreError> {
-        let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
+        let Some(len) = iov_len(iov) else {
+            // (`ok_or` would build and drop the error on every request.)
+            return Err(BackstoreError::QueueFull("request larger than 4 GiB"));
+        };
         // SAFETY: our caller upholds `submit`'s contract, which is
         // `perform`'s.
         let result = unsafe { self.store.perform(op, iov, len) };
@@ -210,9 +213,11 @@ impl Slots {
                 "more segments than one request may carry",
             ));
         }
-        let slot = self.free.pop().ok_or(BackstoreError::QueueFull(
-            "more requests than the queue depth",
-        ))?;
+        let Some(slot) = self.free.pop() else {
+            return Err(BackstoreError::QueueFull(
+                "more requests than the queue depth",
+            ));
+        };
         let i = slot as usize;
         self.busy[i] = true;
         self.tags[i] = tag;

@@ -394,6 +394,11 @@ impl ChainHarness {
         }
     }
 
+    /// Requests made available and completed so far (split rings).
+    pub fn counts(&self) -> (u64, u64) {
+        (self.published, self.completed)
+    }
+
     /// A pass over a packed ring (a harness from [`Self::packed`]):
     /// writes `data` as `[descriptor ring][buffer bytes]`, with addresses
     /// folded as in [`Self::run`] and every flag as the input has it (so

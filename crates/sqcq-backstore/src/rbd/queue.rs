@@ -213,11 +213,9 @@ impl RbdQueue {
     ) -> Result<(), BackstoreError> {
         let errno =
             |rc: c_int| BackstoreError::CephIo(io::Error::from_raw_os_error(rc.saturating_neg()));
-        let arg = self
-            .shared
-            .args
-            .get(slot as usize)
-            .ok_or(BackstoreError::QueueFull("slot beyond the queue depth"))?;
+        let Some(arg) = self.shared.args.get(slot as usize) else {
+            return Err(BackstoreError::QueueFull("slot beyond the queue depth"));
+        };
         let arg = ptr::from_ref(arg).cast_mut().cast::<c_void>();
         let mut c: ffi::rbd_completion_t = ptr::null_mut();
         // SAFETY: `arg` stays valid until the callback (see below); librbd
@@ -285,7 +283,10 @@ impl BackstoreQueue for RbdQueue {
         op: IoOp,
         iov: &[libc::iovec],
     ) -> Result<(), BackstoreError> {
-        let len = iov_len(iov).ok_or(BackstoreError::QueueFull("request larger than 4 GiB"))?;
+        let Some(len) = iov_len(iov) else {
+            // (`ok_or` would build and drop the error on every request.)
+            return Err(BackstoreError::QueueFull("request larger than 4 GiB"));
+        };
         let writes = !matches!(op, IoOp::Read { .. } | IoOp::Flush);
         if writes && self.read_only {
             return Err(BackstoreError::ReadOnly);

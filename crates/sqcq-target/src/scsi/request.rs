@@ -388,13 +388,13 @@ impl ScsiQueue {
                         MediumOp::Write { fua, .. } => IoOp::Write { offset, fua },
                         _ => IoOp::Read { offset },
                     };
-                    if !hold(&mut self.held, io, head, io_op, bytes) {
+                    if !(io.qos.on() && hold(&mut self.held, io, head, io_op, bytes)) {
                         submit(io, slot, tag, io_op, true);
                     }
                 }
             }
             MediumOp::Flush { .. } => {
-                if !hold(&mut self.held, io, head, IoOp::Flush, 0) {
+                if !(io.qos.on() && hold(&mut self.held, io, head, IoOp::Flush, 0)) {
                     submit(io, slot, tag, IoOp::Flush, false);
                 }
             }
@@ -677,12 +677,10 @@ fn complete_request(
 
 /// Holds the request at `head` (`op` of `bytes` on `io`'s LUN) if its
 /// LUN's limit, or an earlier request of that LUN held, says so; charges
-/// it otherwise (it goes now). Without a limit, one flag is read.
-#[inline]
+/// it otherwise (it goes now). Called only for a LUN with a limit
+/// (`io.qos.on()`, checked by the caller: without a limit a request
+/// costs that one load, not a call).
 fn hold(held: &mut VecDeque<Held>, io: &LunQueue, head: u16, op: IoOp, bytes: u64) -> bool {
-    if !io.qos.on() {
-        return false;
-    }
     let now = pass::now();
     if io.qos.wait(now).is_some() || held.iter().any(|h| h.lun == io.lun) {
         held.push_back(Held {
