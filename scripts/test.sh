@@ -61,6 +61,8 @@ stage "spin: the Promela models (NEED_WAKEUP; backpressure; stop, crash and rest
 scripts/check-models.sh
 stage "cargo test (every peer installed above: none may be skipped)"
 SQCQ_REQUIRE_PEERS=1 cargo test --workspace
+# The fuzz entry points' own tests (behind the `fuzzing` feature).
+cargo test --quiet -p sqcq-target --features fuzzing --lib fuzzing::
 stage "cpu-offline: a bound worker's CPU really taken offline and back under a verified load"
 # The cpuset variant is a cargo test; this one needs a machine that lets
 # a CPU go offline (exit 2 otherwise, reported and not a failure).

@@ -124,15 +124,13 @@ impl Link {
 
     /// Hands `queue` to `frontend`, at the ring's used index as QEMU does
     /// after a backend died (the device adds the requests it records in
-    /// flight).
+    /// flight); a packed ring at the used position the driver reached for
+    /// both of its positions (the device continues from its record's,
+    /// which alone can say where its lists in flight end: QEMU's own
+    /// packed base after a crash is that of the connection's start).
     fn hand_over(&self, frontend: &mut Frontend, queue: &mut IoQueue) -> Result<(), BenchError> {
         let vq = queue.virtqueue();
-        // The device resubmits what its in-flight record holds, which it
-        // keeps for split rings only.
-        let split = vq.ring().split().ok_or(BenchError::Protocol(
-            "reconnecting needs split rings: no in-flight record is kept for packed ones",
-        ))?;
-        let base = u32::from(split.used_index());
+        let base = vq.ring().restart_base();
         frontend.resume_queue(&self.mem, vq, base)?;
         frontend.sync()?;
         queue.reattach(frontend.hangup_fd()?);

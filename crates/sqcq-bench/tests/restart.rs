@@ -185,3 +185,25 @@ fn without_reconnect_a_kill_fails_the_load() {
         "a hangup without --reconnect fails the run"
     );
 }
+
+/// The same on packed rings (`--ring packed`, `sqcqd --packed`): the
+/// daemon's in-flight record of a packed ring keeps a copy of every
+/// descriptor in flight, since used descriptors overwrite the ring's, and
+/// the positions to continue from.
+#[test]
+fn packed_rings_survive_kill_9_in_every_mode() {
+    for (device, fua) in [("blk", &[][..]), ("scsi", &["--fua"][..])] {
+        for (mode, daemon_args) in MODES {
+            let daemon_args: Vec<&str> = daemon_args.iter().copied().chain(["--packed"]).collect();
+            let bench_args: Vec<&str> = fua.iter().copied().chain(["--ring", "packed"]).collect();
+            killed_under_load(
+                &format!("packed-{device}-{mode}"),
+                device,
+                mode,
+                &daemon_args,
+                &bench_args,
+                3,
+            );
+        }
+    }
+}

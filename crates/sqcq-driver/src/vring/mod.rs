@@ -395,6 +395,17 @@ impl Ring {
         }
     }
 
+    /// The vring base a frontend gives a device that replaces one that
+    /// died (its in-flight record says the rest): a split ring's used
+    /// index, as QEMU does; for a packed ring the used position the
+    /// driver reached, as both positions.
+    pub fn restart_base(&self) -> u32 {
+        match self {
+            Ring::Split(q) => u32::from(q.used_index()),
+            Ring::Packed(q) => sqcq_protocol::packed::encode_base(q.last_used(), q.last_used()),
+        }
+    }
+
     /// Where the driver stands in consuming completions, as a doorbell
     /// names it: the next used index of a split ring, the next used
     /// position of a packed one (spec sections 3.1 and 10.2).

@@ -19,10 +19,8 @@ pub struct PollArgs {
     #[arg(long)]
     pub no_sqcq: bool,
     /// Offer packed rings (VIRTIO_F_RING_PACKED), beside bit 42 (whose
-    /// doorbells then follow the Device Area: spec section 10).
-    /// Experimental: no in-flight record is kept for a packed queue, so
-    /// the requests it has in flight when the daemon dies are not
-    /// resubmitted by the next instance.
+    /// doorbells then follow the Device Area: spec section 10); their
+    /// in-flight record is the vhost-user packed layout.
     #[arg(long)]
     pub packed: bool,
     /// How request queues without bit 42 are served: kick (classic), ring

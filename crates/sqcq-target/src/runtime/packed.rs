@@ -38,6 +38,7 @@ pub use sqcq_protocol::packed::{Position, decode_base, encode_base};
 use crate::runtime::batch::Batch;
 use crate::runtime::chain::Descriptor;
 use crate::runtime::split::{RingError, check_areas};
+use crate::runtime::tracking::RawDesc;
 
 /// The largest queue size of a packed ring (2.8: up to 2^15 entries).
 pub const MAX_SIZE: u16 = 1 << 15;
@@ -97,6 +98,8 @@ fn available(flags: u16, wrap: bool) -> bool {
 pub struct Popped<'a> {
     /// The buffer ID, from the list's last descriptor.
     pub id: u16,
+    /// The offset of its first descriptor.
+    pub first: u16,
     /// Descriptors the list occupies in the ring.
     pub count: u16,
     /// Its buffers.
@@ -288,10 +291,12 @@ impl PackedRing {
         self.avail = at.advance(count, self.layout.size);
         Ok(Some(Popped {
             id,
+            first: at.off(),
             count,
             walk: PackedWalk {
                 mem,
                 ring: self.layout.desc,
+                copied: &[],
                 size: self.layout.size,
                 next: at.off(),
                 left: count,
@@ -300,6 +305,61 @@ impl PackedRing {
                 bytes: 0,
             },
         }))
+    }
+
+    /// The ring descriptor at offset `off`, as the driver wrote it (for
+    /// the in-flight record, `runtime::tracking::packed`).
+    pub fn raw_desc(&self, mem: Batch<'_>, off: u16) -> Result<RawDesc, RingError> {
+        let raw = mem
+            .read_bytes::<16>(self.layout.slot(off))
+            .map_err(RingError::Memory)?;
+        let [
+            a0,
+            a1,
+            a2,
+            a3,
+            a4,
+            a5,
+            a6,
+            a7,
+            l0,
+            l1,
+            l2,
+            l3,
+            i0,
+            i1,
+            f0,
+            f1,
+        ] = raw;
+        Ok(RawDesc {
+            addr: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+            len: u32::from_le_bytes([l0, l1, l2, l3]),
+            id: u16::from_le_bytes([i0, i1]),
+            flags: u16::from_le_bytes([f0, f1]),
+        })
+    }
+
+    /// Whether the descriptor at `at` is still available on `at`'s lap
+    /// (no used descriptor was written over it); `true` if it cannot be
+    /// read.
+    pub fn still_available(&self, mem: Batch<'_>, at: Position) -> bool {
+        self.layout
+            .available_at(mem, at, Ordering::Acquire)
+            .unwrap_or(true)
+    }
+
+    /// Continues at other positions (an in-flight record's, whose lists
+    /// taken and not used lie between `used` and `avail`); `false` if
+    /// either is outside the ring.
+    pub fn reposition(&mut self, avail: Position, used: Position) -> bool {
+        if avail.off() >= self.layout.size || used.off() >= self.layout.size {
+            return false;
+        }
+        self.avail = avail;
+        self.used = used;
+        self.published = used;
+        self.held = None;
+        true
     }
 
     /// Writes the used descriptor of buffer `id`, which took `count`
@@ -416,6 +476,9 @@ impl PackedRing {
 pub struct PackedWalk<'a> {
     mem: Batch<'a>,
     ring: u64,
+    /// The list's ring descriptors as recorded, read instead of the ring
+    /// (a list resubmitted from an in-flight record); empty: the ring.
+    copied: &'a [RawDesc],
     size: u16,
     /// Offset of the next ring descriptor.
     next: u16,
@@ -429,7 +492,25 @@ pub struct PackedWalk<'a> {
     bytes: u32,
 }
 
-impl PackedWalk<'_> {
+impl<'a> PackedWalk<'a> {
+    /// The walk of a list from its recorded ring descriptors `descs`
+    /// (non-empty, as `tracking::packed` returns them), with the limits
+    /// of a list read from the ring.
+    pub fn recorded(mem: Batch<'a>, descs: &'a [RawDesc]) -> Self {
+        let count = u16::try_from(descs.len()).unwrap_or(u16::MAX);
+        PackedWalk {
+            mem,
+            ring: 0,
+            copied: descs,
+            size: count.max(1),
+            next: 0,
+            left: count,
+            list: count,
+            table: None,
+            bytes: 0,
+        }
+    }
+
     fn read(&self, gpa: u64) -> Option<(u64, u32, u16)> {
         let raw = self.mem.read_bytes::<16>(gpa).ok()?;
         let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, _, _, f0, f1] = raw;
@@ -464,7 +545,12 @@ impl Iterator for PackedWalk<'_> {
         if self.left == 0 {
             return None;
         }
-        let (addr, len, flags) = self.read(self.ring + DESC_SIZE * u64::from(self.next))?;
+        let (addr, len, flags) = if self.copied.is_empty() {
+            self.read(self.ring + DESC_SIZE * u64::from(self.next))?
+        } else {
+            let d = self.copied.get(usize::from(self.next))?;
+            (d.addr, d.len, d.flags)
+        };
         self.left -= 1;
         self.next = if self.next + 1 == self.size {
             0

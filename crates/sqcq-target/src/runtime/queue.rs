@@ -34,13 +34,14 @@ use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::events::{Event, EventBus};
 use crate::runtime::gather::Gather;
 use crate::runtime::metrics::{DeviceMetrics, QueueMetrics};
+use crate::runtime::packed::PackedWalk;
 use crate::runtime::pass;
 use crate::runtime::qos::Qos;
 use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::ring::{Chain, Ring};
 pub use crate::runtime::split::RingConfig;
 use crate::runtime::split::{HEADS_AHEAD, RingError};
-use crate::runtime::tracking::{Recovery, TrackedQueue};
+use crate::runtime::tracking::{QueueRecord, RecoveredList, Recovery, TrackedQueue};
 
 mod counters;
 mod limit;
@@ -248,7 +249,7 @@ pub struct QueueStart {
     pub handler: MakeHandler,
     /// The queue's in-flight record (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD),
     /// if the frontend gave an area.
-    pub tracking: Option<TrackedQueue>,
+    pub tracking: Option<QueueRecord>,
 }
 
 impl std::fmt::Debug for QueueStart {
@@ -348,45 +349,64 @@ impl ServedQueue {
     /// requests leave the ring and resubmits the ones it had in flight.
     pub fn start(s: QueueStart) -> Result<Self, QueueError> {
         let mut ring = s.ring;
-        let mut vq = Ring::open(&ring, Mapped::new(s.mem.memory().into_inner()).batch())
-            .map_err(QueueError::Ring)?;
+        let mapped = Mapped::new(s.mem.memory().into_inner());
+        let mut vq = Ring::open(&ring, mapped.batch()).map_err(QueueError::Ring)?;
         let mem = s.mem.view();
-        let mut tracking = s.tracking;
-        if vq.split().is_none() && tracking.take().is_some() {
-            warn!(
+        let mut tracking = None;
+        let mut resubmit = Vec::new();
+        let mut resubmit_lists = Vec::new();
+        match (s.tracking, &mut vq) {
+            (Some(QueueRecord::Split(mut t)), Ring::Split(split)) => {
+                if let Recovery::Resumed {
+                    heads,
+                    next_avail,
+                    ignored,
+                } = t.recover(split.next_used())
+                {
+                    if next_avail != ring.next_avail || !heads.is_empty() || ignored > 0 {
+                        info!(
+                            device = s.device.id,
+                            vq = s.key.vq,
+                            in_flight = heads.len(),
+                            ignored,
+                            base = ring.next_avail,
+                            next_avail,
+                            "in-flight record of an earlier run: resubmitting its requests"
+                        );
+                    }
+                    ring.next_avail = next_avail;
+                    split.set_next_avail(next_avail);
+                    resubmit = heads;
+                }
+                tracking = Some(t);
+            }
+            (Some(QueueRecord::Packed(record)), Ring::Packed(q)) => {
+                let base = ring.base();
+                if let Some((lists, ignored)) = q.adopt_record(record, mapped.batch()) {
+                    let (avail, used) = (q.ring().next_avail(), q.ring().next_used());
+                    if avail.encode() != ring.next_avail || !lists.is_empty() || ignored > 0 {
+                        info!(
+                            device = s.device.id,
+                            vq = s.key.vq,
+                            in_flight = lists.len(),
+                            ignored,
+                            base,
+                            avail = avail.encode(),
+                            used = used.encode(),
+                            "in-flight record of an earlier run: resubmitting its requests"
+                        );
+                    }
+                    ring.next_avail = avail.encode();
+                    ring.next_used = used.encode();
+                    resubmit_lists = lists;
+                }
+            }
+            (Some(_), _) => warn!(
                 device = s.device.id,
                 vq = s.key.vq,
-                "packed ring: no in-flight record is kept for it (not implemented), \
-                 so requests in flight when the daemon dies are not resubmitted"
-            );
-        }
-        let mut resubmit = Vec::new();
-        let recovered = match (tracking.as_mut(), vq.split()) {
-            (Some(t), Some(split)) => Some(t.recover(split.next_used())),
-            _ => None,
-        };
-        if let Some(Recovery::Resumed {
-            heads,
-            next_avail,
-            ignored,
-        }) = recovered
-        {
-            if next_avail != ring.next_avail || !heads.is_empty() || ignored > 0 {
-                info!(
-                    device = s.device.id,
-                    vq = s.key.vq,
-                    in_flight = heads.len(),
-                    ignored,
-                    base = ring.next_avail,
-                    next_avail,
-                    "in-flight record of an earlier run: resubmitting its requests"
-                );
-            }
-            ring.next_avail = next_avail;
-            if let Some(split) = vq.split() {
-                split.set_next_avail(next_avail);
-            }
-            resubmit = heads;
+                "in-flight record of the other ring layout: not kept"
+            ),
+            (None, _) => {}
         }
         let handler = (s.handler)(s.key, &ring)?;
         let mut ring_state = Vring {
@@ -419,6 +439,7 @@ impl ServedQueue {
             handler,
         };
         served.resubmit(&resubmit);
+        served.resubmit_lists(&resubmit_lists);
         Ok(served)
     }
 
@@ -442,6 +463,28 @@ impl ServedQueue {
                     m.resubmitted();
                 }
                 q.handler.handle(&mut q.ring, mem, walk);
+            }
+            q.complete_batch(mem);
+        });
+    }
+
+    /// [`Self::resubmit`] for a packed ring: the lists an earlier run had
+    /// in flight, from their recorded descriptors (the ring's may have
+    /// been overwritten by used descriptors since).
+    fn resubmit_lists(&mut self, lists: &[RecoveredList]) {
+        if lists.is_empty() || self.ring.broken {
+            return;
+        }
+        self.with_pass(|q, mem| {
+            q.ring.counters.start_batch();
+            for list in lists {
+                let walk = PackedWalk::recorded(mem, &list.descs);
+                q.ring.counters.taken();
+                if let Some(m) = q.ring.metrics() {
+                    m.resubmitted();
+                }
+                q.handler
+                    .handle(&mut q.ring, mem, Chain::Packed { id: list.id, walk });
             }
             q.complete_batch(mem);
         });

@@ -12,6 +12,7 @@ use crate::runtime::batch::Batch;
 use crate::runtime::chain::{Descriptor, HeadWalk};
 use crate::runtime::packed::{self, PackedConfig, PackedRing, PackedWalk};
 use crate::runtime::split::{RingConfig, RingError, SplitRing};
+use crate::runtime::tracking::{PackedRecord, PackedRecovery, RawDesc, RecoveredList};
 
 /// The descriptors of one chain taken from a ring.
 #[derive(Debug)]
@@ -58,6 +59,11 @@ pub struct PackedQueue {
     counts: Box<[u16]>,
     /// Requests completed and not yet published.
     pending: u16,
+    /// The in-flight record (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD), if
+    /// the frontend gave an area.
+    record: Option<PackedRecord>,
+    /// A list's ring descriptors, copied for the record.
+    scratch: Vec<RawDesc>,
 }
 
 impl PackedQueue {
@@ -66,7 +72,8 @@ impl PackedQueue {
         &self.ring
     }
 
-    /// Takes the next list, recording its length under its ID.
+    /// Takes the next list, recording its length under its ID, and in the
+    /// in-flight record, before its request goes anywhere.
     pub fn pop<'a>(&mut self, mem: Batch<'a>) -> Result<Option<Chain<'a>>, RingError> {
         let Some(p) = self.ring.pop(mem)? else {
             return Ok(None);
@@ -75,10 +82,73 @@ impl PackedQueue {
         if let Some(c) = self.counts.get_mut(usize::from(p.id)) {
             *c = p.count;
         }
+        if let Some(record) = self.record.as_mut() {
+            self.scratch.clear();
+            let mut at = p.first;
+            for _ in 0..p.count {
+                self.scratch.push(self.ring.raw_desc(mem, at)?);
+                at = if at + 1 == self.ring.size() {
+                    0
+                } else {
+                    at + 1
+                };
+            }
+            // A list whose ID is in flight already is a duplicate the
+            // handler answers: not recorded twice.
+            record.taken(p.id, &self.scratch);
+        }
         Ok(Some(Chain::Packed {
             id: p.id,
             walk: p.walk,
         }))
+    }
+
+    /// Keeps an in-flight record from now on, after reading it: the lists
+    /// an earlier run had in flight (to resubmit, each of which takes its
+    /// length under its ID now) and the positions that run left the ring
+    /// at, which this queue continues from. `None`: a new record.
+    pub fn adopt_record(
+        &mut self,
+        mut record: PackedRecord,
+        mem: Batch<'_>,
+    ) -> Option<(Vec<RecoveredList>, usize)> {
+        let ring = &self.ring;
+        let found = record.recover(ring.next_used(), |at| ring.still_available(mem, at));
+        self.record = Some(record);
+        let PackedRecovery::Resumed {
+            lists,
+            avail,
+            used,
+            ignored,
+        } = found
+        else {
+            return None;
+        };
+        if !self.ring.reposition(avail, used) {
+            return None;
+        }
+        for l in &lists {
+            if let Some(c) = self.counts.get_mut(usize::from(l.id)) {
+                *c = u16::try_from(l.descs.len()).unwrap_or(1);
+            }
+        }
+        Some((lists, ignored))
+    }
+
+    /// Links the batch's lists back into the record's free list before
+    /// their used descriptors become visible.
+    fn publishing(&mut self) {
+        if let Some(r) = self.record.as_mut() {
+            r.publishing(self.ring.next_used());
+        }
+    }
+
+    /// Commits the batch in the record once its used descriptors are
+    /// visible.
+    fn published(&mut self) {
+        if let Some(r) = self.record.as_mut() {
+            r.published();
+        }
     }
 }
 
@@ -118,6 +188,8 @@ impl Ring {
             ring,
             counts: vec![1; usize::from(cfg.size)].into_boxed_slice(),
             pending: 0,
+            record: None,
+            scratch: Vec::new(),
         }))
     }
 
@@ -150,7 +222,7 @@ impl Ring {
     }
 
     /// The split ring, for what only a split ring has (its avail index,
-    /// read ahead in batches; the in-flight record; doorbells).
+    /// read ahead in batches; its in-flight record; doorbells).
     pub fn split(&mut self) -> Option<&mut SplitRing> {
         match self {
             Ring::Split(r) => Some(r),
@@ -183,6 +255,9 @@ impl Ring {
                 let count = q.counts.get(usize::from(head)).copied().unwrap_or(1);
                 q.ring.push(mem, head, count, len)?;
                 q.pending = q.pending.wrapping_add(1);
+                if let Some(r) = q.record.as_mut() {
+                    r.completed(head);
+                }
                 Ok(())
             }
         }
@@ -203,7 +278,10 @@ impl Ring {
             Ring::Split(r) => Ok(r.used().publish(mem)?),
             Ring::Packed(q) => {
                 q.pending = 0;
-                q.ring.publish(mem)
+                q.publishing();
+                let notify = q.ring.publish(mem)?;
+                q.published();
+                Ok(notify)
             }
         }
     }
@@ -215,7 +293,9 @@ impl Ring {
         match self {
             Ring::Split(r) => Ok(r.used().publish_index(mem)?),
             Ring::Packed(q) => {
+                q.publishing();
                 q.ring.publish_used(mem)?;
+                q.published();
                 Ok(std::mem::take(&mut q.pending))
             }
         }

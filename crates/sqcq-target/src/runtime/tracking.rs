@@ -40,6 +40,10 @@
 //! can write the area at any time, so heads out of range, loops in the
 //! batch list and any counter values only lose what they describe.
 
+mod packed;
+
+pub use packed::{PackedRecord, PackedRecovery, RawDesc, RecoveredList};
+
 use std::num::Wrapping;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -49,7 +53,7 @@ use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU64, Ordering, fence};
 const DESC_STATE: usize = 16;
 /// Bytes of the `QueueRegionSplit` header.
 const HEADER: usize = 16;
-/// Alignment of each queue region.
+/// Alignment of each queue region (either layout).
 const ALIGN: usize = 64;
 /// The layout version this implements; 0 marks an area nobody used yet.
 pub const VERSION: u16 = 1;
@@ -149,26 +153,90 @@ impl InflightArea {
         })
     }
 
-    /// Whether some queue region was used by an earlier run (a frontend
-    /// handing back the area of a connection that ended).
+    /// The record of packed vring `index` for a ring of `ring_size`
+    /// entries (`tracking::packed`); `None` if the area has no region for
+    /// it (an area sized for split rings only) or its regions are too
+    /// small for the ring.
+    pub fn packed_queue(self: &Arc<Self>, index: usize, ring_size: u16) -> Option<PackedRecord> {
+        if index >= usize::from(self.num_queues) || ring_size > self.queue_size {
+            return None;
+        }
+        let region = packed::region_size(self.queue_size);
+        let offset = index * region;
+        if offset + region > self.len {
+            return None;
+        }
+        let base = NonNull::new(self.ptr.as_ptr().wrapping_add(offset))?;
+        Some(PackedRecord::new(Arc::clone(self), base, ring_size))
+    }
+
+    /// Whether some queue region, of either layout, was used by an
+    /// earlier run (a frontend handing back the area of a connection that
+    /// ended).
     pub fn used_before(&self) -> bool {
-        let region = queue_region_size(self.queue_size);
-        (0..usize::from(self.num_queues)).any(|q| {
-            // SAFETY: within the area (checked in `new`), 2-aligned.
-            let at = self.ptr.as_ptr().wrapping_add(q * region + OFF_VERSION);
-            // SAFETY: within the area (checked in `new`), 2-aligned.
-            let version = unsafe { AtomicU16::from_ptr(at.cast()) };
-            u16::from_le(version.load(Ordering::Relaxed)) == VERSION
+        [
+            queue_region_size(self.queue_size),
+            packed::region_size(self.queue_size),
+        ]
+        .into_iter()
+        .any(|region| {
+            (0..usize::from(self.num_queues))
+                .map(|q| q * region + OFF_VERSION)
+                .take_while(|&at| at + 2 <= self.len)
+                .any(|at| {
+                    // SAFETY: within the area (`at + 2 <= len`), 2-aligned.
+                    let version =
+                        unsafe { AtomicU16::from_ptr(self.ptr.as_ptr().wrapping_add(at).cast()) };
+                    u16::from_le(version.load(Ordering::Relaxed)) == VERSION
+                })
         })
+    }
+
+    /// Bytes an area needs for `num_queues` queues of up to `queue_size`
+    /// entries, `packed` or split.
+    pub fn size_for(num_queues: u16, queue_size: u16, packed: bool) -> usize {
+        let region = if packed {
+            packed::region_size(queue_size)
+        } else {
+            queue_region_size(queue_size)
+        };
+        region * usize::from(num_queues)
     }
 
     /// Forgets every record (the device was reset: nothing it had taken
     /// is to be resubmitted).
     pub fn clear(&self) {
-        let need = queue_region_size(self.queue_size) * usize::from(self.num_queues);
+        let need = Self::size_for(self.num_queues, self.queue_size, true).min(self.len);
         // SAFETY: within the area (checked in `new`); the queues are
         // stopped, so no worker writes it now.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, need) };
+    }
+}
+
+/// One queue's in-flight record, in its ring's layout.
+#[derive(Debug)]
+pub enum QueueRecord {
+    /// A split ring's.
+    Split(TrackedQueue),
+    /// A packed ring's.
+    Packed(PackedRecord),
+}
+
+impl InflightArea {
+    /// The record of vring `index` for a ring of `ring_size` entries, in
+    /// the layout of a `packed` or split ring; `None` if the area has no
+    /// region for it.
+    pub fn record(
+        self: &Arc<Self>,
+        index: usize,
+        ring_size: u16,
+        packed: bool,
+    ) -> Option<QueueRecord> {
+        if packed {
+            self.packed_queue(index, ring_size).map(QueueRecord::Packed)
+        } else {
+            self.queue(index, ring_size).map(QueueRecord::Split)
+        }
     }
 }
 

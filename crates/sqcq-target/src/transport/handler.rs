@@ -29,7 +29,7 @@ use virtio_bindings::bindings::virtio_ring::{
 use crate::runtime::eventfd::{FdRole, PeerEventFd, Signal};
 use crate::runtime::guest::{DirtyLog, GuestMem};
 use crate::runtime::metrics::DeviceMetrics;
-use crate::runtime::tracking::{InflightArea, queue_region_size};
+use crate::runtime::tracking::InflightArea;
 use crate::transport::backend_channel::BackendChannel;
 use crate::transport::session::Session;
 use crate::transport::shared_map::{SharedMap, sealed_memfd};
@@ -414,7 +414,13 @@ impl VhostUserBackendReqHandlerMut for Session {
         inflight: &VhostUserInflight,
     ) -> Result<(VhostUserInflight, File)> {
         let (num_queues, queue_size) = self.inflight_shape(inflight)?;
-        let len = u64::try_from(queue_region_size(queue_size) * usize::from(num_queues))
+        // Room for packed regions (twice a split ring's) when packed rings
+        // may be negotiated: QEMU asks after SET_FEATURES, but nothing
+        // says every frontend does.
+        let packed = self.offered_features()
+            & (1 << virtio_bindings::bindings::virtio_config::VIRTIO_F_RING_PACKED)
+            != 0;
+        let len = u64::try_from(InflightArea::size_for(num_queues, queue_size, packed))
             .map_err(|_| Error::InvalidParam)?;
         let file = sealed_memfd(c"sqcq-inflight", len).map_err(|e| {
             warn!(

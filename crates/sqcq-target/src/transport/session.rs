@@ -561,7 +561,7 @@ impl Session {
             tracking: self
                 .inflight
                 .as_ref()
-                .and_then(|a| a.queue(index, ring.size)),
+                .and_then(|a| a.record(index, ring.size, ring.packed)),
         };
         let deadline = self.pool.deadline(QUEUE_STOP_TIMEOUT);
         let result = self.pool.call(
