@@ -105,6 +105,9 @@ SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
 stage "guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1; the default --poll auto, and --poll kick)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --daemon-extra "--poll kick"
+stage "guest: packed rings (QEMU packed=on, sqcqd --packed): restart under fio (the packed in-flight record) and live migration"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --packed
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --packed
 stage "guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: --poll auto, --poll kick; the SQCQ_POLL guest over scsi), on the project's QEMU, the two RAMs compared"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll kick"

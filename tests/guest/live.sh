@@ -36,6 +36,8 @@ usage: scripts/guest-test.sh --restart|--migrate [options]
                         vhost-user-scsi)
   --sqcq                the VIRTIO_F_SQCQ_POLL guest and QEMU (as for the
                         suite: patches/linux, patches/qemu; implies --scsi)
+  --packed              packed rings: QEMU's packed=on, sqcqd --packed (the
+                        daemon's in-flight record of a packed ring)
   --daemon-extra ARGS   more sqcqd options (e.g. '--poll ring')
   --spin-max-us N       longest spin window of both sides' pollers, µs
                         (default with --sqcq: 5000)
@@ -50,7 +52,7 @@ Env: SQCQD (path of sqcqd), SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_SHUTDOWN
 EOF
 }
 
-kind="" restarts=3 mib=64 dev=blk sqcq=0 daemon_extra="" spin_max_us="" qemu="" keep=0 rbd=0
+kind="" restarts=3 mib=64 dev=blk sqcq=0 packed=0 daemon_extra="" spin_max_us="" qemu="" keep=0 rbd=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --restart) kind=restart ;;
@@ -59,6 +61,7 @@ while [ $# -gt 0 ]; do
     --mib) mib="$2"; shift ;;
     --scsi) dev=scsi ;;
     --sqcq) sqcq=1 dev=scsi ;;
+    --packed) packed=1 ;;
     --daemon-extra) daemon_extra="$2"; shift ;;
     --spin-max-us) spin_max_us="$2"; shift ;;
     --qemu) qemu="$2"; shift ;;
@@ -116,6 +119,10 @@ if [ "$sqcq" = 1 ]; then
     dev_opts=",sqcq_poll=on"
     : "${spin_max_us:=5000}"
     case " $daemon_extra " in *" --no-sqcq "*) ;; *) expect_sqcq=on queue_mode=sqcq ;; esac
+fi
+if [ "$packed" = 1 ]; then
+    dev_opts="$dev_opts,packed=on"
+    daemon_extra="$daemon_extra --packed"
 fi
 # A migration runs on the project's QEMU too, whatever the guest: Debian
 # 12's 7.2 loses vCPU writes under TCG when an idle vCPU keeps a TLB entry
@@ -553,6 +560,16 @@ if [ "$kind" = restart ]; then
             check restart/resubmit PASS "requests resubmitted per restarted sqcqd: $r (kills not timed: no blkio cgroup)"
         else
             check restart/resubmit SKIP "no request resubmitted ($r); kills not timed (no blkio cgroup for the image's disk), the daemon may have held none"
+        fi
+        if [ "$packed" = 1 ]; then
+            # A packed ring's record gives the positions it continues at
+            # (avail= used=); a split ring's its next avail index.
+            p=$(cat "$work"/d.*.log 2>/dev/null | grep -c "resubmitting.* used=" || true)
+            if [ "$p" -gt 0 ]; then
+                check restart/packed PASS "$p queue starts continued from a packed ring's in-flight record"
+            else
+                check restart/packed FAIL "no queue start read a packed ring's in-flight record"
+            fi
         fi
         read -r m c < <(queue_modes d)
         if [ "$m" = "$queue_mode" ] && [ "$c" -gt 0 ]; then
