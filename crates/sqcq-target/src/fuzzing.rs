@@ -447,7 +447,7 @@ impl ChainHarness {
 /// Input: `[queue_size_log2][ring_log2][used_idx: u16 le][ops_len: u8]
 /// [ops..][area bytes..]`; an op is `[kind: u8][head: u8]`.
 pub fn inflight_record(data: &[u8]) {
-    use crate::runtime::tracking::{InflightArea, Recovery, queue_region_size};
+    use crate::runtime::tracking::{Recovery, queue_region_size};
     let [qs_log2, ring_log2, u0, u1, ops_len, rest @ ..] = data else {
         return;
     };
@@ -456,16 +456,7 @@ pub fn inflight_record(data: &[u8]) {
     let mut used = u16::from_le_bytes([*u0, *u1]);
     let (ops, bytes) = rest.split_at(usize::from(*ops_len).min(rest.len()) & !1);
     let len = queue_region_size(queue_size);
-    let mut padded = bytes.iter().copied().take(len).collect::<Vec<u8>>();
-    padded.resize(len, 0);
-    let mut words: Box<[u64]> = padded
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect();
-    let ptr = std::ptr::NonNull::new(words.as_mut_ptr().cast::<u8>()).expect("a live allocation");
-    // SAFETY: `words` lives (moved into the keeper) as long as the area.
-    let area = unsafe { InflightArea::new(ptr, len, 1, queue_size, Box::new(words)) };
-    let Ok(area) = area.map(Arc::new) else {
+    let Some(area) = area_of(bytes, len, queue_size) else {
         return;
     };
     let check = |r: Recovery, used: u16| {
@@ -509,6 +500,27 @@ pub fn inflight_record(data: &[u8]) {
     }
 }
 
+/// An in-flight area of `len` bytes for one queue of `queue_size`
+/// entries holding `bytes` (zeros after them), in memory of its own.
+fn area_of(
+    bytes: &[u8],
+    len: usize,
+    queue_size: u16,
+) -> Option<Arc<crate::runtime::tracking::InflightArea>> {
+    let mut padded = bytes.iter().copied().take(len).collect::<Vec<u8>>();
+    padded.resize(len, 0);
+    let mut words: Box<[u64]> = padded
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let ptr = std::ptr::NonNull::new(words.as_mut_ptr().cast::<u8>()).expect("a live allocation");
+    // SAFETY: `words` lives (moved into the keeper) as long as the area.
+    let area = unsafe {
+        crate::runtime::tracking::InflightArea::new(ptr, len, 1, queue_size, Box::new(words))
+    };
+    area.ok().map(Arc::new)
+}
+
 /// [`inflight_record`] for a packed ring's record
 /// (`runtime::tracking::packed`): arbitrary bytes in the area, recovered
 /// (with an arbitrary answer to "is the descriptor at the old used
@@ -534,16 +546,7 @@ pub fn packed_inflight_record(data: &[u8]) {
     };
     let (ops, bytes) = rest.split_at((usize::from(*ops_len) * 3).min(rest.len()));
     let len = InflightArea::size_for(1, queue_size, true);
-    let mut padded = bytes.iter().copied().take(len).collect::<Vec<u8>>();
-    padded.resize(len, 0);
-    let mut words: Box<[u64]> = padded
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect();
-    let ptr = std::ptr::NonNull::new(words.as_mut_ptr().cast::<u8>()).expect("a live allocation");
-    // SAFETY: `words` lives (moved into the keeper) as long as the area.
-    let area = unsafe { InflightArea::new(ptr, len, 1, queue_size, Box::new(words)) };
-    let Ok(area) = area.map(Arc::new) else {
+    let Some(area) = area_of(bytes, len, queue_size) else {
         return;
     };
     // Lists in flight, as the record should give them back: ID and

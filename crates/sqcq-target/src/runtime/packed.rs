@@ -310,33 +310,9 @@ impl PackedRing {
     /// The ring descriptor at offset `off`, as the driver wrote it (for
     /// the in-flight record, `runtime::tracking::packed`).
     pub fn raw_desc(&self, mem: Batch<'_>, off: u16) -> Result<RawDesc, RingError> {
-        let raw = mem
-            .read_bytes::<16>(self.layout.slot(off))
-            .map_err(RingError::Memory)?;
-        let [
-            a0,
-            a1,
-            a2,
-            a3,
-            a4,
-            a5,
-            a6,
-            a7,
-            l0,
-            l1,
-            l2,
-            l3,
-            i0,
-            i1,
-            f0,
-            f1,
-        ] = raw;
-        Ok(RawDesc {
-            addr: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
-            len: u32::from_le_bytes([l0, l1, l2, l3]),
-            id: u16::from_le_bytes([i0, i1]),
-            flags: u16::from_le_bytes([f0, f1]),
-        })
+        mem.read_bytes::<16>(self.layout.slot(off))
+            .map(RawDesc::decode)
+            .map_err(RingError::Memory)
     }
 
     /// Whether the descriptor at `at` is still available on `at`'s lap
@@ -512,13 +488,8 @@ impl<'a> PackedWalk<'a> {
     }
 
     fn read(&self, gpa: u64) -> Option<(u64, u32, u16)> {
-        let raw = self.mem.read_bytes::<16>(gpa).ok()?;
-        let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, _, _, f0, f1] = raw;
-        Some((
-            u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
-            u32::from_le_bytes([l0, l1, l2, l3]),
-            u16::from_le_bytes([f0, f1]),
-        ))
+        let d = RawDesc::decode(self.mem.read_bytes::<16>(gpa).ok()?);
+        Some((d.addr, d.len, d.flags))
     }
 
     fn yield_desc(&mut self, addr: u64, len: u32, flags: u16, more: bool) -> Option<Descriptor> {

@@ -109,6 +109,37 @@ pub struct RawDesc {
     pub flags: u16,
 }
 
+impl RawDesc {
+    /// The descriptor of its 16 little-endian bytes (a packed ring's
+    /// layout: `addr`, `len`, `id`, `flags`).
+    pub fn decode(raw: [u8; 16]) -> Self {
+        let [
+            a0,
+            a1,
+            a2,
+            a3,
+            a4,
+            a5,
+            a6,
+            a7,
+            l0,
+            l1,
+            l2,
+            l3,
+            i0,
+            i1,
+            f0,
+            f1,
+        ] = raw;
+        RawDesc {
+            addr: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+            len: u32::from_le_bytes([l0, l1, l2, l3]),
+            id: u16::from_le_bytes([i0, i1]),
+            flags: u16::from_le_bytes([f0, f1]),
+        }
+    }
+}
+
 /// A list an earlier run had in flight.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecoveredList {
