@@ -432,12 +432,12 @@ mod tests {
     /// An area in a heap buffer (the daemon maps a memfd).
     fn area(num_queues: u16, queue_size: u16) -> Arc<InflightArea> {
         let len = queue_region_size(queue_size) * usize::from(num_queues);
-        let buf: Box<[u64]> = vec![0u64; len / 8].into_boxed_slice();
-        let buf = Box::leak(buf);
+        let mut buf: Box<[u64]> = vec![0u64; len / 8].into_boxed_slice();
         let ptr = NonNull::new(buf.as_mut_ptr().cast::<u8>()).unwrap();
-        // SAFETY: the leaked buffer lives for ever and is 8-aligned.
+        // SAFETY: the buffer, 8-aligned, moves into the area as its keeper
+        // (a boxed slice's heap block does not move with the box).
         Arc::new(
-            unsafe { InflightArea::new(ptr, len, num_queues, queue_size, Box::new(())) }.unwrap(),
+            unsafe { InflightArea::new(ptr, len, num_queues, queue_size, Box::new(buf)) }.unwrap(),
         )
     }
 
