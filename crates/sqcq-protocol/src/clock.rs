@@ -11,8 +11,10 @@
 //! invariant (CPUID 0x8000_0007 EDX bit 8: constant rate, runs in every
 //! C-state) and the kernel chose `tsc` as its clocksource (so it found the
 //! counters of all CPUs in step). Its rate is measured once against
-//! `CLOCK_MONOTONIC` over [`CALIBRATION`]; after that a read is `rdtsc`, a
-//! subtraction and a 64x64-bit multiply. Anything else (another
+//! `CLOCK_MONOTONIC` over [`CALIBRATION`], each end a TSC reading
+//! bracketed by two monotonic ones, the narrowest of a few (so that a
+//! preemption between the reads does not skew it); after that a read is
+//! `rdtsc`, a subtraction and a 64x64-bit multiply. Anything else (another
 //! architecture, a hypervisor clock, `SQCQ_CLOCK=monotonic` in the
 //! environment) reads `CLOCK_MONOTONIC`, as before.
 //!
@@ -105,14 +107,45 @@ fn monotonic_ns(origin: Instant) -> u64 {
     u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Tries of [`paired`] at each end of the calibration.
+const PAIR_TRIES: usize = 16;
+
 fn calibrate(origin: Instant) -> Option<TscScale> {
-    let (t0, c0) = (monotonic_ns(origin), tsc::read());
-    let (mut t1, mut c1) = (t0, c0);
-    while t1 - t0 < u64::try_from(CALIBRATION.as_nanos()).unwrap_or(u64::MAX) {
+    let (t0, c0) = paired(origin)?;
+    let window = u64::try_from(CALIBRATION.as_nanos()).unwrap_or(u64::MAX);
+    while monotonic_ns(origin).saturating_sub(t0) < window {
         std::hint::spin_loop();
-        (t1, c1) = (monotonic_ns(origin), tsc::read());
     }
-    TscScale::measured(c1, t1, c1.checked_sub(c0)?, t1 - t0)
+    let (t1, c1) = paired(origin)?;
+    TscScale::measured(c1, t1, c1.checked_sub(c0)?, t1.checked_sub(t0)?)
+}
+
+/// The two counters read at one moment: a TSC reading between two
+/// monotonic ones, the narrowest of [`PAIR_TRIES`], dated at the middle
+/// of its bracket. Read one after the other, a preemption between the
+/// two reads would date the TSC reading late by as long as it lasted
+/// (once, under ASan on a loaded 2-CPU machine, enough to make the rate
+/// a few tenths of a percent off over [`CALIBRATION`]); a bracket that a
+/// preemption widened is not the narrowest.
+fn paired(origin: Instant) -> Option<(u64, u64)> {
+    narrowest((0..PAIR_TRIES).map(|_| {
+        let before = monotonic_ns(origin);
+        let tsc = tsc::read();
+        (before, tsc, monotonic_ns(origin))
+    }))
+}
+
+/// Of `(before, tsc, after)` readings, the TSC reading whose bracket
+/// `after - before` is narrowest, with the middle of that bracket; the
+/// first of equals. `None` without a reading.
+fn narrowest(readings: impl Iterator<Item = (u64, u64, u64)>) -> Option<(u64, u64)> {
+    readings
+        .map(|(before, tsc, after)| {
+            let width = after.saturating_sub(before);
+            (width, before.saturating_add(width / 2), tsc)
+        })
+        .min_by_key(|&(width, ..)| width)
+        .map(|(_, ns, tsc)| (ns, tsc))
 }
 
 /// Nanoseconds since the first call in the process, never decreasing on
@@ -196,6 +229,17 @@ mod tests {
         let ns = s.ns(1_000 + 3_000_000_000) - 500;
         assert!(ns.abs_diff(1_000_000_000) < 2, "{ns}");
         assert_eq!(s.ns(0), 500, "a reading before the base is the base");
+    }
+
+    #[test]
+    fn a_reading_is_dated_by_its_narrowest_bracket() {
+        // The second was preempted between its reads (a 40 us bracket).
+        let readings = [(1_000, 7, 1_200), (5_000, 9, 45_000), (50_000, 11, 50_080)];
+        assert_eq!(narrowest(readings.into_iter()), Some((50_040, 11)));
+        // The first of equal brackets; none without a reading.
+        let ties = [(0, 1, 100), (500, 2, 600)];
+        assert_eq!(narrowest(ties.into_iter()), Some((50, 1)));
+        assert_eq!(narrowest(std::iter::empty()), None);
     }
 
     #[test]
