@@ -123,9 +123,9 @@ fn calibrate(origin: Instant) -> Option<TscScale> {
 /// The two counters read at one moment: a TSC reading between two
 /// monotonic ones, the narrowest of [`PAIR_TRIES`], dated at the middle
 /// of its bracket. Read one after the other, a preemption between the
-/// two reads would date the TSC reading late by as long as it lasted
-/// (once, under ASan on a loaded 2-CPU machine, enough to make the rate
-/// a few tenths of a percent off over [`CALIBRATION`]); a bracket that a
+/// two reads would date the TSC reading late by as long as it lasted,
+/// and skew the rate measured over [`CALIBRATION`] with it
+/// (docs/benchmarks.md, "The TSC clock's calibration"); a bracket that a
 /// preemption widened is not the narrowest.
 fn paired(origin: Instant) -> Option<(u64, u64)> {
     narrowest((0..PAIR_TRIES).map(|_| {

@@ -61,9 +61,9 @@ fn reads(socket: &Path, len: u32, for_: Duration) -> (u64, Duration) {
 /// The most a limit of `per_second` with `burst` lets through in
 /// `elapsed`: the burst, then the rate (and the one request the clock
 /// lets go at its start). `elapsed` is this process's clock; the daemon
-/// paces by its own (the TSC, calibrated at start), which may run up to
-/// 1% apart: without that margin a run under ASan once counted 164
-/// reads against a bound of 163.8.
+/// paces by its own (the TSC, calibrated at start), which may run apart
+/// by a fraction of a percent on a loaded machine: the bound allows 1%
+/// (docs/benchmarks.md, "The TSC clock's calibration").
 fn most(per_second: f64, burst: Duration, elapsed: Duration) -> f64 {
     per_second * (elapsed.mul_f64(1.01) + burst).as_secs_f64() + 1.0
 }
