@@ -1,31 +1,66 @@
 #!/usr/bin/env bash
-# Builds the QEMU of the guest suite's VIRTIO_F_SQCQ_POLL runs: Debian 12's
-# own source package of the installed qemu-system-x86 (fetched with the
-# ordinary apt client, scripts/enable-deb-src.sh), with the patches of
-# patches/qemu/ applied, configured with the least that runs the suite
-# (x86_64 system emulation, TCG, vhost-user; firmware from Debian's
-# qemu-system-data and seabios packages).
+# Builds the QEMU of the guest suite's VIRTIO_F_SQCQ_POLL runs from
+# Debian's own source package, with the patch series for that QEMU
+# applied (patches/qemu/SERIES/), configured with the least that runs the
+# suite (x86_64 system emulation, TCG, vhost-user; firmware from Debian's
+# qemu-system-data and seabios packages):
+#
+#   7.2   Debian 12's: the source of the installed qemu-system-x86 (the
+#         default)
+#   10.0  bookworm-backports': its source package, fetched with the
+#         ordinary apt client (scripts/lib/backports.sh enables the suite,
+#         source entries included); built with the backports' meson,
+#         unpacked beside it, not installed (QEMU 10 needs meson 1.5,
+#         Debian 12 has 1.0). When the Debian packaging tarball of the
+#         backport cannot be fetched, the upstream tarball of the same
+#         source package is built as it is.
 #
 # Cached under $(cache_dir qemu)/KEY/ (scripts/lib/cache.sh: /var/cache/sqcq
 # as root), KEY = source version + patches + configure options: a rerun
-# with nothing changed costs one dpkg query and a hash.
+# with nothing changed costs a dpkg or apt query and a hash.
 #
-#   scripts/build-qemu.sh      prints the path of qemu-system-x86_64
+#   scripts/build-qemu.sh [7.2|10.0]    prints the path of qemu-system-x86_64
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=scripts/lib/packages.sh
 source "$repo/scripts/lib/packages.sh"
+# shellcheck source=scripts/lib/backports.sh
+source "$repo/scripts/lib/backports.sh"
 cd "$repo"
 log() { echo "build-qemu: $*" >&2; }
 
-# The source version of the installed binary package (no binNMU suffix).
-version="$(dpkg-query -W -f='${source:Version}' qemu-system-x86 2>/dev/null || true)"
-[ -n "$version" ] || { log "qemu-system-x86 is not installed"; exit 1; }
+series="${1:-7.2}"
+case "$series" in
+7.2)
+    # The source version of the installed binary package (no binNMU suffix).
+    version="$(dpkg-query -W -f='${source:Version}' qemu-system-x86 2>/dev/null || true)"
+    [ -n "$version" ] || { log "qemu-system-x86 is not installed"; exit 1; }
+    ;;
+10.0)
+    enable_backports build-qemu
+    version="$(backports_version qemu)"
+    [ -n "$version" ] || { log "no qemu source in bookworm-backports (apt-get update?)"; exit 1; }
+    ;;
+*) log "unknown QEMU series '$series' (7.2 or 10.0)"; exit 2 ;;
+esac
+case "$version" in
+    *:"$series"*) ;;
+    *) log "the $series series found QEMU $version"; exit 1 ;;
+esac
+# the series without its cover letter
+patches=()
+for p in patches/qemu/"$series"/0*.patch; do
+    case "$p" in */0000-*) ;; *) [ -e "$p" ] && patches+=("$p") ;; esac
+done
+[ "${#patches[@]}" -gt 0 ] || { log "no patches in patches/qemu/$series"; exit 1; }
 configure_opts=(--target-list=x86_64-softmmu
     --without-default-features --enable-tcg --enable-vhost-user
     --disable-docs --disable-werror
     --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu)
-key="$( { echo "$version ${configure_opts[*]} qemu-system-x86_64"; cat patches/qemu/*.patch; } |
+# (the firmware blobs are stripped from Debian's +ds tarball of 10.0; the
+# suite's come from qemu-system-data and seabios)
+[ "$series" = 7.2 ] || configure_opts+=(--disable-install-blobs)
+key="$( { echo "$version ${configure_opts[*]} qemu-system-x86_64"; cat "${patches[@]}"; } |
     sha256sum | cut -c1-16)"
 # shellcheck source=scripts/lib/cache.sh
 source "$repo/scripts/lib/cache.sh"
@@ -40,16 +75,33 @@ ensure_packages build-qemu dpkg-dev meson ninja-build pkg-config python3-venv \
     libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev patch
 scripts/enable-deb-src.sh
 
-log "building QEMU $version with patches/qemu (key $key)"
+log "building QEMU $version with patches/qemu/$series (key $key)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/sqcq-qemu.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+if [ "$series" = 10.0 ]; then
+    # QEMU 10's configure wants meson >= 1.5 and pycotap (the wheels in
+    # its tarball are stripped from Debian's +ds source): the backports'
+    # packages, unpacked, found by configure's Python through PYTHONPATH.
+    for pkg in meson python3-pycotap; do
+        (cd "$work" && apt-get download -qq "$pkg=$(backports_version "$pkg")" 2>/dev/null &&
+            dpkg-deb -x "${pkg}"_*.deb pydeps) || { log "cannot fetch $pkg from bookworm-backports"; exit 1; }
+    done
+    export PYTHONPATH="$work/pydeps/usr/lib/python3/dist-packages${PYTHONPATH:+:$PYTHONPATH}"
+    export PATH="$work/pydeps/usr/bin:$PATH"
+fi
 (
     cd "$work"
     unpack_qemu_source "$version"
     cd src
-    for p in "$repo"/patches/qemu/*.patch; do
-        patch -p1 --quiet --forward < "$p" || { log "$(basename "$p") does not apply"; exit 1; }
+    for p in "${patches[@]}"; do
+        patch -p1 --quiet --forward < "$repo/$p" || { log "$(basename "$p") does not apply"; exit 1; }
     done
+    if [ "$series" = 10.0 ]; then
+        # pc-bios/meson.build names the edk2 images that the +ds tarball
+        # strips: empty stand-ins, never built (only the emulator is)
+        grep -o "'edk2-[a-z0-9_-]*\.fd'" pc-bios/meson.build | tr -d "'" |
+            while read -r f; do [ -e "pc-bios/$f.bz2" ] || : > "pc-bios/$f.bz2"; done
+    fi
     mkdir build && cd build
     ../configure --prefix="$out" "${configure_opts[@]}" \
         > "$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }

@@ -6,35 +6,20 @@
 # wrapper that points QEMU at its own firmware (-L). Prints the wrapper's
 # path. The guest tests take it as --qemu PATH (tests/guest/live.sh).
 #
-# The backports suite is enabled when missing, derived from the machine's
-# own apt sources (the same URIs and keys; no host is named here), as
-# scripts/enable-deb-src.sh does for source packages. Backports are not
-# installed by default (apt pins them at 100): nothing else changes.
+# The backports suite is enabled when missing (scripts/lib/backports.sh),
+# derived from the machine's own apt sources (the same URIs and keys; no
+# host is named here). Backports are not installed by default (apt pins
+# them at 100): nothing else changes.
 # Its libraries come from bookworm; the script fails when one is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "qemu-backports: $*" >&2; }
 
+# shellcheck source=scripts/lib/backports.sh
+source scripts/lib/backports.sh
+enable_backports qemu-backports
 suite=bookworm-backports
-list=/etc/apt/sources.list.d/sqcq-backports.sources
-has_suite() { grep -rqsE "^(Suites:.*|deb .*)[[:space:]]$suite([[:space:]]|$)" /etc/apt/sources.list /etc/apt/sources.list.d/; }
-if ! has_suite; then
-    [ "$(id -u)" = 0 ] || { log "no $suite entry and not root: add one to use it"; exit 1; }
-    : > "$list.tmp"
-    for f in /etc/apt/sources.list.d/*.sources; do
-        [ -e "$f" ] && [ "$f" != "$list" ] || continue
-        # the deb stanza of bookworm itself, for bookworm-backports
-        awk -v s="$suite" 'BEGIN { RS = ""; ORS = "\n\n" }
-             /(^|\n)Types:[ \t]*deb([ \t]|\n|$)/ && /(^|\n)Suites:[^\n]*[ \t]bookworm([ \t]|\n|$)/ &&
-             !/(^|\n)Enabled:[ \t]*no/ { sub(/(^|\n)Suites:[^\n]*/, "\nSuites: " s); print }' "$f" >> "$list.tmp"
-    done
-    if [ -s "$list.tmp" ]; then mv "$list.tmp" "$list"; else rm -f "$list.tmp"; fi
-    has_suite || { log "found no bookworm deb entry to derive $suite from"; exit 1; }
-    log "$suite enabled ($list)"
-    apt-get update -qq
-fi
-
-version=$(apt-cache madison qemu-system-x86 | awk -v s="$suite" '$0 ~ s "/" { print $3; exit }')
+version=$(backports_version qemu-system-x86)
 [ -n "$version" ] || { log "no qemu-system-x86 in $suite (apt-get update?)"; exit 1; }
 out="$PWD/target/qemu-backports/${version//[:~+]/_}"
 wrapper="$out/qemu-system-x86_64"

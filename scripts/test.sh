@@ -8,9 +8,10 @@
 # 3-minute soak (scripts/soak.sh), every fuzz target for a while, the
 # Debian package installed and its service run, and Linux
 # guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
-# (patches/linux, patches/qemu); sqcqd killed and restarted, and the guest
-# migrated, under a verified fio load; the guest on Ceph RBD disks, and
-# migrated between two sqcqd on one RBD image.
+# over virtio-scsi and virtio-blk (patches/linux, patches/qemu), on Debian
+# 12's 6.1 and 6.12 kernels and on QEMU 7.2 and 10.0; sqcqd killed and
+# restarted, and the guest migrated, under a verified fio load; the guest
+# on Ceph RBD disks, and migrated between two sqcqd on one RBD image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -90,7 +91,7 @@ stage "guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
 cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 rm -f target/guest/measure.txt
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll kick" --measure --label classic
-stage "guest: VIRTIO_F_SQCQ_POLL in Linux (patches/linux) through QEMU (patches/qemu)"
+stage "guest: VIRTIO_F_SQCQ_POLL in Linux (patches/linux/6.1) through QEMU (patches/qemu/7.2)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --measure --label sqcq
 stage "guest: VIRTIO_F_SQCQ_POLL on packed rings (QEMU packed=on, sqcqd --packed, patch 8)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --packed --measure --label sqcq-packed --only-run1
@@ -98,20 +99,33 @@ stage "guest: backpressure: the SQCQ_POLL guest on file disks while the host lim
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --backpressure --only-run1
 stage "guest: the same guest and QEMU against sqcqd --no-sqcq: classic virtio"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --daemon-extra --no-sqcq --only-run1
-stage "guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk"
+stage "guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk: Debian's (the default --poll auto; --poll kick and --poll ring counted), and the patched one with VIRTIO_F_SQCQ_POLL (patches 9-10, QEMU patch 4)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --daemon-extra "--poll kick" --measure --label blk-classic --only-run1
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --daemon-extra "--poll ring" --spin-max-us 5000 \
+    --measure --label blk-ring-poll --only-run1
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --sqcq --measure --label blk-sqcq
 stage "libvirt: the blk guest as a libvirt domain with two <disk type='vhostuser'>"
 SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
-stage "guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1; the default --poll auto, and --poll kick)"
+stage "guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1; the default --poll auto, --poll kick, and the SQCQ_POLL virtio_blk)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --daemon-extra "--poll kick"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --sqcq
 stage "guest: packed rings (QEMU packed=on, sqcqd --packed): restart under fio (the packed in-flight record) and live migration"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --packed
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --packed
-stage "guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: --poll auto, --poll kick; the SQCQ_POLL guest over scsi), on the project's QEMU, the two RAMs compared"
+stage "guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: --poll auto, --poll kick; the SQCQ_POLL guest over blk and over scsi), on the project's QEMU, the two RAMs compared"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll kick"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq --scsi
+stage "guest: the series on Debian 12's 6.12 kernel line (patches/linux/6.12; the guest's kernel built from Debian's linux-source-6.12, the series also compiled with Debian's 6.12 configuration), SCSI and blk with bit 42; Debian's 6.12 kernel as shipped without it"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --kernel 6.12 --measure --label sqcq-6.12 --only-run1
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --sqcq --kernel 6.12 --measure --label blk-sqcq-6.12 --only-run1
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --kernel 6.12 --only-run1
+stage "guest: QEMU 10.0 (bookworm-backports' source, patches/qemu/10.0): the SQCQ_POLL guest over vhost-user-scsi, and sqcqd killed and restarted under fio behind vhost-user-scsi's reconnect (QEMU 8.2 and later)"
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --qemu-version 10.0 --only-run1
+SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --sqcq --scsi --qemu-version 10.0
 stage "guest: on Ceph RBD images of the test cluster: vhost-user-blk (every check; resized with rbd resize in the cluster), vhost-user-scsi (run1), the blk guest migrated between two sqcqd on one image (lock hand-over) and restarted three times after kill -9 (lock take-over)"
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --rbd
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --rbd --only-run1

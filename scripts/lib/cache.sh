@@ -21,9 +21,20 @@ cache_dir() {
 
 # unpack_qemu_source VERSION: fetches Debian's qemu source package of
 # VERSION with the ordinary apt client (scripts/enable-deb-src.sh first)
-# into the current folder and unpacks it into ./src.
+# into the current folder and unpacks it into ./src, Debian's patches
+# applied. When only the upstream tarball of the package can be fetched
+# (bookworm-backports' packaging tarball is not served everywhere), that
+# tarball alone, as QEMU released it, and says so.
 unpack_qemu_source() {
     apt-get source -qq --download-only "qemu=$1" >/dev/null 2>&1 ||
-        apt-get source --download-only "qemu=$1"
-    dpkg-source -x ./*.dsc src >/dev/null
+        apt-get source --download-only "qemu=$1" >&2 || true
+    if [ -e ./*.dsc ] && [ -e ./*.debian.tar.* ]; then
+        dpkg-source -x ./*.dsc src >/dev/null
+    elif [ -e ./*.orig.tar.* ]; then
+        echo "unpack_qemu_source: Debian's packaging of qemu $1 could not be fetched: building its upstream tarball as released" >&2
+        mkdir src && tar -xf ./*.orig.tar.* -C src --strip-components=1
+    else
+        echo "unpack_qemu_source: could not fetch the source of qemu $1" >&2
+        return 1
+    fi
 }

@@ -11,9 +11,13 @@
 #
 # Usage: tests/guest/build-initramfs.sh OUTDIR [MODULES_DIR]
 #   prints two lines: "kernel PATH" and "initrd PATH"
-# MODULES_DIR (scripts/build-guest-modules.sh) holds modules that replace
-# Debian's of the same name (the VIRTIO_F_SQCQ_POLL guest); they are part
-# of the cache key.
+# The kernel is Debian's of the series $SQCQ_GUEST_KERNEL
+# (scripts/lib/guest-kernel.sh: 6.1 by default, or 6.12). MODULES_DIR
+# (scripts/build-guest-modules.sh) holds modules that replace Debian's of
+# the same name (the VIRTIO_F_SQCQ_POLL guest); when it also holds a
+# vmlinuz (the 6.12 series), that kernel runs instead, with only the
+# modules of MODULES_DIR (builtin.list names those built into it). They
+# are part of the cache key.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: build-initramfs.sh OUTDIR [MODULES_DIR]}"
@@ -22,12 +26,15 @@ mkdir -p "$out"
 
 log() { echo "guest-build: $*" >&2; }
 
-# The kernel: the newest one with both a vmlinuz and a module tree.
-kver=""
-for d in $(ls -1 /lib/modules 2>/dev/null | sort -V); do
-    [ -r "/boot/vmlinuz-$d" ] && [ -r "/lib/modules/$d/modules.dep" ] && kver="$d"
-done
-[ -n "$kver" ] || { log "no kernel with modules found (install linux-image-amd64)"; exit 1; }
+# The kernel: the newest one of the series with both a vmlinuz and a
+# module tree.
+# shellcheck source=scripts/lib/guest-kernel.sh
+source "$here/../../scripts/lib/guest-kernel.sh"
+series="$(guest_series)"
+kver="$(guest_kver "$series")"
+[ -n "$kver" ] || { log "no $series kernel with modules found (install $(guest_image_package "$series"))"; exit 1; }
+own_kernel=""
+[ -n "$override" ] && [ -e "$override/vmlinuz" ] && own_kernel="$override/vmlinuz"
 
 # Modules the guest loads, in this order; modprobe adds dependencies and
 # pre soft dependencies (ext4 -> crypto-crc32c -> crc32c-intel/generic).
@@ -51,11 +58,11 @@ pkgver() { dpkg-query -W -f='${Package}=${Version}\n' "$@" 2>/dev/null | sort; }
 # this builder). The manifest also records the packages that own the shared
 # libraries, which are re-checked on a hit.
 key="$( { echo "$kver"; pkgver "${pkgs[@]}"; cat "$here/init" "$here/build-initramfs.sh";
-          [ -z "$override" ] || cat "$override"/*.ko; } \
+          [ -z "$override" ] || cat "$override"/*.ko; [ -z "$own_kernel" ] || cat "$own_kernel"; } \
         | sha256sum | cut -c1-16)"
 initrd="$out/initramfs-$key.cpio"
 manifest="$out/initramfs-$key.libpkgs"
-kernel="/boot/vmlinuz-$kver"
+kernel="${own_kernel:-/boot/vmlinuz-$kver}"
 if [ -s "$initrd" ] && [ -s "$manifest" ] \
    && [ "$(pkgver $(sed 's/=.*//' "$manifest"))" = "$(cat "$manifest")" ]; then
     echo "kernel $kernel"
@@ -102,8 +109,15 @@ log "${#programs[@]} programs, ${#libs[@]} shared libraries"
 # modules: modprobe --show-depends gives dependencies and soft dependencies
 # in load order; keep the first occurrence of each.
 mods="$(for m in "${modules[@]}"; do
-    modprobe -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}'
+    if [ -n "$own_kernel" ]; then
+        # the project's kernel: its own modules, the rest built in
+        [ ! -e "$override/$m.ko" ] || echo "/lib/modules/$kver/$m.ko"
+    else
+        modprobe -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}'
+    fi
 done | awk '!seen[$0]++')"
+: > "$stage/etc/builtin.list"
+[ -z "$own_kernel" ] || cp "$override/builtin.list" "$stage/etc/builtin.list"
 : > "$stage/etc/modules.load"
 replaced=0
 for m in $mods; do
@@ -129,11 +143,11 @@ echo "$kver" > "$stage/etc/kernel-version"
 mv "$initrd.tmp" "$initrd"
 pkgver ${owners} > "$manifest"
 # drop older cache entries (of the same kind: stock or with modules)
-kind() { if [ -e "${1%.cpio}.modules" ]; then echo mods; else echo stock; fi; }
-[ -z "$override" ] || echo "$override" > "${initrd%.cpio}.modules"
+kind() { cat "${1%.cpio}.kind" 2>/dev/null || echo "?"; }
+echo "$kver $([ -z "$override" ] && echo stock || echo mods)" > "${initrd%.cpio}.kind"
 for f in "$out"/initramfs-*.cpio; do
     if [ "$f" != "$initrd" ] && [ "$(kind "$f")" = "$(kind "$initrd")" ]; then
-        rm -f "$f" "${f%.cpio}.libpkgs" "${f%.cpio}.modules"
+        rm -f "$f" "${f%.cpio}.libpkgs" "${f%.cpio}.kind"
     fi
 done
 log "initramfs $(du -h "$initrd" | cut -f1)"

@@ -32,10 +32,12 @@ usage: scripts/guest-test.sh --restart|--migrate [options]
                         writes while the guest waits out one restart must
                         leave room for the next restart point)
   --scsi                vhost-user-scsi-pci instead of vhost-user-blk-pci
-                        (--migrate only: QEMU 7.2 does not reconnect
-                        vhost-user-scsi)
+                        (--restart needs QEMU 8.2 or later, which
+                        reconnects vhost-user-scsi: --qemu-version 10.0)
   --sqcq                the VIRTIO_F_SQCQ_POLL guest and QEMU (as for the
-                        suite: patches/linux, patches/qemu; implies --scsi)
+                        suite: patches/linux, patches/qemu), on
+                        vhost-user-blk (virtio_blk's poll threads) or with
+                        --scsi on vhost-user-scsi (virtio_scsi's)
   --packed              packed rings: QEMU's packed=on, sqcqd --packed (the
                         daemon's in-flight record of a packed ring)
   --daemon-extra ARGS   more sqcqd options (e.g. '--poll ring')
@@ -60,7 +62,7 @@ while [ $# -gt 0 ]; do
     --restarts) restarts="$2"; shift ;;
     --mib) mib="$2"; shift ;;
     --scsi) dev=scsi ;;
-    --sqcq) sqcq=1 dev=scsi ;;
+    --sqcq) sqcq=1 ;;
     --packed) packed=1 ;;
     --daemon-extra) daemon_extra="$2"; shift ;;
     --spin-max-us) spin_max_us="$2"; shift ;;
@@ -74,9 +76,6 @@ while [ $# -gt 0 ]; do
 done
 say() { echo "live: $*"; }
 [ -n "$kind" ] || { usage >&2; exit 2; }
-if [ "$kind" = restart ] && [ "$dev" = scsi ]; then
-    say "--restart needs vhost-user-blk (QEMU 7.2 reconnects only vhost-user-blk)"; exit 2
-fi
 t_boot="${SQCQ_GUEST_TIMEOUT_BOOT:-90}"
 t_checks="${SQCQ_GUEST_TIMEOUT_CHECKS:-180}"
 t_shutdown="${SQCQ_GUEST_TIMEOUT_SHUTDOWN:-30}"
@@ -114,7 +113,7 @@ expect_sqcq=off queue_mode=kick dev_opts="" modules_dir="" guest_spin=""
 # the wakeup cost it measured (under TCG gaps outlast it: kicks serve).
 case " $daemon_extra " in *" --poll kick "*|*" --poll=kick "*) ;; *) queue_mode=ring-poll ;; esac
 if [ "$sqcq" = 1 ]; then
-    [ -n "$qemu" ] || qemu="$(scripts/build-qemu.sh)" || { say "building the patched QEMU failed"; exit 1; }
+    [ -n "$qemu" ] || qemu="$(scripts/build-qemu.sh ${SQCQ_GUEST_QEMU:-})" || { say "building the patched QEMU failed"; exit 1; }
     modules_dir="$(scripts/build-guest-modules.sh)" || { say "building the guest modules failed"; exit 1; }
     dev_opts=",sqcq_poll=on"
     : "${spin_max_us:=5000}"
@@ -126,15 +125,23 @@ if [ "$packed" = 1 ]; then
 fi
 # A migration runs on the project's QEMU too, whatever the guest: Debian
 # 12's 7.2 loses vCPU writes under TCG when an idle vCPU keeps a TLB entry
-# across a dirty-bitmap sync (patches/qemu/0003, docs/guest-tests.md).
-if [ "$kind" = migrate ] && [ -z "$qemu" ]; then
-    qemu="$(scripts/build-qemu.sh)" || { say "building the patched QEMU failed"; exit 1; }
+# across a dirty-bitmap sync (patches/qemu/7.2/0003, docs/guest-tests.md).
+# SQCQ_GUEST_QEMU (scripts/guest-test.sh --qemu-version): that series'
+# QEMU for every run.
+if [ -z "$qemu" ] && { [ "$kind" = migrate ] || [ -n "${SQCQ_GUEST_QEMU:-}" ]; }; then
+    qemu="$(scripts/build-qemu.sh ${SQCQ_GUEST_QEMU:-})" || { say "building the patched QEMU failed"; exit 1; }
 fi
 [ -n "$qemu" ] || qemu="qemu-system-x86_64"
+# vhost-user-scsi reconnects to a restarted back-end from QEMU 8.2 on
+qemu_version=$("$qemu" --version | sed -n 's/.*version \([0-9][0-9.]*\).*/\1/p' | head -n 1)
+if [ "$kind" = restart ] && [ "$dev" = scsi ] &&
+   [ "$(printf '%s\n8.2\n' "${qemu_version:-0}" | sort -V | head -n 1)" != 8.2 ]; then
+    say "--restart --scsi needs a QEMU that reconnects vhost-user-scsi (8.2 on: --qemu-version 10.0); this one is $("$qemu" --version | head -n 1)"; exit 2
+fi
 daemon_spin=""
 if [ -n "$spin_max_us" ]; then
     daemon_spin="--spin-us 1,$spin_max_us"
-    [ "$sqcq" = 0 ] || guest_spin="virtio_scsi.sqcq_spin_max_ns=$((spin_max_us * 1000))"
+    [ "$sqcq" = 0 ] || guest_spin="virtio_$dev.sqcq_spin_max_ns=$((spin_max_us * 1000))"
 fi
 
 # ------------------------------------------------- scratch, lock, cleanup
@@ -287,7 +294,7 @@ start_vm() {
         args+=(-chardev "socket,id=vu0,path=$work/$daemon.sock${reconnect:-}"
             -device "vhost-user-blk-pci,chardev=vu0,num-queues=2$dev_opts")
     else
-        args+=(-chardev "socket,id=vu0,path=$work/$daemon.sock"
+        args+=(-chardev "socket,id=vu0,path=$work/$daemon.sock${reconnect:-}"
             -device "vhost-user-scsi-pci,chardev=vu0,num_queues=2$dev_opts")
     fi
     args+=("$@")

@@ -63,7 +63,8 @@ usage: scripts/guest-test.sh [options]
                         serves two blk devices from a configuration file
                         (64 MiB RAM disks: vda read-write with 512-byte
                         blocks, vdb read-only with 4096), QEMU attaches
-                        them with vhost-user-blk-pci (stock guest only)
+                        them with vhost-user-blk-pci; with --sqcq the
+                        patched virtio_blk negotiates bit 42 on both
   --rbd                 sqcqd's disks are fresh 64 MiB images of the Ceph
                         test cluster (scripts/ceph-cluster.sh: the
                         environment's, else started), removed at the end;
@@ -220,8 +221,13 @@ expect_sqcq=off queue_mode=kick
 # the wakeup cost it measured (under TCG gaps outlast it: kicks serve).
 case " $daemon_extra " in *" --poll kick "*|*" --poll=kick "*) ;; *) queue_mode=ring-poll ;; esac
 qemu=qemu-system-x86_64 modules_dir=""
+# SQCQ_GUEST_QEMU (scripts/guest-test.sh --qemu-version): that series'
+# patched QEMU for every run; otherwise the patched 7.2 for --sqcq
+if [ -n "${SQCQ_GUEST_QEMU:-}" ]; then
+    qemu="$(scripts/build-qemu.sh "$SQCQ_GUEST_QEMU")" || { say "building QEMU $SQCQ_GUEST_QEMU failed"; exit 1; }
+fi
 if [ "$sqcq" = 1 ]; then
-    qemu="$(scripts/build-qemu.sh)" || { say "building the patched QEMU failed"; exit 1; }
+    [ -n "${SQCQ_GUEST_QEMU:-}" ] || qemu="$(scripts/build-qemu.sh)" || { say "building the patched QEMU failed"; exit 1; }
     modules_dir="$(scripts/build-guest-modules.sh)" || { say "building the guest modules failed"; exit 1; }
     dev_opts="sqcq_poll=on${dev_opts:+,$dev_opts}"
     # --packed: QEMU offers VIRTIO_F_RING_PACKED (bit 34) to the guest
@@ -237,8 +243,10 @@ if [ "$sqcq" = 1 ]; then
 fi
 if [ -n "$spin_max_us" ]; then
     if [ "${spin_daemon:-0}" = 1 ]; then daemon_cmd="$daemon_cmd --spin-us 1,$spin_max_us"; fi
-    # (only the patched virtio_scsi knows the parameter)
-    if [ "$sqcq" = 1 ]; then guest_spin="virtio_scsi.sqcq_spin_max_ns=$((spin_max_us * 1000))"; fi
+    # (only the patched virtio_scsi and virtio_blk know the parameter)
+    if [ "$sqcq" = 1 ]; then
+        guest_spin="virtio_$([ "$blk" = 1 ] && echo blk || echo scsi).sqcq_spin_max_ns=$((spin_max_us * 1000))"
+    fi
 fi
 qboot=/usr/share/qemu/qboot.rom
 if [ -z "$bios" ]; then [ -r "$qboot" ] && bios=qboot || bios=seabios; fi
@@ -261,7 +269,6 @@ fi
 # check-set prefix: "" for virtio-scsi, "b" for virtio-blk
 P=""
 if [ "$blk" = 1 ]; then
-    [ "$sqcq" = 0 ] || { say "--blk runs the stock guest only (no --sqcq)"; exit 2; }
     P=b
     # the last socket the daemon creates: QEMU starts once it is there
     sock="$work/blk1.sock"
@@ -529,12 +536,15 @@ figures() {
     awk -F '\t' -v m="$2" '$1 ~ "^" m { print $2; exit }' "$work/$1.snapshots" |
         python3 -c 'import json, sys
 try:
-    q = [e for e in json.load(sys.stdin)["queues"] if e["vq"] >= 2]
+    q = [e for e in json.load(sys.stdin)["queues"] if e["vq"] >= int(sys.argv[1])]
     print(sum(e["kicks"] for e in q), sum(e["completions"] for e in q),
           " ".join("%s/%s" % (e["sq_need_wakeup"], e["cq_need_wakeup"]) for e in q if e["running"]))
 except Exception:
-    print("? ? ?")'
+    print("? ? ?")' "$first_req_vq"
 }
+# the first request queue's index: virtio-scsi's control and event queues
+# come first, virtio-blk has request queues only
+first_req_vq=2; [ "$blk" = 1 ] && first_req_vq=0
 # Host checks of a run: both pollers asleep at the guest's idle snapshot;
 # per-I/O figures of the measuring run.
 sqcq_host_checks() {
@@ -608,7 +618,7 @@ nonce2=$(od -An -tx4 -N4 /dev/urandom | tr -d ' ')
 if start_daemon; then
     qemu_run run1 "$bios" full "$nonce1" "" 1
     sets1="${P}full"
-    [ "$expect_sqcq" = on ] && sets1="$sets1 sqcq sqcqfull"
+    [ "$expect_sqcq" = on ] && sets1="$sets1 sqcq ${P}sqcqfull"
     [ "$measure" = 1 ] && sets1="$sets1 measure"
     [ "$bp" = 1 ] && sets1="$sets1 backpressure"
     collect run1 "$work/run1.console.log" "$sets1"
@@ -634,7 +644,7 @@ if start_daemon; then
             start_daemon || host_check lifecycle/daemon_restart FAIL "the daemon did not start again"
         fi
         if daemon_alive; then
-            q=${P}quick; [ "$expect_sqcq" = on ] && q="quick sqcq"
+            q=${P}quick; [ "$expect_sqcq" = on ] && q="$q sqcq"
             if [ "$no_reset" = 1 ]; then
                 qemu_run run2 "$bios2" quick "$nonce2" "$prev" 1
                 b1="$q"; [ -n "$prev" ] && b1="$q ${P}prev"
