@@ -99,11 +99,8 @@ stage "guest: backpressure: the SQCQ_POLL guest on file disks while the host lim
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --backpressure --only-run1
 stage "guest: the same guest and QEMU against sqcqd --no-sqcq: classic virtio"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --daemon-extra --no-sqcq --only-run1
-stage "guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk: Debian's (the default --poll auto; --poll kick and --poll ring counted), and the patched one with VIRTIO_F_SQCQ_POLL (patches 9-10, QEMU patch 4)"
+stage "guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk: Debian's (the default --poll auto), and the patched one with VIRTIO_F_SQCQ_POLL (patches 9-10, QEMU patch 4)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --daemon-extra "--poll kick" --measure --label blk-classic --only-run1
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --daemon-extra "--poll ring" --spin-max-us 5000 \
-    --measure --label blk-ring-poll --only-run1
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --sqcq --measure --label blk-sqcq
 stage "libvirt: the blk guest as a libvirt domain with two <disk type='vhostuser'>"
 SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
@@ -118,13 +115,9 @@ stage "guest: live migration under fio to a second QEMU and sqcqd on a shared fi
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll kick"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq --scsi
-stage "guest: the series on Debian 12's 6.12 kernel line (patches/linux/6.12; the guest's kernel built from Debian's linux-source-6.12, the series also compiled with Debian's 6.12 configuration), SCSI and blk with bit 42; Debian's 6.12 kernel as shipped without it"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --kernel 6.12 --measure --label sqcq-6.12 --only-run1
+stage "guest: the series on Debian 12's 6.12 kernel line (patches/linux/6.12; the guest's kernel built from Debian's linux-source-6.12, the series also compiled with Debian's 6.12 configuration): the blk guest with bit 42 (the other 6.12 runs: docs/guest-tests.md)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --sqcq --kernel 6.12 --measure --label blk-sqcq-6.12 --only-run1
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --kernel 6.12 --only-run1
-stage "guest: QEMU 10.0 (bookworm-backports' source, patches/qemu/10.0): the SQCQ_POLL guest over vhost-user-scsi, and sqcqd killed and restarted under fio behind vhost-user-scsi's reconnect (QEMU 8.2 and later)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --qemu-version 10.0 --only-run1
+stage "guest: QEMU 10.0 (bookworm-backports' source, patches/qemu/10.0): sqcqd killed and restarted under fio behind vhost-user-scsi's reconnect (QEMU 8.2 and later), bit 42 negotiated (the other 10.0 runs: docs/guest-tests.md)"
 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --sqcq --scsi --qemu-version 10.0
 stage "guest: on Ceph RBD images of the test cluster: vhost-user-blk (every check; resized with rbd resize in the cluster), vhost-user-scsi (run1), the blk guest migrated between two sqcqd on one image (lock hand-over) and restarted three times after kill -9 (lock take-over)"
 SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --rbd
