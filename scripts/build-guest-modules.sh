@@ -56,6 +56,7 @@ key="$( { echo "$series $kver $version"; cat "${patches[@]}" "$0" "$kbuild";
 source "$repo/scripts/lib/cache.sh"
 cache="$(cache_dir guest-modules)"
 out="$cache/$key"
+cache_lock "$out"
 if [ -d "$out" ] && [ -s "$out/virtio_blk.ko" ]; then
     echo "$out"
     exit 0
@@ -73,7 +74,7 @@ mkdir -p "$debs"
 deb="$debs/linux-source-${series}_${version}_all.deb"
 if [ ! -s "$deb" ]; then
     (cd "$work" && apt-get download -qq "linux-source-$series=$version" >/dev/null 2>&1 ||
-        { apt-get update -qq && apt-get download -qq "linux-source-$series=$version"; })
+        { package_lock apt-get update -qq && apt-get download -qq "linux-source-$series=$version"; })
     mv "$work"/linux-source-*.deb "$deb"
 fi
 src="$work/linux"

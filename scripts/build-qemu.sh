@@ -32,6 +32,7 @@ log() { echo "build-qemu: $*" >&2; }
 series="${1:-7.2}"
 case "$series" in
 7.2)
+    ensure_packages build-qemu qemu-system-x86
     # The source version of the installed binary package (no binNMU suffix).
     version="$(dpkg-query -W -f='${source:Version}' qemu-system-x86 2>/dev/null || true)"
     [ -n "$version" ] || { log "qemu-system-x86 is not installed"; exit 1; }
@@ -66,6 +67,7 @@ key="$( { echo "$version ${configure_opts[*]} qemu-system-x86_64"; cat "${patche
 source "$repo/scripts/lib/cache.sh"
 out="$(cache_dir qemu)/$key"
 bin="$out/bin/qemu-system-x86_64"
+cache_lock "$out"
 if [ -x "$bin" ]; then
     echo "$bin"
     exit 0

@@ -43,6 +43,7 @@ key="$(echo "$version ${configure_opts[*]} ${targets[*]}" | sha256sum | cut -c1-
 # shellcheck source=scripts/lib/cache.sh
 source "$repo/scripts/lib/cache.sh"
 out="$(cache_dir qtest)/$key"
+cache_lock "$out"
 if [ -x "$out/bin/qos-test" ] && [ -x "$out/bin/qemu-system-x86_64" ]; then
     echo "$out"
     exit 0

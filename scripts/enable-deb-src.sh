@@ -11,6 +11,14 @@ has_src() {
 if has_src; then
     exit 0
 fi
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "$0")/lib/packages.sh"
+if [ "$(id -u)" = 0 ] && [ -z "${SQCQ_PACKAGE_LOCK_HELD:-}" ]; then
+    # again under the package lock: another script may be adding the
+    # entry, or updating the lists, right now
+    package_lock "$0" "$@"
+    exit
+fi
 if [ "$(id -u)" != 0 ]; then
     echo "enable-deb-src: no deb-src entry and not root: add one (Types: deb-src) to use source packages" >&2
     exit 1

@@ -6,27 +6,54 @@
 # integration test, QEMU's own vhost-user-blk tests (qos-test)
 # against sqcqd, the unsafe-heavy crates' tests under AddressSanitizer, a
 # 3-minute soak (scripts/soak.sh), every fuzz target for a while, the
-# Debian package installed and its service run, and Linux
-# guests under QEMU against sqcqd: unmodified, and with VIRTIO_F_SQCQ_POLL
+# Debian package installed and its service run, and every Linux guest run
+# (scripts/test-guests.sh): unmodified guests, and VIRTIO_F_SQCQ_POLL
 # over virtio-scsi and virtio-blk (patches/linux, patches/qemu), on Debian
 # 12's 6.1 and 6.12 kernels and on QEMU 7.2 and 10.0; sqcqd killed and
 # restarted, and the guest migrated, under a verified fio load; the guest
 # on Ceph RBD disks, and migrated between two sqcqd on one RBD image.
+#
+# Two lanes, after the checks that everything else needs: the guest runs
+# (scripts/test-guests.sh, its output in target/ci/guests.log, printed
+# when it ends) beside the host tests. A TCG guest keeps about one of the
+# two CPUs busy and the host tests, which wait on daemons, timers and the
+# Ceph cluster much of the time, about the other: one after the other
+# they took 51 minutes here (24 before the guests, 27 of guests; two CPUs
+# 36% and 55% busy through them), side by side the longer lane's time. The host
+# lane first builds what the guest lane will need (the patched QEMUs, the
+# guest kernels: cached, so that a second run costs nothing) while the
+# guest lane runs the guests that need none of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each stage is announced with the time since the start, and the
-# durations are listed at the end (and on failure), so that a slow CI run
-# shows where its time went.
-stages=()
-stage() {
-    stages+=("$(printf '%5d s  %s' "$SECONDS" "$1")")
-    echo "== [$(printf '%d:%02d' $((SECONDS / 60)) $((SECONDS % 60)))] $1"
+
+ci=target/ci
+mkdir -p "$ci"
+rm -f "$ci"/stages.txt "$ci"/guests.log "$ci"/host-ceph-tests.done
+export SQCQ_STAGES_FILE="$PWD/$ci/stages.txt" SQCQ_STAGES_LANE=host
+# shellcheck source=scripts/lib/stages.sh
+source scripts/lib/stages.sh
+
+# On exit, whatever ended it: the guest lane stopped if it still runs
+# (its whole process group: QEMUs and daemons included) and the tail of its
+# log shown, the Ceph cluster torn down, every stage's start listed.
+guest_lane=""
+finish() {
+    local rc=$?
+    if [ -n "$guest_lane" ] && kill -0 "$guest_lane" 2>/dev/null; then
+        echo "== the guest lane still runs: stopped; the end of its log ($ci/guests.log):"
+        # the harnesses stop their QEMUs and daemons on TERM
+        kill -TERM -- "-$guest_lane" 2>/dev/null || true
+        for _ in $(seq 30); do kill -0 "$guest_lane" 2>/dev/null || break; sleep 1; done
+        kill -KILL -- "-$guest_lane" 2>/dev/null || true
+        wait "$guest_lane" 2>/dev/null || true
+        tail -n 60 "$ci/guests.log" || true
+    fi
+    scripts/ceph-cluster.sh stop || true
+    stage_report
+    exit "$rc"
 }
-stage_report() {
-    echo "== stages (start time since the beginning; total $SECONDS s)"
-    printf '%s\n' "${stages[@]}"
-}
+trap finish EXIT
 
 stage "setup: packages, peers"
 scripts/setup.sh
@@ -34,11 +61,10 @@ scripts/setup.sh
 # vhost-device-scsi), built once into target/tools.
 scripts/install-peers.sh
 # The Ceph cluster the RBD tests run against (one monitor, manager and
-# OSD on 127.0.0.1), its client settings exported for them; torn down on
-# exit.
+# OSD on 127.0.0.1), its client settings exported for them and for the
+# guest lane; torn down on exit.
 stage "ceph: a single-host cluster for the RBD backstore's tests"
 ceph_env="$(scripts/ceph-cluster.sh start)"
-trap 'scripts/ceph-cluster.sh stop; stage_report' EXIT
 while IFS='=' read -r key value; do
     export "$key=$value"
 done <<<"$ceph_env"
@@ -60,13 +86,15 @@ stage "loom: each fence of the handshake removed in turn must lose a wakeup"
 scripts/check-fences.sh
 stage "spin: the Promela models (NEED_WAKEUP; backpressure; stop, crash and restart; packed rings) and their failing variants"
 scripts/check-models.sh
-stage "cargo test (every peer installed above: none may be skipped)"
-SQCQ_REQUIRE_PEERS=1 cargo test --workspace
-# The fuzz entry points' own tests (behind the `fuzzing` feature).
-cargo test --quiet -p sqcq-target --features fuzzing --lib fuzzing::
+# sqcqd with its fault injection (the soak's and the guests' daemon) and
+# sqcq-bench. The guest lane runs its own copy: the host lane's cargo
+# test rebuilds target/debug/sqcqd without the feature meanwhile.
+cargo build --quiet -p sqcq-target -p sqcq-bench --features sqcq-target/fault-injection
+cp target/debug/sqcqd "$ci/sqcqd"
 stage "cpu-offline: a bound worker's CPU really taken offline and back under a verified load"
-# The cpuset variant is a cargo test; this one needs a machine that lets
-# a CPU go offline (exit 2 otherwise, reported and not a failure).
+# Before the lanes (it takes a CPU away from everything else). The
+# cpuset variant is a cargo test; this one needs a machine that lets a
+# CPU go offline (exit 2 otherwise, reported and not a failure).
 rc=0
 RUNTIME=12 SQCQD=target/debug/sqcqd SQCQ_BENCH=target/debug/sqcq-bench scripts/cpu-offline.sh || rc=$?
 case $rc in
@@ -74,6 +102,25 @@ case $rc in
     2) echo "cpu-offline: SKIPPED, this machine lets no CPU go offline (tests/cpu_hotplug.rs covered the cpuset case)" ;;
     *) exit "$rc" ;;
 esac
+
+stage "guest lane: every guest run (scripts/test-guests.sh) from now on beside the host tests, its output in $ci/guests.log"
+# its own process group (setsid), so that finish() can stop all of it
+SQCQD="$ci/sqcqd" SQCQ_GUEST_AFTER="$ci/host-ceph-tests.done" \
+    setsid scripts/test-guests.sh > "$ci/guests.log" 2>&1 &
+guest_lane=$!
+
+stage "build ahead for the guest lane: QEMU 7.2 with patches/qemu/7.2, the 6.1 guest modules"
+scripts/build-qemu.sh 7.2 > /dev/null
+scripts/build-guest-modules.sh 6.1 > /dev/null
+stage "cargo test (every peer installed above: none may be skipped)"
+SQCQ_REQUIRE_PEERS=1 cargo test --workspace
+# The fuzz entry points' own tests (behind the `fuzzing` feature).
+cargo test --quiet -p sqcq-target --features fuzzing --lib fuzzing::
+# the Ceph failure tests are over: the guest lane's RBD runs may start
+touch "$ci/host-ceph-tests.done"
+stage "build ahead for the guest lane: QEMU 10.0 with patches/qemu/10.0, the 6.12 guest kernel"
+scripts/build-qemu.sh 10.0 > /dev/null
+scripts/build-guest-modules.sh 6.12 > /dev/null
 stage "qtest: QEMU 7.2's own vhost-user-blk tests (qos-test) against sqcqd"
 cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 SQCQD=target/debug/sqcqd scripts/qtest.sh
@@ -86,46 +133,14 @@ stage "fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
 stage "deb: the Debian package (release build, scripts/build-deb.sh) installed, checked by lintian, run from its unit as systemd would, removed and purged (scripts/deb-test.sh)"
 deb=$(scripts/build-deb.sh)
-scripts/deb-test.sh "$deb"
-stage "guest: an unmodified Linux guest under QEMU (TCG) against sqcqd"
-cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
-rm -f target/guest/measure.txt
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll kick" --measure --label classic
-stage "guest: VIRTIO_F_SQCQ_POLL in Linux (patches/linux/6.1) through QEMU (patches/qemu/7.2)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --measure --label sqcq
-stage "guest: VIRTIO_F_SQCQ_POLL on packed rings (QEMU packed=on, sqcqd --packed, patch 8)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --packed --measure --label sqcq-packed --only-run1
-stage "guest: backpressure: the SQCQ_POLL guest on file disks while the host limits the daemon's I/O (sqcqd --max-inflight 4, THROTTLE held back by virtio_scsi)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --backpressure --only-run1
-stage "guest: the same guest and QEMU against sqcqd --no-sqcq: classic virtio"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --sqcq --daemon-extra --no-sqcq --only-run1
-stage "guest: vhost-user-blk (sqcqd --device-type blk) with Linux's virtio_blk: Debian's (the default --poll auto), and the patched one with VIRTIO_F_SQCQ_POLL (patches 9-10, QEMU patch 4)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --sqcq --measure --label blk-sqcq
-stage "libvirt: the blk guest as a libvirt domain with two <disk type='vhostuser'>"
-SQCQD=target/debug/sqcqd scripts/libvirt-test.sh
-stage "guest: restart without lost I/O: sqcqd killed (-9) and restarted 3 times under fio (vhost-user-blk, reconnect=1; the default --poll auto, --poll kick, and the SQCQ_POLL virtio_blk)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --daemon-extra "--poll kick"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --sqcq
-stage "guest: packed rings (QEMU packed=on, sqcqd --packed): restart under fio (the packed in-flight record) and live migration"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --packed
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --packed
-stage "guest: live migration under fio to a second QEMU and sqcqd on a shared file (blk: --poll auto, --poll kick; the SQCQ_POLL guest over blk and over scsi), on the project's QEMU, the two RAMs compared"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --daemon-extra "--poll kick"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --sqcq
-stage "guest: the series on Debian 12's 6.12 kernel line (patches/linux/6.12; the guest's kernel built from Debian's linux-source-6.12, the series also compiled with Debian's 6.12 configuration): the blk guest with bit 42 (the other 6.12 runs: docs/guest-tests.md)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --sqcq --kernel 6.12 --measure --label blk-sqcq-6.12 --only-run1
-stage "guest: QEMU 10.0 (bookworm-backports' source, patches/qemu/10.0): sqcqd killed and restarted under fio behind vhost-user-scsi's reconnect (QEMU 8.2 and later), bit 42 negotiated (the other 10.0 runs: docs/guest-tests.md)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --sqcq --scsi --qemu-version 10.0
-stage "guest: on Ceph RBD images of the test cluster: vhost-user-blk (every check; resized with rbd resize in the cluster), vhost-user-scsi (run1), the blk guest migrated between two sqcqd on one image (lock hand-over) and restarted three times after kill -9 (lock take-over)"
-SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --blk --rbd
-SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --rbd --only-run1
-SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --migrate --rbd
-SQCQ_REQUIRE_PEERS=1 SQCQD=target/debug/sqcqd scripts/guest-test.sh --restart --rbd
-stage "guest: an unmodified guest against device-side ring polling, and against the default (--poll auto)"
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --daemon-extra "--poll ring" \
-    --spin-max-us 5000 --measure --label ring-poll --only-run1
-SQCQD=target/debug/sqcqd scripts/guest-test.sh --measure --label auto --only-run1
-scripts/guest-report.sh target/guest/measure.txt
+# dpkg -i fails rather than waits while the guest lane installs a package
+source scripts/lib/packages.sh
+package_lock scripts/deb-test.sh "$deb"
+
+stage "host lane done: waiting for the guest lane"
+rc=0
+wait "$guest_lane" || rc=$?
+guest_lane=""
+echo "== the guest lane ($ci/guests.log):"
+cat "$ci/guests.log"
+[ "$rc" = 0 ] || { echo "== the guest lane failed (exit $rc)"; exit "$rc"; }

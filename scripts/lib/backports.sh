@@ -2,6 +2,9 @@
 # Sourced by the scripts that use Debian's bookworm-backports suite
 # (scripts/qemu-backports.sh, scripts/build-qemu.sh 10.0).
 
+# shellcheck source=scripts/lib/packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
+
 # enable_backports WHO: adds bookworm-backports, binary and source
 # entries, derived from the machine's own apt sources (the same URIs and
 # keys; no host is named here), when missing, and refreshes the package
@@ -13,6 +16,11 @@ enable_backports() {
     # ours, from this function (an older one without deb-src is redone)
     if grep -qs '^Types: deb deb-src$' "$list"; then return 0; fi
     [ "$(id -u)" = 0 ] || { echo "$who: no $suite entry and not root: add one to use it" >&2; return 1; }
+    if [ -z "${SQCQ_PACKAGE_LOCK_HELD:-}" ]; then
+        # under the package lock: another script may be updating the lists
+        package_lock enable_backports "$who"
+        return
+    fi
     : > "$list.tmp"
     local f
     for f in /etc/apt/sources.list.d/*.sources; do

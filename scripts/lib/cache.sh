@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the build scripts: where what they build from source is kept.
 #
 # cache_dir NAME: prints the folder for NAME's builds. Outside the work
@@ -17,6 +18,16 @@ cache_dir() {
     fi
     mkdir -p "$base/$1"
     echo "$base/$1"
+}
+
+# cache_lock ENTRY: waits for, then holds until the calling script exits,
+# the lock of the cache entry ENTRY (ENTRY.lock beside it, on fd 8), so
+# that two scripts building one entry at once build it once: the second
+# waits for the first, then finds the entry built. scripts/test.sh builds
+# in its host lane what its guest lane will ask for.
+cache_lock() {
+    exec 8>"$1.lock"
+    flock 8
 }
 
 # unpack_qemu_source VERSION: fetches Debian's qemu source package of
