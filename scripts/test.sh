@@ -18,8 +18,8 @@
 # when it ends) beside the host tests. A TCG guest keeps about one of the
 # two CPUs busy and the host tests, which wait on daemons, timers and the
 # Ceph cluster much of the time, about the other: one after the other
-# they took 51 minutes here (24 before the guests, 27 of guests; two CPUs
-# 36% and 55% busy through them), side by side the longer lane's time. The host
+# they took 51 minutes here (24 before the guests, 27 of guests; the two
+# CPUs 61% and 56% busy through them), side by side the longer lane's time. The host
 # lane first builds what the guest lane will need (the patched QEMUs, the
 # guest kernels: cached, so that a second run costs nothing) while the
 # guest lane runs the guests that need none of it.
