@@ -86,11 +86,13 @@ stage "loom: each fence of the handshake removed in turn must lose a wakeup"
 scripts/check-fences.sh
 stage "spin: the Promela models (NEED_WAKEUP; backpressure; stop, crash and restart; packed rings) and their failing variants"
 scripts/check-models.sh
-# sqcqd with its fault injection (the soak's and the guests' daemon) and
-# sqcq-bench. The guest lane runs its own copy: the host lane's cargo
+# sqcqd with its fault injection (the guests' daemon; built alone, as
+# `-p sqcq-target -p sqcq-bench` leaves the feature out of the binary),
+# then sqcq-bench. The guest lane runs its own copy: the host lane's cargo
 # test rebuilds target/debug/sqcqd without the feature meanwhile.
-cargo build --quiet -p sqcq-target -p sqcq-bench --features sqcq-target/fault-injection
+cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 cp target/debug/sqcqd "$ci/sqcqd"
+cargo build --quiet -p sqcq-target -p sqcq-bench --features sqcq-target/fault-injection
 stage "cpu-offline: a bound worker's CPU really taken offline and back under a verified load"
 # Before the lanes (it takes a CPU away from everything else). The
 # cpuset variant is a cargo test; this one needs a machine that lets a
