@@ -14,14 +14,13 @@
 # on Ceph RBD disks, and migrated between two sqcqd on one RBD image.
 #
 # The guest runs are scripts/test-guests.sh, run last. Side by side with
-# the host tests (a TCG guest keeps about one of the two CPUs busy, the
-# host tests about the other: sequentially 51 minutes here, 24 before the
-# guests and 27 of guests, the two CPUs 61% and 56% busy) the run took
-# the longer lane's time, but crates/sqcq-target/tests/logging.rs then
-# failed once ("logging is off": the used ring marked after LOG_ALL was
-# cleared, a race the busy machine exposes): until that is fixed the
-# lanes run one after the other. The host lane still builds the patched
-# QEMUs and guest kernels "ahead" (locked and cached per entry).
+# the host tests they would take about the longer half's time (a TCG
+# guest keeps about one CPU busy, the host tests about the other), but
+# crates/sqcq-target/tests/logging.rs failed once under that load (the used
+# ring marked after LOG_ALL was cleared: SET_FEATURES without a reply, a
+# race in the test): until it is fixed they run one after the other
+# (docs/guest-tests.md, "CI's time"). The patched QEMUs and guest kernels
+# are built ahead, each locked and cached per entry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,7 +49,7 @@ scripts/setup.sh
 scripts/install-peers.sh
 # The Ceph cluster the RBD tests run against (one monitor, manager and
 # OSD on 127.0.0.1), its client settings exported for them and for the
-# guest lane; torn down on exit.
+# guests; torn down on exit.
 stage "ceph: a single-host cluster for the RBD backstore's tests"
 ceph_env="$(scripts/ceph-cluster.sh start)"
 while IFS='=' read -r key value; do
@@ -74,16 +73,15 @@ stage "loom: each fence of the handshake removed in turn must lose a wakeup"
 scripts/check-fences.sh
 stage "spin: the Promela models (NEED_WAKEUP; backpressure; stop, crash and restart; packed rings) and their failing variants"
 scripts/check-models.sh
-# sqcqd with its fault injection (the guests' daemon; built alone, as
-# `-p sqcq-target -p sqcq-bench` leaves the feature out of the binary),
-# then sqcq-bench. The guest lane runs its own copy: the host lane's cargo
-# test rebuilds target/debug/sqcqd without the feature meanwhile.
+# sqcqd with its fault injection (the qtests' and the guests' daemon;
+# built alone, as `-p sqcq-target -p sqcq-bench` leaves the feature out
+# of the binary), kept as a copy that cargo test cannot rebuild without
+# the feature; then sqcq-bench.
 cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 cp target/debug/sqcqd "$ci/sqcqd"
 cargo build --quiet -p sqcq-target -p sqcq-bench --features sqcq-target/fault-injection
 stage "cpu-offline: a bound worker's CPU really taken offline and back under a verified load"
-# Before the lanes (it takes a CPU away from everything else). The
-# cpuset variant is a cargo test; this one needs a machine that lets a
+# The cpuset variant is a cargo test; this one needs a machine that lets a
 # CPU go offline (exit 2 otherwise, reported and not a failure).
 rc=0
 RUNTIME=12 SQCQD=target/debug/sqcqd SQCQ_BENCH=target/debug/sqcq-bench scripts/cpu-offline.sh || rc=$?
@@ -93,19 +91,18 @@ case $rc in
     *) exit "$rc" ;;
 esac
 
-stage "build ahead for the guest lane: QEMU 7.2 with patches/qemu/7.2, the 6.1 guest modules"
+stage "build ahead for the guests: QEMU 7.2 with patches/qemu/7.2, the 6.1 guest modules"
 scripts/build-qemu.sh 7.2 > /dev/null
 scripts/build-guest-modules.sh 6.1 > /dev/null
 stage "cargo test (every peer installed above: none may be skipped)"
 SQCQ_REQUIRE_PEERS=1 cargo test --workspace
 # The fuzz entry points' own tests (behind the `fuzzing` feature).
 cargo test --quiet -p sqcq-target --features fuzzing --lib fuzzing::
-stage "build ahead for the guest lane: QEMU 10.0 with patches/qemu/10.0, the 6.12 guest kernel"
+stage "build ahead for the guests: QEMU 10.0 with patches/qemu/10.0, the 6.12 guest kernel"
 scripts/build-qemu.sh 10.0 > /dev/null
 scripts/build-guest-modules.sh 6.12 > /dev/null
 stage "qtest: QEMU 7.2's own vhost-user-blk tests (qos-test) against sqcqd"
-cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
-SQCQD=target/debug/sqcqd scripts/qtest.sh
+SQCQD="$ci/sqcqd" scripts/qtest.sh
 stage "asan: sqcq-backstore, sqcq-target and sqcq-driver tests under AddressSanitizer (target/asan)"
 SQCQ_REQUIRE_PEERS=1 scripts/asan.sh
 stage "soak: 3 minutes of kill -9, dropped frontends, moved queues, grown LUNs, reloads and hot-plug under verified load (target/soak/)"
