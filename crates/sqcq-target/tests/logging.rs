@@ -64,6 +64,15 @@ fn clear(log: &File) {
     log.write_all_at(&[0u8; 4096], 0).unwrap();
 }
 
+/// SET_FEATURES, then a round trip (GET_FEATURES) so that the daemon has
+/// applied it before the next request: without REPLY_ACK the message has
+/// no answer. QEMU does the same when the change turns logging on or off
+/// (`vhost_user_set_features`, `enforce_reply`).
+fn set_features_applied(fe: &vhost::vhost_user::Frontend, features: u64) {
+    fe.set_features(features).unwrap();
+    fe.get_features().unwrap();
+}
+
 #[test]
 fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     let dir = TempDir::new("logging");
@@ -100,8 +109,7 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
         }),
     )
     .unwrap();
-    fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
-        .unwrap();
+    set_features_applied(&fe, features | VhostUserVirtioFeatures::LOG_ALL.bits());
     // A read: its data page, its response page and the used ring are
     // written by the device.
     let untouched = GUEST_SIZE - 4096;
@@ -119,7 +127,7 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     );
 
     // Migration ends: no more marks.
-    fe.set_features(features).unwrap();
+    set_features_applied(&fe, features);
     clear(&log);
     let (r, data) = command(
         &mut vqs[RQ],
@@ -137,8 +145,7 @@ fn while_logging_the_pages_the_device_writes_are_marked_and_only_then() {
     // by then is in the log, and the eventfd says so.
     let log_fd = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
     fe.set_log_fd(log_fd.as_raw_fd()).unwrap();
-    fe.set_features(features | VhostUserVirtioFeatures::LOG_ALL.bits())
-        .unwrap();
+    set_features_applied(&fe, features | VhostUserVirtioFeatures::LOG_ALL.bits());
     clear(&log);
     let before = vqs[RQ].used_idx(&g);
     let p = read_lba0(&mut vqs[RQ], &mut g);
