@@ -19,7 +19,16 @@
 # as root), KEY = source version + patches + configure options: a rerun
 # with nothing changed costs a dpkg or apt query and a hash.
 #
+# 7.2's build also makes QEMU's own functional tests of vhost-user-blk
+# back-ends, `qos-test` (tests/qtest/vhost-user-blk-test.c, run against
+# sqcqd by scripts/qtest.sh), beside the emulator in the same tree: the
+# patched QEMU with `sqcq_poll` off, as its default is, must pass them as
+# the unpatched one does (what a maintainer taking the series would run),
+# and one QEMU build serves both. Meson compiles that test in only with
+# the tools and the vhost-user-blk server enabled (neither is built).
+#
 #   scripts/build-qemu.sh [7.2|10.0]    prints the path of qemu-system-x86_64
+#                                       (7.2: bin/qos-test beside it)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=scripts/lib/packages.sh
@@ -58,17 +67,27 @@ configure_opts=(--target-list=x86_64-softmmu
     --without-default-features --enable-tcg --enable-vhost-user
     --disable-docs --disable-werror
     --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu)
-# (the firmware blobs are stripped from Debian's +ds tarball of 10.0; the
-# suite's come from qemu-system-data and seabios)
-[ "$series" = 7.2 ] || configure_opts+=(--disable-install-blobs)
-key="$( { echo "$version ${configure_opts[*]} qemu-system-x86_64"; cat "${patches[@]}"; } |
+targets=(qemu-system-x86_64)
+if [ "$series" = 7.2 ]; then
+    configure_opts+=(--enable-tools --enable-vhost-user-blk-server)
+    targets+=(tests/qtest/qos-test)
+else
+    # (the firmware blobs are stripped from Debian's +ds tarball of 10.0;
+    # the suite's come from qemu-system-data and seabios)
+    configure_opts+=(--disable-install-blobs)
+fi
+key="$( { echo "$version ${configure_opts[*]} ${targets[*]}"; cat "${patches[@]}"; } |
     sha256sum | cut -c1-16)"
 # shellcheck source=scripts/lib/cache.sh
 source "$repo/scripts/lib/cache.sh"
 out="$(cache_dir qemu)/$key"
 bin="$out/bin/qemu-system-x86_64"
 cache_lock "$out"
-if [ -x "$bin" ]; then
+built() {
+    local t
+    for t in "${targets[@]}"; do [ -x "$out/bin/${t##*/}" ] || return 1; done
+}
+if built; then
     echo "$bin"
     exit 0
 fi
@@ -107,13 +126,22 @@ fi
     mkdir build && cd build
     ../configure --prefix="$out" "${configure_opts[@]}" \
         > "$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }
-    # The emulator alone: not the tools, tests or documentation.
-    ninja -j"$(nproc)" qemu-system-x86_64 > "$work/make.log" 2>&1 ||
+    if [ "$series" = 7.2 ]; then
+        grep -q 'vhost-user-blk-test\.c' build.ninja ||
+            { log "configure left vhost-user-blk-test.c out of qos-test"; exit 1; }
+    fi
+    # The emulator (and qos-test): not the tools or the documentation.
+    ninja -j"$(nproc)" "${targets[@]}" > "$work/make.log" 2>&1 ||
         { tail -n 40 "$work/make.log" >&2; exit 1; }
     mkdir -p "$out/bin"
+    # the emulator last: its presence is what the suite looks for
+    for t in "${targets[@]}"; do
+        [ "$t" = qemu-system-x86_64 ] && continue
+        cp "$t" "$out/bin/${t##*/}.tmp" && mv "$out/bin/${t##*/}.tmp" "$out/bin/${t##*/}"
+    done
     cp qemu-system-x86_64 "$bin.tmp"
     mv "$bin.tmp" "$bin"
 )
-[ -x "$bin" ] || { log "no $bin after the build"; exit 1; }
+built || { log "not all of ${targets[*]} in $out/bin after the build"; exit 1; }
 log "built $bin"
 echo "$bin"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # QEMU's own functional tests of vhost-user-blk back-ends against sqcqd:
 # the vhost-user-blk tests of QEMU 7.2's `qos-test` (basic, indirect, idx,
-# nxvirtq, hotplug, multiqueue), built by scripts/build-qtest.sh, with
+# nxvirtq, hotplug, multiqueue), built with the QEMU 7.2 of the guest
+# suite by scripts/build-qemu.sh (Debian 12's source and patches/qemu/7.2,
+# `sqcq_poll` off as by default), with
 # sqcqd started through scripts/qsd-compat.sh where the test starts
 # qemu-storage-daemon. Fails unless every one of them runs and passes.
 #
@@ -16,7 +18,7 @@ log() { echo "qtest: $*" >&2; }
 
 # Firmware of the pc machine the tests run (seabios; option ROMs).
 ensure_packages qtest qemu-system-data seabios ipxe-qemu
-out="$(scripts/build-qtest.sh)"
+out="$(dirname "$(dirname "$(scripts/build-qemu.sh 7.2)")")"
 if [ -z "${SQCQD:-}" ]; then
     cargo build --quiet -p sqcq-target --bin sqcqd
     SQCQD="$repo/target/debug/sqcqd"

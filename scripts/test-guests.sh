@@ -12,9 +12,16 @@
 #                              (scripts/ceph-cluster.sh start), else their
 #                              own
 #
-# scripts/test.sh runs it last. The runs that need no patched QEMU come
-# first; the builds are locked and cached per entry (scripts/lib/cache.sh),
-# so a build that another script has started is waited for, not repeated.
+# scripts/test.sh runs it as its guest lane, beside the host tests: a TCG
+# guest keeps about one of the machine's two CPUs busy and the host tests
+# about the other, so the two lanes take the time of the longer one. It
+# sets SQCQ_GUEST_AFTER, a file that the host lane creates once its Ceph
+# failure tests (which stop the cluster's OSD and monitor,
+# crates/sqcq-bench/tests/rbd_failure.rs) are over: the RBD runs wait
+# for it. The runs that need no patched QEMU come first, so that the
+# host lane can build that QEMU and the guest kernels meanwhile
+# (scripts/test.sh, "build ahead"; each build is locked and cached, so
+# whichever lane asks first builds it and the other waits for it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SQCQ_STAGES_LANE=guest
@@ -25,6 +32,13 @@ if [ -z "${SQCQD:-}" ]; then
     cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
     export SQCQD=target/debug/sqcqd
 fi
+# the RBD runs wait for the host lane's Ceph failure tests
+after_host() {
+    [ -n "${SQCQ_GUEST_AFTER:-}" ] || return 0
+    local t0=$SECONDS
+    while [ ! -e "$SQCQ_GUEST_AFTER" ]; do sleep 2; done
+    echo "test-guests: waited $((SECONDS - t0)) s for the host lane's Ceph failure tests"
+}
 g() { scripts/guest-test.sh "$@"; }
 rm -f target/guest/measure.txt
 
@@ -43,6 +57,7 @@ g --restart
 g --restart --daemon-extra "--poll kick"
 
 stage "guest: on Ceph RBD images of the test cluster: vhost-user-blk (every check; resized with rbd resize in the cluster), vhost-user-scsi (run1), the blk guest restarted three times after kill -9 (lock take-over) and migrated between two sqcqd on one image (lock hand-over)"
+after_host
 SQCQ_REQUIRE_PEERS=1 g --blk --rbd
 SQCQ_REQUIRE_PEERS=1 g --rbd --only-run1
 SQCQ_REQUIRE_PEERS=1 g --restart --rbd
@@ -74,3 +89,5 @@ stage "guest: QEMU 10.0 (bookworm-backports' source, patches/qemu/10.0): sqcqd k
 g --restart --sqcq --scsi --qemu-version 10.0
 
 scripts/guest-report.sh target/guest/measure.txt
+[ -z "${SQCQ_GUEST_AFTER:-}" ] ||
+    echo "(these ran beside scripts/test.sh's host tests: the counts hold, the CPU column is the busier machine's)"

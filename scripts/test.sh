@@ -13,29 +13,41 @@
 # restarted, and the guest migrated, under a verified fio load; the guest
 # on Ceph RBD disks, and migrated between two sqcqd on one RBD image.
 #
-# The guest runs are scripts/test-guests.sh, run last. Side by side with
-# the host tests they would take about the longer half's time (a TCG
-# guest keeps about one CPU busy, the host tests about the other), but
-# crates/sqcq-target/tests/logging.rs failed once under that load (the used
-# ring marked after LOG_ALL was cleared: SET_FEATURES without a reply, a
-# race in the test): until it is fixed they run one after the other
-# (docs/guest-tests.md, "CI's time"). The patched QEMUs and guest kernels
-# are built ahead, each locked and cached per entry.
+# Two lanes, after the checks that everything else needs: the guest runs
+# (scripts/test-guests.sh, its output in target/ci/guests.log, printed
+# when it ends) beside the host tests. A TCG guest keeps about one of the
+# two CPUs busy and the host tests, which wait on daemons, timers and the
+# Ceph cluster much of the time, about the other, so the run takes about
+# the longer lane's time (figures: docs/guest-tests.md, "CI's time"). The
+# host lane first builds what the guest lane will need (the patched
+# QEMUs, the guest kernels; each locked and cached per entry) while the
+# guest lane runs the guests that need none of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 
 ci=target/ci
 mkdir -p "$ci"
-rm -f "$ci"/stages.txt
-export SQCQ_STAGES_FILE="$PWD/$ci/stages.txt"
+rm -f "$ci"/stages.txt "$ci"/guests.log "$ci"/host-ceph-tests.done
+export SQCQ_STAGES_FILE="$PWD/$ci/stages.txt" SQCQ_STAGES_LANE=host
 # shellcheck source=scripts/lib/stages.sh
 source scripts/lib/stages.sh
 
-# On exit, whatever ended it: the Ceph cluster torn down, every stage's
-# start listed.
+# On exit, whatever ended it: the guest lane stopped if it still runs
+# (its whole process group: QEMUs and daemons included) and the tail of its
+# log shown, the Ceph cluster torn down, every stage's start listed.
+guest_lane=""
 finish() {
     local rc=$?
+    if [ -n "$guest_lane" ] && kill -0 "$guest_lane" 2>/dev/null; then
+        echo "== the guest lane still runs: stopped; the end of its log ($ci/guests.log):"
+        # the harnesses stop their QEMUs and daemons on TERM
+        kill -TERM -- "-$guest_lane" 2>/dev/null || true
+        for _ in $(seq 30); do kill -0 "$guest_lane" 2>/dev/null || break; sleep 1; done
+        kill -KILL -- "-$guest_lane" 2>/dev/null || true
+        wait "$guest_lane" 2>/dev/null || true
+        tail -n 60 "$ci/guests.log" || true
+    fi
     scripts/ceph-cluster.sh stop || true
     stage_report
     exit "$rc"
@@ -91,14 +103,22 @@ case $rc in
     *) exit "$rc" ;;
 esac
 
-stage "build ahead for the guests: QEMU 7.2 with patches/qemu/7.2, the 6.1 guest modules"
+stage "guest lane: every guest run (scripts/test-guests.sh) from now on beside the host tests, its output in $ci/guests.log"
+# its own process group (setsid), so that finish() can stop all of it
+SQCQD="$ci/sqcqd" SQCQ_GUEST_AFTER="$ci/host-ceph-tests.done" \
+    setsid scripts/test-guests.sh > "$ci/guests.log" 2>&1 &
+guest_lane=$!
+
+stage "build ahead for the guest lane: QEMU 7.2 with patches/qemu/7.2, the 6.1 guest modules"
 scripts/build-qemu.sh 7.2 > /dev/null
 scripts/build-guest-modules.sh 6.1 > /dev/null
 stage "cargo test (every peer installed above: none may be skipped)"
 SQCQ_REQUIRE_PEERS=1 cargo test --workspace
 # The fuzz entry points' own tests (behind the `fuzzing` feature).
 cargo test --quiet -p sqcq-target --features fuzzing --lib fuzzing::
-stage "build ahead for the guests: QEMU 10.0 with patches/qemu/10.0, the 6.12 guest kernel"
+# the Ceph failure tests are over: the guest lane's RBD runs may start
+touch "$ci/host-ceph-tests.done"
+stage "build ahead for the guest lane: QEMU 10.0 with patches/qemu/10.0, the 6.12 guest kernel"
 scripts/build-qemu.sh 10.0 > /dev/null
 scripts/build-guest-modules.sh 6.12 > /dev/null
 stage "qtest: QEMU 7.2's own vhost-user-blk tests (qos-test) against sqcqd"
@@ -112,9 +132,14 @@ stage "fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
 stage "deb: the Debian package (release build, scripts/build-deb.sh) installed, checked by lintian, run from its unit as systemd would, removed and purged (scripts/deb-test.sh)"
 deb=$(scripts/build-deb.sh)
-# (under the package lock: dpkg -i fails rather than waits)
+# dpkg -i fails rather than waits while the guest lane installs a package
 source scripts/lib/packages.sh
 package_lock scripts/deb-test.sh "$deb"
 
-stage "guests: every guest run (scripts/test-guests.sh)"
-SQCQD="$ci/sqcqd" scripts/test-guests.sh
+stage "host lane done: waiting for the guest lane"
+rc=0
+wait "$guest_lane" || rc=$?
+guest_lane=""
+echo "== the guest lane ($ci/guests.log):"
+cat "$ci/guests.log"
+[ "$rc" = 0 ] || { echo "== the guest lane failed (exit $rc)"; exit "$rc"; }
