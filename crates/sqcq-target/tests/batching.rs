@@ -31,8 +31,9 @@ fn a_batch_completes_with_one_publish_and_one_call() {
             .unwrap()
     };
     // The device counts a call after writing the eventfd (and a
-    // completion after publishing it): wait until its figures and the
-    // driver's agree before taking or comparing them.
+    // completion after publishing it, before it decides on the call):
+    // wait until its figures and the driver's agree before taking or
+    // comparing them.
     let settle = |rq: &mut Rq| {
         let completions = u64::from(rq.queue.virtqueue().ring().last_used());
         wait_until("the device's and the driver's figures agree", || {
@@ -66,6 +67,13 @@ fn a_batch_completes_with_one_publish_and_one_call() {
         for r in rq.poll(K as usize) {
             assert!(r.good(), "{r:?}");
         }
+        // The call is due: wait for it (it may come after the driver
+        // has seen the used index, and after the device counted the
+        // completions: both figures agreeing before it proves nothing).
+        // A call that never comes fails here.
+        wait_until("the call the driver asked for", || {
+            rq.queue.counters().calls != calls0
+        });
         settle(rq);
         let (c1, p1, k1) = stats();
         let calls = rq.queue.counters().calls - calls0;
