@@ -3,7 +3,7 @@
 #
 # cache_dir NAME: prints the folder for NAME's builds. Outside the work
 # tree, so that a fresh clone on the same machine (CI runs in one) finds
-# QEMU, the qtest and the guest modules built already: $SQCQ_CACHE if
+# QEMU (with its qos-test) and the guest modules built already: $SQCQ_CACHE if
 # set, /var/cache/sqcq as root, else target/ of the work tree. Every entry
 # in it is keyed by what it was built from (source version, patches,
 # options), so a stale one is never used.
