@@ -18,10 +18,10 @@
 # sets SQCQ_GUEST_AFTER, a file that the host lane creates once its Ceph
 # failure tests (which stop the cluster's OSD and monitor,
 # crates/sqcq-bench/tests/rbd_failure.rs) are over: the RBD runs wait
-# for it. The runs that need no patched QEMU come first, so that the
-# host lane can build that QEMU and the guest kernels meanwhile
-# (scripts/test.sh, "build ahead"; each build is locked and cached, so
-# whichever lane asks first builds it and the other waits for it).
+# for it. The runs that need no patched QEMU come first, so that
+# scripts/build-from-source.sh, which test.sh runs beside both lanes,
+# can build that QEMU and the guest kernels meanwhile (each build is
+# locked and cached: a run that needs one waits for it, or builds it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SQCQ_STAGES_LANE=guest

@@ -13,41 +13,48 @@
 # restarted, and the guest migrated, under a verified fio load; the guest
 # on Ceph RBD disks, and migrated between two sqcqd on one RBD image.
 #
-# Two lanes, after the checks that everything else needs: the guest runs
+# Two lanes, as soon as the guests' daemon is built (after the quick
+# source checks and cpu-offline, which takes a CPU away): the guest runs
 # (scripts/test-guests.sh, its output in target/ci/guests.log, printed
 # when it ends) beside the host tests. A TCG guest keeps about one of the
 # two CPUs busy and the host tests, which wait on daemons, timers and the
 # Ceph cluster much of the time, about the other, so the run takes about
-# the longer lane's time (figures: docs/guest-tests.md, "CI's time"). The
-# host lane first builds what the guest lane will need (the patched
-# QEMUs, the guest kernels; each locked and cached per entry) while the
-# guest lane runs the guests that need none of it.
+# the longer lane's time (figures: docs/guest-tests.md, "CI's time").
+# What the guests need from source (the patched QEMUs, the guest kernels;
+# each locked and cached per entry) is built beside both at a low
+# priority (scripts/build-from-source.sh), in the CPU time they leave
+# idle, while the guest lane runs first the guests that need none of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 
 ci=target/ci
 mkdir -p "$ci"
-rm -f "$ci"/stages.txt "$ci"/guests.log "$ci"/host-ceph-tests.done
+rm -f "$ci"/stages.txt "$ci"/guests.log "$ci"/builds.log "$ci"/host-ceph-tests.done
 export SQCQ_STAGES_FILE="$PWD/$ci/stages.txt" SQCQ_STAGES_LANE=host
 # shellcheck source=scripts/lib/stages.sh
 source scripts/lib/stages.sh
 
-# On exit, whatever ended it: the guest lane stopped if it still runs
-# (its whole process group: QEMUs and daemons included) and the tail of its
-# log shown, the Ceph cluster torn down, every stage's start listed.
+# On exit, whatever ended it: the guest lane and the background builds
+# stopped if they still run (each its whole process group: QEMUs, daemons
+# and compilers included) and the tail of their logs shown, the Ceph
+# cluster torn down, every stage's start listed.
 guest_lane=""
+builds=""
+stop_group() { # PID LOG
+    kill -0 "$1" 2>/dev/null || return 0
+    echo "== still running, stopped: $2; its end:"
+    # the harnesses stop their QEMUs and daemons on TERM
+    kill -TERM -- "-$1" 2>/dev/null || true
+    for _ in $(seq 30); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    tail -n 60 "$2" || true
+}
 finish() {
     local rc=$?
-    if [ -n "$guest_lane" ] && kill -0 "$guest_lane" 2>/dev/null; then
-        echo "== the guest lane still runs: stopped; the end of its log ($ci/guests.log):"
-        # the harnesses stop their QEMUs and daemons on TERM
-        kill -TERM -- "-$guest_lane" 2>/dev/null || true
-        for _ in $(seq 30); do kill -0 "$guest_lane" 2>/dev/null || break; sleep 1; done
-        kill -KILL -- "-$guest_lane" 2>/dev/null || true
-        wait "$guest_lane" 2>/dev/null || true
-        tail -n 60 "$ci/guests.log" || true
-    fi
+    [ -z "$guest_lane" ] || stop_group "$guest_lane" "$ci/guests.log"
+    [ -z "$builds" ] || stop_group "$builds" "$ci/builds.log"
     scripts/ceph-cluster.sh stop || true
     stage_report
     exit "$rc"
@@ -76,15 +83,7 @@ scripts/module-cycles.py --check scripts/module-cycles.allow
 stage "spec: the LaTeX rendition (docs/spec/tex) in the same words as docs/spec/virtio-sqcq.md"
 scripts/spec-sync.py --self-test
 scripts/spec-sync.py
-stage "sqcq-protocol builds without std"
-cargo build --quiet -p sqcq-protocol --no-default-features
-stage "cargo clippy --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo clippy -p sqcq-target --features fuzzing --lib --examples --quiet -- -D warnings
-stage "loom: each fence of the handshake removed in turn must lose a wakeup"
-scripts/check-fences.sh
-stage "spin: the Promela models (NEED_WAKEUP; backpressure; stop, crash and restart; packed rings) and their failing variants"
-scripts/check-models.sh
+stage "build: sqcqd with fault injection (the guests' and the qtests' daemon), sqcq-bench"
 # sqcqd with its fault injection (the qtests' and the guests' daemon;
 # built alone, as `-p sqcq-target -p sqcq-bench` leaves the feature out
 # of the binary), kept as a copy that cargo test cannot rebuild without
@@ -104,23 +103,31 @@ case $rc in
 esac
 
 stage "guest lane: every guest run (scripts/test-guests.sh) from now on beside the host tests, its output in $ci/guests.log"
-# its own process group (setsid), so that finish() can stop all of it
+# each in its own process group (setsid), so that finish() can stop all
+# of it
 SQCQD="$ci/sqcqd" SQCQ_GUEST_AFTER="$ci/host-ceph-tests.done" \
     setsid scripts/test-guests.sh > "$ci/guests.log" 2>&1 &
 guest_lane=$!
+stage "builds from source in the background at nice 10 (scripts/build-from-source.sh: QEMU 7.2 and 10.0 with their patches, the 6.1 modules, the 6.12 kernel), its output in $ci/builds.log"
+setsid nice -n 10 scripts/build-from-source.sh > "$ci/builds.log" 2>&1 &
+builds=$!
 
-stage "build ahead for the guest lane: QEMU 7.2 with patches/qemu/7.2, the 6.1 guest modules"
-scripts/build-qemu.sh 7.2 > /dev/null
-scripts/build-guest-modules.sh 6.1 > /dev/null
+stage "sqcq-protocol builds without std"
+cargo build --quiet -p sqcq-protocol --no-default-features
+stage "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo clippy -p sqcq-target --features fuzzing --lib --examples --quiet -- -D warnings
+stage "loom: each fence of the handshake removed in turn must lose a wakeup"
+scripts/check-fences.sh
+stage "spin: the Promela models (NEED_WAKEUP; backpressure; stop, crash and restart; packed rings) and their failing variants"
+scripts/check-models.sh
+
 stage "cargo test (every peer installed above: none may be skipped)"
 SQCQ_REQUIRE_PEERS=1 cargo test --workspace
 # The fuzz entry points' own tests (behind the `fuzzing` feature).
 cargo test --quiet -p sqcq-target --features fuzzing --lib fuzzing::
 # the Ceph failure tests are over: the guest lane's RBD runs may start
 touch "$ci/host-ceph-tests.done"
-stage "build ahead for the guest lane: QEMU 10.0 with patches/qemu/10.0, the 6.12 guest kernel"
-scripts/build-qemu.sh 10.0 > /dev/null
-scripts/build-guest-modules.sh 6.12 > /dev/null
 stage "qtest: QEMU 7.2's own vhost-user-blk tests (qos-test) against sqcqd"
 SQCQD="$ci/sqcqd" scripts/qtest.sh
 stage "asan: sqcq-backstore, sqcq-target and sqcq-driver tests under AddressSanitizer (target/asan)"
@@ -136,8 +143,11 @@ deb=$(scripts/build-deb.sh)
 source scripts/lib/packages.sh
 package_lock scripts/deb-test.sh "$deb"
 
-stage "host lane done: waiting for the guest lane"
+stage "host lane done: waiting for the background builds and the guest lane"
 rc=0
+wait "$builds" || rc=$?
+builds=""
+[ "$rc" = 0 ] || { echo "== the builds failed (exit $rc):"; cat "$ci/builds.log"; exit "$rc"; }
 wait "$guest_lane" || rc=$?
 guest_lane=""
 echo "== the guest lane ($ci/guests.log):"
