@@ -50,7 +50,7 @@ done
 [ "${#patches[@]}" -gt 0 ] || { log "no patches in $patchdir"; exit 1; }
 kbuild="$repo/tests/guest/kmod/Kbuild"
 guestcfg="$repo/tests/guest/kmod/guest-$series.config"
-key="$( { echo "$series $kver $version"; cat "${patches[@]}" "$0" "$kbuild";
+key="$( { echo "$series $kver $version"; cat "${patches[@]}" "$0" "$kbuild" scripts/lib/guest-kernel.sh;
           [ "$series" = 6.1 ] || cat "$guestcfg"; } | sha256sum | cut -c1-16)"
 # shellcheck source=scripts/lib/cache.sh
 source "$repo/scripts/lib/cache.sh"
@@ -110,17 +110,9 @@ series_warnings() { # LOG: the warnings and errors in the series' files
 mkdir -p "$out.tmp"
 if [ "$series" = 6.1 ]; then
     mods=(virtio virtio_ring virtio_pci virtio_pci_modern_dev virtio_pci_legacy_dev virtio_scsi virtio_blk)
-    # Laid out flat, as the Kbuild file expects; the patched headers come
-    # before the kernel's own (NOSTDINC_FLAGS precede LINUXINCLUDE).
     build="$work/build"
-    mkdir -p "$build"
-    cp "$src"/drivers/virtio/{virtio.c,virtio_ring.c,virtio_pci_common.c,virtio_pci_common.h} \
-       "$src"/drivers/virtio/{virtio_pci_legacy.c,virtio_pci_modern.c} \
-       "$src"/drivers/virtio/{virtio_pci_modern_dev.c,virtio_pci_legacy_dev.c} \
-       "$src"/drivers/scsi/{virtio_scsi.c,sd.h} "$src"/drivers/block/virtio_blk.c "$kbuild" "$build/"
-    cp -r "$src/include" "$build/include"
-    make -C "/lib/modules/$kver/build" M="$build" NOSTDINC_FLAGS="-I$build/include" \
-        -j"$(nproc)" modules > "$work/make.log" 2>&1 || { tail -n 40 "$work/make.log" >&2; exit 1; }
+    guest_flat_build 6.1 "$src" "$kver" "$build" "" > "$work/make.log" 2>&1 ||
+        { tail -n 40 "$work/make.log" >&2; exit 1; }
     if grep -E "warning:|error:" "$work/make.log" >&2; then
         log "the modules build with warnings"
         exit 1
@@ -129,32 +121,16 @@ if [ "$series" = 6.1 ]; then
         cp "$build/$m.ko" "$out.tmp/"
     done
 else
-    # The series' .c files with Debian's own configuration of this kernel:
-    # compiled out of tree against its headers package, as the 6.1
-    # modules are (the patched headers first), each object on its own
-    # (Debian builds virtio_ring into the kernel: as a module it differs
-    # by -DMODULE only; no modpost, whose symbols vmlinux already has).
-    # A configured tree of the whole source would cost a `make prepare`
-    # for three objects.
-    deb_obj="$work/debian-config"
-    mkdir -p "$deb_obj"
-    objs=()
-    for f in $(echo "$touched" | grep '\.c$'); do
-        cp "$src/$f" "$deb_obj/"
-        objs+=("$(basename "${f%.c}").o")
-    done
-    [ ! -e "$src/drivers/scsi/sd.h" ] || cp "$src/drivers/scsi/sd.h" "$deb_obj/"   # virtio_scsi.c's
-    cp -r "$src/include" "$deb_obj/include"
-    echo "obj-m += ${objs[*]}" > "$deb_obj/Kbuild"
-    make -C "/lib/modules/$kver/build" M="$deb_obj" NOSTDINC_FLAGS="-I$deb_obj/include" \
-        -j"$(nproc)" "${objs[@]}" > "$work/debian-config.log" 2>&1 ||
-        { tail -n 40 "$work/debian-config.log" >&2; exit 1; }
+    # The series' files with Debian's own configuration of this kernel
+    # (scripts/lib/guest-kernel.sh, guest_flat_build).
+    guest_flat_build 6.12 "$src" "$kver" "$work/debian-config" "$touched" \
+        > "$work/debian-config.log" 2>&1 || { tail -n 40 "$work/debian-config.log" >&2; exit 1; }
     # (laid out flat: the warnings name the files without their folders)
     if grep -E "warning:|error:" "$work/debian-config.log" >&2; then
         log "the series compiles with warnings under Debian's configuration"
         exit 1
     fi
-    log "the series' files compile without warnings under Debian's configuration (${#objs[@]} objects)"
+    log "the series' files compile without warnings under Debian's configuration ($(echo "$touched" | grep -c '\.c$') objects)"
     # The guest's kernel: allnoconfig plus the suite's needs, and the
     # kernel release of Debian's with +sqcq in place of its ABI name.
     kobj="$work/guest"

@@ -31,3 +31,41 @@ guest_kver() {
     done
     echo "$kver"
 }
+
+# guest_flat_build SERIES SRC KVER DIR TOUCHED: compiles the guest's virtio
+# files of the kernel source SRC out of tree against KVER's headers package
+# (Debian's own configuration of that kernel), laid out flat in DIR with
+# SRC's include/ ahead of the kernel's (NOSTDINC_FLAGS come before
+# LINUXINCLUDE); make's output on stdout.
+#   6.1   the modules the 6.1 guest loads in place of Debian's
+#         (tests/guest/kmod/Kbuild: virtio, virtio_ring, virtio_pci and its
+#         two _dev halves, virtio_scsi, virtio_blk)
+#   6.12  each .c file of TOUCHED (the files a series changes, one path a
+#         line) as an object of its own, with no modpost: Debian builds the
+#         virtio core into this kernel, so virtio_ring's symbols are in
+#         vmlinux already; as a module an object differs by -DMODULE only
+# Three objects take seconds, where a configured tree of the whole source
+# costs a `make prepare` first.
+guest_flat_build() {
+    local series=$1 src=$2 kver=$3 dir=$4 touched=$5 f targets=()
+    rm -rf "$dir" && mkdir -p "$dir"
+    if [ "$series" = 6.1 ]; then
+        cp "$src"/drivers/virtio/{virtio.c,virtio_ring.c,virtio_pci_common.c,virtio_pci_common.h} \
+           "$src"/drivers/virtio/{virtio_pci_legacy.c,virtio_pci_modern.c} \
+           "$src"/drivers/virtio/{virtio_pci_modern_dev.c,virtio_pci_legacy_dev.c} \
+           "$src"/drivers/scsi/virtio_scsi.c "$src"/drivers/block/virtio_blk.c \
+           "$(dirname "${BASH_SOURCE[0]}")/../../tests/guest/kmod/Kbuild" "$dir/"
+        targets=(modules)
+    else
+        for f in $(echo "$touched" | grep '\.c$'); do
+            cp "$src/$f" "$dir/"
+            targets+=("$(basename "${f%.c}").o")
+        done
+        echo "obj-m += ${targets[*]}" > "$dir/Kbuild"
+    fi
+    # virtio_scsi.c's own header
+    [ ! -e "$src/drivers/scsi/sd.h" ] || cp "$src/drivers/scsi/sd.h" "$dir/"
+    cp -r "$src/include" "$dir/include"
+    make -C "/lib/modules/$kver/build" M="$dir" NOSTDINC_FLAGS="-I$dir/include" \
+        -j"$(nproc)" "${targets[@]}"
+}
