@@ -61,11 +61,8 @@ finish() {
 }
 trap finish EXIT
 
-stage "setup: packages, peers"
+stage "setup: packages"
 scripts/setup.sh
-# The interoperability peer the driver tests run against (rust-vmm's
-# vhost-device-scsi), built once into target/tools.
-scripts/install-peers.sh
 # The Ceph cluster the RBD tests run against (one monitor, manager and
 # OSD on 127.0.0.1), its client settings exported for them and for the
 # guests; torn down on exit.
@@ -112,6 +109,8 @@ stage "builds from source in the background at nice 10 (scripts/build-from-sourc
 setsid nice -n 10 scripts/build-from-source.sh > "$ci/builds.log" 2>&1 &
 builds=$!
 
+stage "peers: rust-vmm's vhost-device-scsi, the interoperability peer of the driver tests (built once into target/tools)"
+scripts/install-peers.sh
 stage "sqcq-protocol builds without std"
 cargo build --quiet -p sqcq-protocol --no-default-features
 stage "cargo clippy --all-targets -- -D warnings"
