@@ -39,17 +39,28 @@ stage() {
 # stage_report: every stage recorded, in the order they began, with how
 # long it took and how many CPU seconds its lane used meanwhile (up to the
 # lane's next stage: each lane ends with one), and the total time so far.
+# Bash reaps a background lane when it exits, adding its CPU time to the
+# lane that started it: that lane's figure for the stage in which another
+# lane recorded its last stage is given without the other lane's total.
 stage_report() {
     local t=$(($(date +%s) - SQCQ_STAGES_T0))
     echo "== stages (start since the beginning, duration, CPU seconds of the lane in it; total $t s)"
-    sort -n -s -k1,1 "$SQCQ_STAGES_FILE" | awk '
-        { start[NR] = $1; lane[NR] = $3; cpu[NR] = $4
+    sort -n -s -k1,1 "$SQCQ_STAGES_FILE" | awk -v parent="${SQCQ_STAGES_LANE:-}" '
+        { start[NR] = $1; lane[NR] = $3; cpu[NR] = $4; last[$3] = NR
           name[NR] = $0; sub(/^ *[0-9]+ s +[^ ]+ +[0-9]+  /, "", name[NR]) }
         END {
             for (i = 1; i <= NR; i++) {
                 d = "?"; c = "?"
                 for (j = i + 1; j <= NR; j++)
-                    if (lane[j] == lane[i]) { d = start[j] - start[i]; c = sprintf("%.0f", (cpu[j] - cpu[i]) / 1000); break }
+                    if (lane[j] == lane[i]) {
+                        d = start[j] - start[i]; ms = cpu[j] - cpu[i]
+                        if (lane[i] == parent)
+                            for (l in last)
+                                if (l != parent && start[last[l]] >= start[i] && start[last[l]] < start[j])
+                                    ms -= cpu[last[l]]
+                        c = sprintf("%.0f", ms / 1000)
+                        break
+                    }
                 printf "%5d s  %-6s %5s s %6s cpu-s  %s\n", start[i], lane[i], d, c, name[i]
             }
         }'
