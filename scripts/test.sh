@@ -81,13 +81,14 @@ stage "spec: the LaTeX rendition (docs/spec/tex) in the same words as docs/spec/
 scripts/spec-sync.py --self-test
 scripts/spec-sync.py
 stage "build: sqcqd with fault injection (the guests' and the qtests' daemon), sqcq-bench"
-# sqcqd with its fault injection (the qtests' and the guests' daemon;
-# built alone, as `-p sqcq-target -p sqcq-bench` leaves the feature out
-# of the binary), kept as a copy that cargo test cannot rebuild without
-# the feature; then sqcq-bench.
+# sqcqd with its fault injection (the qtests' and the guests' daemon),
+# kept as a copy that cargo test cannot rebuild without the feature; then
+# sqcq-bench. (Not `-p sqcq-target --features sqcq-target/fault-injection`:
+# sqcq-target names itself as a dev-dependency, so that syntax enables the
+# feature on the dev-dependency, which a binary build leaves out.)
 cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
 cp target/debug/sqcqd "$ci/sqcqd"
-cargo build --quiet -p sqcq-target -p sqcq-bench --features sqcq-target/fault-injection
+cargo build --quiet -p sqcq-bench
 stage "cpu-offline: a bound worker's CPU really taken offline and back under a verified load"
 # The cpuset variant is a cargo test; this one needs a machine that lets a
 # CPU go offline (exit 2 otherwise, reported and not a failure).
@@ -132,7 +133,8 @@ SQCQD="$ci/sqcqd" scripts/qtest.sh
 stage "asan: sqcq-backstore, sqcq-target and sqcq-driver tests under AddressSanitizer (target/asan)"
 SQCQ_REQUIRE_PEERS=1 scripts/asan.sh
 stage "soak: 3 minutes of kill -9, dropped frontends, moved queues, grown LUNs, reloads and hot-plug under verified load (target/soak/)"
-cargo build --quiet -p sqcq-target -p sqcq-bench --features sqcq-target/fault-injection
+cargo build --quiet -p sqcq-target --bin sqcqd --features fault-injection
+cargo build --quiet -p sqcq-bench
 scripts/soak.sh --minutes 3
 stage "fuzz: every target of fuzz/ for 15 s (ASan)"
 scripts/fuzz.sh 15
