@@ -19,8 +19,9 @@
 # failure tests (which stop the cluster's OSD and monitor,
 # crates/sqcq-bench/tests/rbd_failure.rs) are over: the RBD runs wait
 # for it, and come after the patched QEMU 7.2's runs, by when the host
-# lane's cargo test is over (before them, the lane waited for it 7
-# minutes in a cold run). The runs that need no patched QEMU come first, so that
+# lane's cargo test is over (before them, the lane sat idle waiting for
+# it: docs/guest-tests.md, "CI's time"). The runs that need no patched
+# QEMU come first, so that
 # scripts/build-from-source.sh, which test.sh runs beside both lanes,
 # can build that QEMU and the guest kernels meanwhile (each build is
 # locked and cached: a run that needs one waits for it, or builds it).
