@@ -3,10 +3,11 @@
 //! driver memory, played inline by the test.
 
 use std::os::fd::OwnedFd;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestAddress;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::DriverMemory;
 use crate::notify::{NotifyMode, QueueEvents};
@@ -58,6 +59,28 @@ pub(crate) fn queue_pair(
     device.set_event_idx(config.event_idx);
     device.set_ready(true);
     (vq, poll, device)
+}
+
+/// Waits until the driver of the split ring whose avail ring is at
+/// `avail` (of `size` entries) has asked, with EVENT_IDX, for an interrupt
+/// at used entry `next_used` (its `used_event`): from then on the device
+/// owes it a call for that entry. Waiting for the store rather than for a
+/// time keeps a test independent of the scheduler.
+pub(crate) fn wait_for_used_event(
+    mem: &GuestMemoryMmap,
+    avail: GuestAddress,
+    size: u16,
+    next_used: u16,
+) {
+    let used_event = avail.unchecked_add(4 + 2 * u64::from(size));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while u16::from_le(mem.load(used_event, Ordering::Acquire).unwrap()) != next_used {
+        assert!(
+            Instant::now() < deadline,
+            "the driver never armed used_event"
+        );
+        std::thread::yield_now();
+    }
 }
 
 /// Asserts the layout of each request's header `(address, length)`, the

@@ -258,8 +258,10 @@ fn notify_mode_kicks_when_the_device_asks_and_sleeps_for_calls() {
     rig.publish();
     assert_eq!(rig.queue.counters().kicks, 2);
 
-    // The driver sleeps on the call eventfd; a device thread completes and
-    // calls because the driver armed used_event before sleeping.
+    // The driver arms used_event and sleeps on the call eventfd; a device
+    // thread that completes once used_event is armed owes a call (the
+    // driver's re-check may find the entry first; the call is counted
+    // either way).
     let seen = rig.device_pop().unwrap();
     let calls_before = rig.queue.counters().calls;
     let mem = rig.mem.guest_memory().clone();
@@ -271,16 +273,16 @@ fn notify_mode_kicks_when_the_device_asks_and_sleeps_for_calls() {
         .try_clone()
         .unwrap();
     let (resp, _) = seen.writable[0];
+    let avail = rig.queue.virtqueue().addresses()[1];
     let device = &mut rig.device;
     let queue = &mut rig.queue;
     std::thread::scope(|s| {
         s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
+            crate::test_rig::wait_for_used_event(&mem, avail, SIZE, device.next_used());
             mem.write_slice(&[0u8; 12], resp).unwrap();
             device.add_used(&mem, seen.head, 12).unwrap();
-            if device.needs_notification(&mem).unwrap() {
-                call.write(1).unwrap();
-            }
+            assert!(device.needs_notification(&mem).unwrap(), "no call owed");
+            call.write(1).unwrap();
         });
         let mut n = 0;
         queue.wait_and_reap(|_| n += 1).unwrap();

@@ -474,14 +474,24 @@ fn ring_poll_sleeps_after_its_window_and_a_call_wakes_it() {
             }
             owed
         };
+        let stats = vq.stats_handle().unwrap();
+        let sleeps = || stats.snapshot()[0].sleeps;
         for round in 0..3 {
             vq.ring_mut().add(&[], &[data], round).unwrap();
             vq.publish().unwrap();
+            let slept = sleeps();
             thread::scope(|s| {
                 s.spawn(|| {
-                    // Long after the driver's window (20 µs by default)
-                    // expired: it sleeps with interrupts enabled by now.
-                    thread::sleep(Duration::from_millis(20));
+                    // The driver counts a sleep once its window expired,
+                    // it re-enabled interrupts and its re-check found
+                    // nothing: from then on a completion is owed a call.
+                    // Waiting for that count (not for a time) keeps the
+                    // test independent of the scheduler.
+                    let deadline = Instant::now() + BOUND;
+                    while sleeps() == slept {
+                        assert!(Instant::now() < deadline, "the driver never slept");
+                        thread::yield_now();
+                    }
                     assert!(complete(&mut queue), "event_idx={event_idx}: no call owed");
                 });
                 vq.wait().expect("woken by the call");
