@@ -8,6 +8,7 @@
 mod common;
 
 use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -226,6 +227,8 @@ fn a_device_dying_mid_run_fails_the_run_quickly() {
                 "--time_based",
                 "--iodepth",
                 "4",
+                "--rw",
+                "randwrite",
                 "--mode",
                 mode,
             ])
@@ -234,7 +237,17 @@ fn a_device_dying_mid_run_fails_the_run_quickly() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(500));
+        // Mid-run: once the peer has written to its (sparse) image,
+        // however long the bench took to connect.
+        let image = peer.dir.join("lun.img");
+        let start = Instant::now();
+        while fs::metadata(&image).unwrap().blocks() == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{mode}: no write reached the peer"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         peer.child.kill().unwrap();
         let start = Instant::now();
         let status = loop {

@@ -371,25 +371,6 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
     }
 }
 
-/// Requests the daemon of admin socket `admin` has completed, on every
-/// queue (0 while it cannot answer).
-fn completions(bin: &Path, admin: &Path) -> u64 {
-    let Ok(out) = Command::new(bin)
-        .args(["rpc", "--admin-socket"])
-        .arg(admin)
-        .arg("stats_get")
-        .output()
-    else {
-        return 0;
-    };
-    let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) else {
-        return 0;
-    };
-    v["queues"].as_array().map_or(0, |qs| {
-        qs.iter().filter_map(|q| q["completions"].as_u64()).sum()
-    })
-}
-
 #[test]
 fn rbd_luns_are_refused_under_seccomp() {
     let Some(bin) = sqcqd() else { return };

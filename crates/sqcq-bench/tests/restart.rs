@@ -22,9 +22,12 @@ fn daemon(bin: &Path, dir: &Path, device: &str, extra: &[&str]) -> Child {
         "kind=file,path={},size=64M,create",
         dir.join("disk").display()
     );
+    let _ = std::fs::remove_file(dir.join("admin.sock"));
     Command::new(bin)
         .args(["--socket-path"])
         .arg(dir.join("vhost.sock"))
+        .arg("--admin-socket")
+        .arg(dir.join("admin.sock"))
         .args(["--device-type", device, "--lun", &lun])
         .args(extra)
         .stdout(Stdio::null())
@@ -94,7 +97,16 @@ fn killed_under_load(
         .spawn()
         .expect("sqcq-bench starts");
     let mut killed = 0u64;
+    let admin = dir.0.join("admin.sock");
     for pause in pauses(name.len() as u64 * 7919).take(kills) {
+        // Each daemon is killed under load: once it has completed some
+        // requests (however long the bench took to connect or
+        // reconnect), then after a pseudo-random pause.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while completions(&bin, &admin) < 32 && bench.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "{name}: no load within 60 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         std::thread::sleep(pause);
         if bench.try_wait().unwrap().is_some() {
             break;

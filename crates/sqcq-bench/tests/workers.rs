@@ -95,7 +95,13 @@ fn moved_under_load(name: &str, device: &str, mode: &str, daemon_args: &[&str]) 
         .stderr(Stdio::piped())
         .spawn()
         .expect("sqcq-bench starts");
-    // Round after round, each queue goes to the next worker.
+    // From the first completions on (however long the bench takes to
+    // connect), round after round, each queue goes to the next worker.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while completions(&bin, &admin) < 32 {
+        assert!(Instant::now() < deadline, "{name}: no load within 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut running_moves = 0u64;
     let mut round = 0u64;
     let mut bench = Some(bench);

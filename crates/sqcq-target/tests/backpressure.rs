@@ -92,6 +92,12 @@ fn attempt(mode: Mode) -> bool {
     }
     let limited = |d: &Daemon| queue_counter(d, |q| q.limited);
     wait_until("the limit counted", || limited(&daemon) > 0);
+    if mode == Mode::Doorbell {
+        // The worker counts the limit, then sets THROTTLE and counts that.
+        wait_until("THROTTLE counted", || {
+            queue_counter(&daemon, |q| q.throttled) > 0
+        });
+    }
     // Given time to take more (a queue without a limit takes all six in
     // the pass that found them), it has not.
     std::thread::sleep(std::time::Duration::from_millis(100));

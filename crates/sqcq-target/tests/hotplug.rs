@@ -89,13 +89,22 @@ fn rpc_during_io(
     rq: &mut Rq,
 ) -> (Result<Value, Value>, u32, Vec<(u8, u8)>) {
     let path = admin.to_owned();
-    let h = thread::spawn(move || rpc(&path, method, params));
+    // The call goes once the first round is done, so that I/O is under
+    // way before it however the threads are scheduled.
+    let (go, started) = std::sync::mpsc::channel();
+    let h = thread::spawn(move || {
+        started.recv().unwrap();
+        rpc(&path, method, params)
+    });
     let mut n = 0u32;
     let mut uas = Vec::new();
     loop {
         let done = h.is_finished();
         uas.extend(write_read(rq, 0, n % 64, (n % 250) as u8 + 1));
         n += 1;
+        if n == 1 {
+            go.send(()).unwrap();
+        }
         if done {
             break;
         }

@@ -414,8 +414,9 @@ fn top_and_the_human_table_show_a_device_at_work() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Two frames, each with the device (its IOPS, the fourth field, not
-    // 0) and both its queues.
+    // Two frames, each with the device and both its queues, and IOPS (the
+    // fourth field) in at least one: a frame is a rate over 0.2 s, which a
+    // loaded machine can leave the driver's thread without a turn.
     let devices: Vec<Vec<&str>> = text
         .lines()
         .filter(|l| l.starts_with("0 scsi "))
@@ -424,8 +425,8 @@ fn top_and_the_human_table_show_a_device_at_work() {
     assert_eq!(devices.len(), 2, "{text}");
     for fields in &devices {
         assert_eq!(fields[2], "connected", "{text}");
-        assert_ne!(fields[3], "0", "no IOPS: {text}");
     }
+    assert!(devices.iter().any(|f| f[3] != "0"), "no IOPS: {text}");
     for vq in ["  vq 2 ", "  vq 3 "] {
         assert_eq!(
             text.lines().filter(|l| l.starts_with(vq)).count(),

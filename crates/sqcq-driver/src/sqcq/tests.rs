@@ -118,10 +118,13 @@ fn device(
                         events: libc::POLLIN,
                         revents: 0,
                     };
-                    // Bounded, so that `stop` is seen; a lost kick shows
-                    // up as the driver's timeout, not here.
+                    // Asleep (NEED_WAKEUP set) until a kick or `stop`,
+                    // looked at every 50 ms; a lost kick shows up as the
+                    // driver's timeout, not here.
                     // SAFETY: one valid pollfd for the duration of the call.
-                    unsafe { libc::poll(&mut pfd, 1, 50) };
+                    while unsafe { libc::poll(&mut pfd, 1, 50) } == 0
+                        && !stop.load(Ordering::Relaxed)
+                    {}
                     let _ = kick.read();
                     poller.woke();
                     // A kick may announce requests that the doorbell

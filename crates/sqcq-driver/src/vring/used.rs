@@ -117,6 +117,18 @@ impl SplitQueue {
         )
     }
 
+    /// `avail_event` (with EVENT_IDX): the device asks to be kicked once
+    /// the avail index passes it. An observation for tests and reports,
+    /// as [`Self::used_flags`].
+    pub fn avail_event(&self) -> u16 {
+        // Relaxed: an observation (`publish` loads it after its fence).
+        u16::from_le(
+            self.ring
+                .u16(self.layout.avail_event())
+                .load(Ordering::Relaxed),
+        )
+    }
+
     fn break_queue(&mut self, error: DeviceError) -> DeviceError {
         self.broken = Some(error.clone());
         error
