@@ -226,7 +226,9 @@ pub struct Outcome {
     pub case: Case,
     /// Median figures (by IOPS) over the successful repeats.
     pub median: Option<Figures>,
-    /// Every repeat's figures.
+    /// Every successful repeat's figures, in the order they ran: the
+    /// modes of a cell are interleaved, so the n-th repeats of two modes
+    /// are a side-by-side draw.
     pub repeats: Vec<Figures>,
     /// The first failure, if no repeat succeeded.
     pub failed: Option<String>,
@@ -288,10 +290,11 @@ pub fn run_all(bench: &Path, plan: &Plan) -> Result<Vec<Outcome>, RunError> {
             }
         }
         for (i, case) in schedule(&group, &plan.modes, 1).into_iter().enumerate() {
-            let mut mine = std::mem::take(&mut runs[i]);
-            mine.sort_by(|a, b| a.0.iops.total_cmp(&b.0.iops));
+            let mine = std::mem::take(&mut runs[i]);
             let repeats: Vec<Figures> = mine.iter().map(|(f, _)| f.clone()).collect();
-            let median = mine.get(mine.len() / 2).cloned();
+            let mut by_iops: Vec<_> = mine.iter().collect();
+            by_iops.sort_by(|a, b| a.0.iops.total_cmp(&b.0.iops));
+            let median = by_iops.get(by_iops.len() / 2).map(|&r| r.clone());
             outcomes.push(Outcome {
                 case,
                 failed: if median.is_none() {
