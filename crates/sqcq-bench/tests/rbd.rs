@@ -327,17 +327,10 @@ fn sqcqd_killed_under_load_on_rbd_restarts_and_takes_the_lock_over() {
         // connect, and the kill would then miss it): some writes done,
         // most to come (the load lasts seconds), and before the dirty age
         // of the cache in `conf` would have written anything back.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while completions(&bin, &admin) < 256 {
-            if let Some(status) = bench.try_wait().unwrap() {
-                panic!("{device}: sqcq-bench ended before the kill: {status}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{device}: the load starts within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(
+            wait_for_completions(&bin, &admin, 256, &mut bench),
+            "{device}: sqcq-bench ended before the kill"
+        );
         let dead_pid = d.0.id();
         d.kill();
         let killed = Instant::now();

@@ -102,11 +102,7 @@ fn killed_under_load(
         // Each daemon is killed under load: once it has completed some
         // requests (however long the bench took to connect or
         // reconnect), then after a pseudo-random pause.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while completions(&bin, &admin) < 32 && bench.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "{name}: no load within 60 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for_completions(&bin, &admin, 32, &mut bench);
         std::thread::sleep(pause);
         if bench.try_wait().unwrap().is_some() {
             break;

@@ -83,7 +83,7 @@ fn moved_under_load(name: &str, device: &str, mode: &str, daemon_args: &[&str]) 
     let created = rpc(&bin, &admin, "worker_create", &[]).expect("worker_create");
     let third = created["worker"].as_u64().unwrap();
     assert_eq!(third, 2, "the lowest free number");
-    let bench = Command::new(BENCH)
+    let mut bench = Command::new(BENCH)
         .arg("--socket")
         .arg(&socket)
         .args(["--device-type", device, "--mode", mode])
@@ -97,11 +97,7 @@ fn moved_under_load(name: &str, device: &str, mode: &str, daemon_args: &[&str]) 
         .expect("sqcq-bench starts");
     // From the first completions on (however long the bench takes to
     // connect), round after round, each queue goes to the next worker.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while completions(&bin, &admin) < 32 {
-        assert!(Instant::now() < deadline, "{name}: no load within 60 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_completions(&bin, &admin, 32, &mut bench);
     let mut running_moves = 0u64;
     let mut round = 0u64;
     let mut bench = Some(bench);

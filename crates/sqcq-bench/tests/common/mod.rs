@@ -7,7 +7,7 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 use serde_json::Value;
 
@@ -299,4 +299,23 @@ pub fn completions(bin: &Path, admin: &Path) -> u64 {
     v["queues"].as_array().map_or(0, |qs| {
         qs.iter().filter_map(|q| q["completions"].as_u64()).sum()
     })
+}
+
+/// Waits until the daemon of admin socket `admin` has completed at least
+/// `n` requests (the load has really started, however long the bench
+/// took to connect): `true`, or `false` if `bench` ended first. Fails
+/// after 60 s.
+pub fn wait_for_completions(bin: &Path, admin: &Path, n: u64, bench: &mut Child) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while completions(bin, admin) < n {
+        if bench.try_wait().unwrap().is_some() {
+            return false;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the load starts within 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
 }
