@@ -18,7 +18,9 @@
 //!   last with a `Release` store, so that the driver, which reads the ring
 //!   in order from the first, sees the batch at once (2.8.14, multi-buffer
 //!   requests, applied to a batch); the driver is notified at most once
-//!   per batch ([`PackedRing::publish`]);
+//!   per batch ([`PackedRing::publish`]); a process killed in between
+//!   leaves used descriptors that the next one clears before it publishes
+//!   ([`PackedRing::reposition`]);
 //! - what a hostile driver can write never reaches an index: a list that
 //!   does not end within a ring, or names a buffer ID at or above the
 //!   queue size, breaks the queue (a [`RingError`], as the split ring's
@@ -327,9 +329,48 @@ impl PackedRing {
     /// Continues at other positions (an in-flight record's, whose lists
     /// taken and not used lie between `used` and `avail`); `false` if
     /// either is outside the ring.
-    pub fn reposition(&mut self, avail: Position, used: Position) -> bool {
-        if avail.off() >= self.layout.size || used.off() >= self.layout.size {
+    ///
+    /// Every descriptor from `used` to `avail` is the device's, and an
+    /// earlier run may have left used descriptors there that it never
+    /// published: a batch's used descriptors after the first get their
+    /// flags as they are written, the first's last, so a process killed
+    /// in between leaves descriptors that read as used behind one that
+    /// does not. Their requests are resubmitted (the record rolled the
+    /// batch back), so once this run publishes a used descriptor at
+    /// `used` the driver, reading on in order, would find them and
+    /// complete those requests before they are redone, and again when
+    /// they are. Their flags are therefore set to those of neither an
+    /// available nor a used descriptor on their lap (AVAIL and USED both
+    /// the other lap's wrap counter) before anything is published: the
+    /// driver reads none of them before the one at `used`, which was
+    /// never marked, and this run's first publication (`Release`) makes
+    /// the new flags visible before its own.
+    pub fn reposition(&mut self, mem: Batch<'_>, avail: Position, used: Position) -> bool {
+        let size = self.layout.size;
+        if avail.off() >= size || used.off() >= size {
             return false;
+        }
+        let owned = used.ahead(avail, size).min(u32::from(size));
+        let mut at = used;
+        for _ in 0..owned {
+            let Ok(flags) = self.layout.flags(mem, at.off(), Ordering::Relaxed) else {
+                return false;
+            };
+            let marked = if at.wrap() { AVAIL | USED } else { 0 };
+            if flags & (AVAIL | USED) == marked {
+                let neither = flags & !(AVAIL | USED) | if at.wrap() { 0 } else { AVAIL | USED };
+                if mem
+                    .store_u16(
+                        self.layout.slot(at.off()) + FLAGS_OFFSET,
+                        neither,
+                        Ordering::Relaxed,
+                    )
+                    .is_err()
+                {
+                    return false;
+                }
+            }
+            at = at.advance(1, size);
         }
         self.avail = avail;
         self.used = used;
@@ -811,6 +852,61 @@ mod tests {
                 ring.next_used().ahead(ring.next_avail(), size),
                 u32::from(size - driver.room())
             );
+        }
+    }
+
+    /// A process killed while it wrote a batch of used descriptors (all
+    /// but the first marked used, the first not yet) and the next one,
+    /// which resumes at the record's positions and redoes those requests
+    /// in another order: the driver gets each ID once, when this run
+    /// publishes it, never the dead run's unpublished descriptors, on
+    /// every lap and across the wrap.
+    #[test]
+    fn a_restart_never_publishes_what_a_killed_run_left_unpublished() {
+        for size in [3u16, 5, 8] {
+            for before in 0..2 * size {
+                let m = memory();
+                let mut ring = PackedRing::open(&config(size, false), m.batch()).unwrap();
+                let mut driver = Driver::new(size);
+                // Some lists go round first, so that the kill comes at
+                // every offset and lap.
+                for _ in 0..before {
+                    driver.add(&m, &[(0x2_0000, 1, 0)]);
+                    let p = ring.pop(m.batch()).unwrap().unwrap();
+                    ring.push(m.batch(), p.id, p.count, 0).unwrap();
+                    ring.publish(m.batch()).unwrap();
+                    assert!(driver.get_used(&m).is_some());
+                }
+                // A full ring of one-descriptor lists, all taken.
+                let mut taken = vec![];
+                while driver.room() > 0 {
+                    driver.add(&m, &[(0x3_0000, 8, WRITE)]);
+                    let p = ring.pop(m.batch()).unwrap().unwrap();
+                    taken.push(p.id);
+                }
+                // The killed run wrote every used descriptor, published
+                // none of them.
+                let (avail, used) = (ring.next_avail(), ring.next_used());
+                for &id in &taken {
+                    ring.push(m.batch(), id, 1, 1).unwrap();
+                }
+                // The process dies here: the next ring starts anew.
+                assert_eq!(driver.get_used(&m), None);
+                // The next run redoes them in reverse, one per
+                // publication.
+                let mut next = PackedRing::open(&config(size, false), m.batch()).unwrap();
+                assert!(next.reposition(m.batch(), avail, used));
+                for &id in taken.iter().rev() {
+                    next.push(m.batch(), id, 1, 2).unwrap();
+                    next.publish(m.batch()).unwrap();
+                    assert_eq!(
+                        driver.get_used(&m),
+                        Some((id, 2)),
+                        "size {size}, {before} before"
+                    );
+                    assert_eq!(driver.get_used(&m), None, "size {size}, {before} before");
+                }
+            }
         }
     }
 

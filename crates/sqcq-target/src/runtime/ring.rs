@@ -124,7 +124,7 @@ impl PackedQueue {
         else {
             return None;
         };
-        if !self.ring.reposition(avail, used) {
+        if !self.ring.reposition(mem, avail, used) {
             return None;
         }
         for l in &lists {
