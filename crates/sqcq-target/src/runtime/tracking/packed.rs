@@ -23,7 +23,10 @@
 //! taking lists at the used position plus the ring descriptors those
 //! copies occupy (every list taken and not used lies between the two, and
 //! only those); the vring base a frontend gives after a crash cannot say
-//! that (QEMU's is that of the connection's start).
+//! that (QEMU's is that of the connection's start). The ring between the
+//! two may hold used descriptors the dead process marked and never
+//! published; the ring clears them before this one publishes
+//! (`runtime::packed::PackedRing::reposition`).
 //!
 //! The protocol, batched as the split record's is
 //! (`runtime::tracking`):
@@ -39,7 +42,9 @@
 //!   new used position, *before* the store that makes the batch visible
 //!   (the first used descriptor's flags); after it, the lists' `inflight`
 //!   are cleared and the `old_*` fields take the new values, which
-//!   commits the batch.
+//!   commits the batch. The four position fields share an aligned
+//!   8-byte word, written with one store, so that no kill leaves an
+//!   offset of one lap with the wrap counter of another.
 //!
 //! A process killed between any two stores leaves a record that
 //! [`PackedRecord::recover`] understands: if `used_idx` differs from
@@ -76,6 +81,16 @@ const OFF_USED_IDX: usize = 16;
 const OFF_OLD_USED_IDX: usize = 18;
 const OFF_USED_WRAP: usize = 20;
 const OFF_OLD_USED_WRAP: usize = 21;
+/// The aligned 8 bytes that hold both used positions (`used_idx`,
+/// `old_used_idx`, `used_wrap_counter`, `old_used_wrap_counter` and two
+/// bytes of padding), written with one store.
+const OFF_POSITIONS: usize = OFF_USED_IDX;
+const _: () = assert!(
+    OFF_POSITIONS.is_multiple_of(8)
+        && OFF_OLD_USED_IDX == OFF_POSITIONS + 2
+        && OFF_USED_WRAP == OFF_POSITIONS + 4
+        && OFF_OLD_USED_WRAP == OFF_POSITIONS + 5
+);
 
 const D_INFLIGHT: usize = 0;
 const D_NEXT: usize = 2;
@@ -191,6 +206,8 @@ pub struct PackedRecord {
     completing: Box<[bool]>,
     /// The used position [`Self::publishing`] recorded.
     used: Position,
+    /// The used position [`Self::published`] committed.
+    committed: Position,
 }
 
 // SAFETY: see `InflightArea`; the queue's region moves with the queue to
@@ -224,6 +241,7 @@ impl PackedRecord {
             batch: Vec::with_capacity(usize::from(ring_size)),
             completing: vec![false; usize::from(ring_size)].into_boxed_slice(),
             used: Position::START,
+            committed: Position::START,
         }
     }
 
@@ -294,10 +312,20 @@ impl PackedRecord {
             .then(|| Position::new(off, self.u8_at(wrap_off).load(Ordering::Relaxed) != 0))
     }
 
-    fn store_position(&self, idx_off: usize, wrap_off: usize, p: Position) {
-        self.store16(idx_off, p.off());
-        self.u8_at(wrap_off)
-            .store(u8::from(p.wrap()), Ordering::Relaxed);
+    /// Stores the used position (`used`) and the committed one (`old`)
+    /// with one 8-byte store. A position's offset and wrap counter are
+    /// separate fields, and a process killed between two stores must
+    /// never leave a position with one lap's offset and the other's wrap
+    /// counter: when a batch crosses the end of the ring, `recover` would
+    /// look at the descriptor the torn position names, a lap away from
+    /// the batch, and could roll back to it.
+    fn store_positions(&self, used: Position, old: Position) {
+        let word = u64::from(used.off())
+            | u64::from(old.off()) << 16
+            | u64::from(used.wrap()) << 32
+            | u64::from(old.wrap()) << 40;
+        self.u64_at(OFF_POSITIONS)
+            .store(word.to_le(), Ordering::Relaxed);
     }
 
     /// Writes the free list this process keeps (every entry not in a list
@@ -311,9 +339,9 @@ impl PackedRecord {
         self.free_head = free.first().copied().unwrap_or(NONE);
         self.store16(OFF_FREE_HEAD, self.free_head);
         self.store16(OFF_OLD_FREE_HEAD, self.free_head);
-        self.store_position(OFF_USED_IDX, OFF_USED_WRAP, used);
-        self.store_position(OFF_OLD_USED_IDX, OFF_OLD_USED_WRAP, used);
+        self.store_positions(used, used);
         self.used = used;
+        self.committed = used;
     }
 
     /// Reads the record when the queue starts. `used` is the used position
@@ -547,7 +575,7 @@ impl PackedRecord {
             self.free_head = head;
         }
         self.store16(OFF_FREE_HEAD, self.free_head);
-        self.store_position(OFF_USED_IDX, OFF_USED_WRAP, used);
+        self.store_positions(used, self.committed);
         self.used = used;
         // All of it before the store that publishes the batch (the
         // caller's, `Release`).
@@ -575,7 +603,8 @@ impl PackedRecord {
         // `recover` commits again (its lists are on the free list).
         fence(Ordering::Release);
         self.store16(OFF_OLD_FREE_HEAD, self.free_head);
-        self.store_position(OFF_OLD_USED_IDX, OFF_OLD_USED_WRAP, self.used);
+        self.store_positions(self.used, self.used);
+        self.committed = self.used;
     }
 
     /// Whether buffer `id` is recorded in flight.
