@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The soak: one sqcqd serving a vhost-user-scsi and a vhost-user-blk
 # device (file LUNs), each driven by verified sqcq-bench sessions in every
-# driver mode, while the daemon is killed (-9) and restarted (alternating
+# driver mode, on split and packed rings (each session picks one), while
+# the daemon is killed (-9) and restarted (alternating
 # --poll kick, ring and auto), frontends are killed and come back, the memory
 # table is sent again mid-run, queues move between workers, LUNs grow,
 # the configuration is reloaded (SIGHUP or config_reload), a spare LUN
@@ -112,6 +113,8 @@ write_config() {
     local d
     {
         echo "workers = $WORKERS"
+        # packed rings offered: each session picks its layout
+        printf '[poll]\npacked = true\n'
         for d in 0 1; do
             cat <<EOF
 [[device]]
@@ -213,6 +216,10 @@ start_session() { # device [region]
         count memtable_sessions
     fi
     [ "${TYPES[$d]}" = scsi ] && [ $((RANDOM % 2)) = 0 ] && extra+=(--fua)
+    if [ $((RANDOM % 2)) = 0 ]; then
+        extra+=(--ring packed)
+        count packed_sessions
+    fi
     mapfile -t args < <(bench_args "$d" "$r" "$SESSION" "$mode")
     echo "$BENCH ${args[*]} ${extra[*]}" >"$OUT/bench/$SESSION.cmd"
     "$BENCH" "${args[@]}" "${extra[@]}" >"$OUT/bench/$SESSION.json" 2>"$OUT/bench/$SESSION.log" &
@@ -595,7 +602,7 @@ done < <(sed -n 's/^BAD //p' <<<"$MEM_VERDICT")
     for k in kill9 disconnect move move_refused resize resize_refused reload_sighup reload_rpc \
         reload_rpc_refused reload_rpc_partial lun_add lun_add_refused lun_remove lun_remove_refused \
         device_delete device_delete_refused device_create device_create_refused \
-        memtable_sessions memtable_sent memtable_failed; do
+        memtable_sessions memtable_sent memtable_failed packed_sessions; do
         printf '%-26s %s\n' "$k" "${COUNT[$k]:-0}"
     done
     for m in "${MODES[@]}"; do

@@ -79,12 +79,24 @@ fn connect_tracked(
     extra: u64,
     area: Option<&Area>,
 ) -> (Frontend, Area) {
+    connect_tracked_with(socket, g, vqs, extra, area, false)
+}
+
+/// [`connect_tracked`], with VIRTIO_RING_F_EVENT_IDX if `event_idx`.
+fn connect_tracked_with(
+    socket: &std::path::Path,
+    g: &Guest,
+    vqs: &mut [Vq],
+    extra: u64,
+    area: Option<&Area>,
+    event_idx: bool,
+) -> (Frontend, Area) {
     let mut made = None;
     let fe = connect_full(
         socket,
         g,
         vqs,
-        false,
+        event_idx,
         (1 << 1) | (1 << 2) | extra,
         VhostUserProtocolFeatures::INFLIGHT_SHMFD,
         &mut |fe| {
@@ -227,6 +239,49 @@ fn a_batch_published_but_not_cleared_is_not_resubmitted() {
     wait_until("the record cleared", || {
         !area.in_flight(RQ, a.head) && !area.in_flight(RQ, b.head)
     });
+}
+
+/// The same state, as a daemon killed after it published the batch and
+/// before it called the driver leaves it, with EVENT_IDX: the driver
+/// asked for a call at the batch's used element, which no later
+/// completion crosses, so the next daemon calls it once (when the
+/// frontend hands it the call eventfd, as libvhost-user does); without
+/// that call the driver would wait for ever.
+#[test]
+fn a_batch_published_but_not_signalled_is_signalled_after_a_restart() {
+    let dir = TempDir::new("restart-call");
+    let (daemon, socket) = start(&dir, 1);
+    let mut g = Guest::new();
+    let mut vqs = vqs();
+    let (fe, area) = connect_tracked_with(&socket, &g, &mut vqs, 0, None, true);
+    clear_unit_attention(&mut vqs[RQ], &mut g, 0);
+    drop(fe);
+    wait_until("the queue stopped", || !queue_running(&daemon, RQ_VQ));
+
+    let rq = &mut vqs[RQ];
+    let base = rq.used_idx(&g);
+    let a = submit(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
+    let b = submit(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
+    rq.publish(&g);
+    // The driver's used event: a call when the used index passes base.
+    g.write(rq.avail + 4 + 2 * u64::from(rq.size), &base.to_le_bytes());
+    area.record(RQ, a.head, 1);
+    area.record(RQ, b.head, 2);
+    let slot = rq.used + 4 + 8 * u64::from(base % rq.size);
+    g.write(slot, &u32::from(a.head).to_le_bytes());
+    let last_batch_head = 12;
+    area.file
+        .write_all_at(&a.head.to_le_bytes(), area.at(RQ, last_batch_head))
+        .unwrap();
+    g.write(rq.used + 2, &base.wrapping_add(1).to_le_bytes());
+    rq.last_used = base.wrapping_add(1);
+    while rq.call.read().is_ok() {}
+
+    let mut fe = connect_tracked_with(&socket, &g, &mut [], 0, Some(&area), true).0;
+    vqs[RQ].resume(&mut fe, &g, base.wrapping_add(1));
+    let rq = &mut vqs[RQ];
+    assert_eq!(rq.wait_used(&g).0, b.head, "the second one is redone");
+    wait_until("the driver is called", || rq.call.read().is_ok());
 }
 
 #[test]
