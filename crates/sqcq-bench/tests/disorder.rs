@@ -96,11 +96,17 @@ fn a_scsi_lun_resized_under_load_costs_no_io() {
     let Some((bin, dir, d)) = setup("resize", "scsi") else {
         return;
     };
-    let run = bench(&dir.0, "scsi", &[]).spawn().unwrap();
+    let mut run = bench(&dir.0, "scsi", &[]).spawn().unwrap();
     // Two resizes while the load runs (CAPACITY DATA HAS CHANGED each
-    // time), then the run goes on to its end.
+    // time), each once requests completed since the last, then the run
+    // goes on to its end.
+    let admin = dir.0.join("admin.sock");
     for size in ["80M", "96M"] {
-        std::thread::sleep(Duration::from_millis(150));
+        let n = completions(&bin, &admin) + 32;
+        assert!(
+            wait_for_completions(&bin, &admin, n, &mut run),
+            "the load ended before the resize to {size}"
+        );
         rpc(
             &bin,
             &dir.0,

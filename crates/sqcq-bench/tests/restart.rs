@@ -168,7 +168,7 @@ fn without_reconnect_a_kill_fails_the_load() {
     while !socket.exists() {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let bench = Command::new(BENCH)
+    let mut bench = Command::new(BENCH)
         .arg("--socket")
         .arg(&socket)
         .args([
@@ -184,7 +184,11 @@ fn without_reconnect_a_kill_fails_the_load() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(150));
+    // Killed under load, not before the bench connected.
+    assert!(
+        wait_for_completions(&bin, &dir.0.join("admin.sock"), 32, &mut bench),
+        "the load ended before the kill"
+    );
     d.kill().unwrap();
     d.wait().unwrap();
     let out = bench.wait_with_output().unwrap();

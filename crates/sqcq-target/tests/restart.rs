@@ -190,11 +190,14 @@ fn requests_recorded_in_flight_are_resubmitted_in_their_order_and_once() {
         block(0xbb),
         "resubmitted in the order they were taken"
     );
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    assert_eq!(rq.used_idx(&g), used_before.wrapping_add(4));
+    // And after it, one more: its completion is the next one (`command`
+    // checks the head), with nothing else published before it.
+    let (r, _) = command(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(rq.used_idx(&g), used_before.wrapping_add(5));
     wait_until("the record cleared", || {
         writes.iter().all(|p| !area.in_flight(RQ, p.head))
-            && area.used_idx(RQ) == used_before.wrapping_add(4)
+            && area.used_idx(RQ) == used_before.wrapping_add(5)
     });
 }
 
@@ -233,8 +236,11 @@ fn a_batch_published_but_not_cleared_is_not_resubmitted() {
     vqs[RQ].resume(&mut fe, &g, base.wrapping_add(1));
     let rq = &mut vqs[RQ];
     assert_eq!(rq.wait_used(&g).0, b.head, "only the second one comes back");
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    assert_eq!(rq.used_idx(&g), base.wrapping_add(2));
+    // The next request's completion is the next one (`command` checks
+    // the head): the first was not redone.
+    let (r, _) = command(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(rq.used_idx(&g), base.wrapping_add(3));
     assert_eq!(resubmitted(&daemon, RQ_VQ), 1);
     wait_until("the record cleared", || {
         !area.in_flight(RQ, a.head) && !area.in_flight(RQ, b.head)
