@@ -203,48 +203,7 @@ fn requests_recorded_in_flight_are_resubmitted_in_their_order_and_once() {
 
 #[test]
 fn a_batch_published_but_not_cleared_is_not_resubmitted() {
-    let dir = TempDir::new("restart-batch");
-    let (daemon, socket) = start(&dir, 1);
-    let mut g = Guest::new();
-    let mut vqs = vqs();
-    let (fe, area) = connect_tracked(&socket, &g, &mut vqs, 0, None);
-    clear_unit_attention(&mut vqs[RQ], &mut g, 0);
-    drop(fe);
-    wait_until("the queue stopped", || !queue_running(&daemon, RQ_VQ));
-
-    // Two requests taken; the first completed and its used element was
-    // published, and the daemon died before it cleared the record: the
-    // record's used index lags the ring's by one, the batch list names
-    // it.
-    let rq = &mut vqs[RQ];
-    let base = rq.used_idx(&g);
-    let a = submit(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
-    let b = submit(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
-    rq.publish(&g);
-    area.record(RQ, a.head, 1);
-    area.record(RQ, b.head, 2);
-    let slot = rq.used + 4 + 8 * u64::from(base % rq.size);
-    g.write(slot, &u32::from(a.head).to_le_bytes());
-    let last_batch_head = 12;
-    area.file
-        .write_all_at(&a.head.to_le_bytes(), area.at(RQ, last_batch_head))
-        .unwrap();
-    g.write(rq.used + 2, &base.wrapping_add(1).to_le_bytes());
-    rq.last_used = base.wrapping_add(1);
-
-    let mut fe = connect_tracked(&socket, &g, &mut [], 0, Some(&area)).0;
-    vqs[RQ].resume(&mut fe, &g, base.wrapping_add(1));
-    let rq = &mut vqs[RQ];
-    assert_eq!(rq.wait_used(&g).0, b.head, "only the second one comes back");
-    // The next request's completion is the next one (`command` checks
-    // the head): the first was not redone.
-    let (r, _) = command(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
-    assert_eq!(r.status, 0, "{r:?}");
-    assert_eq!(rq.used_idx(&g), base.wrapping_add(3));
-    assert_eq!(resubmitted(&daemon, RQ_VQ), 1);
-    wait_until("the record cleared", || {
-        !area.in_flight(RQ, a.head) && !area.in_flight(RQ, b.head)
-    });
+    batch_published_before_a_kill("restart-batch", false);
 }
 
 /// The same state, as a daemon killed after it published the batch and
@@ -255,11 +214,21 @@ fn a_batch_published_but_not_cleared_is_not_resubmitted() {
 /// that call the driver would wait for ever.
 #[test]
 fn a_batch_published_but_not_signalled_is_signalled_after_a_restart() {
-    let dir = TempDir::new("restart-call");
+    batch_published_before_a_kill("restart-call", true);
+}
+
+/// Two requests taken; the first completed and its used element was
+/// published, and the daemon died before it cleared the record (or
+/// called the driver): the record's used index lags the ring's by one,
+/// the batch list names it. The next daemon redoes only the second; with
+/// `event_idx` the driver's used event names the first's element, and
+/// the driver is called.
+fn batch_published_before_a_kill(name: &str, event_idx: bool) {
+    let dir = TempDir::new(name);
     let (daemon, socket) = start(&dir, 1);
     let mut g = Guest::new();
     let mut vqs = vqs();
-    let (fe, area) = connect_tracked_with(&socket, &g, &mut vqs, 0, None, true);
+    let (fe, area) = connect_tracked_with(&socket, &g, &mut vqs, 0, None, event_idx);
     clear_unit_attention(&mut vqs[RQ], &mut g, 0);
     drop(fe);
     wait_until("the queue stopped", || !queue_running(&daemon, RQ_VQ));
@@ -269,8 +238,11 @@ fn a_batch_published_but_not_signalled_is_signalled_after_a_restart() {
     let a = submit(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
     let b = submit(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
     rq.publish(&g);
-    // The driver's used event: a call when the used index passes base.
-    g.write(rq.avail + 4 + 2 * u64::from(rq.size), &base.to_le_bytes());
+    if event_idx {
+        // The driver's used event: a call when the used index passes
+        // base.
+        g.write(rq.avail + 4 + 2 * u64::from(rq.size), &base.to_le_bytes());
+    }
     area.record(RQ, a.head, 1);
     area.record(RQ, b.head, 2);
     let slot = rq.used + 4 + 8 * u64::from(base % rq.size);
@@ -283,11 +255,22 @@ fn a_batch_published_but_not_signalled_is_signalled_after_a_restart() {
     rq.last_used = base.wrapping_add(1);
     while rq.call.read().is_ok() {}
 
-    let mut fe = connect_tracked_with(&socket, &g, &mut [], 0, Some(&area), true).0;
+    let mut fe = connect_tracked_with(&socket, &g, &mut [], 0, Some(&area), event_idx).0;
     vqs[RQ].resume(&mut fe, &g, base.wrapping_add(1));
     let rq = &mut vqs[RQ];
-    assert_eq!(rq.wait_used(&g).0, b.head, "the second one is redone");
-    wait_until("the driver is called", || rq.call.read().is_ok());
+    assert_eq!(rq.wait_used(&g).0, b.head, "only the second one comes back");
+    if event_idx {
+        wait_until("the driver is called", || rq.call.read().is_ok());
+    }
+    // The next request's completion is the next one (`command` checks
+    // the head): the first was not redone.
+    let (r, _) = command(rq, &mut g, lun_field(0, 0), &TEST_UNIT_READY, &[], 0);
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(rq.used_idx(&g), base.wrapping_add(3));
+    assert_eq!(resubmitted(&daemon, RQ_VQ), 1);
+    wait_until("the record cleared", || {
+        !area.in_flight(RQ, a.head) && !area.in_flight(RQ, b.head)
+    });
 }
 
 #[test]
