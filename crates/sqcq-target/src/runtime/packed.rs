@@ -339,12 +339,16 @@ impl PackedRing {
     /// batch back), so once this run publishes a used descriptor at
     /// `used` the driver, reading on in order, would find them and
     /// complete those requests before they are redone, and again when
-    /// they are. Their flags are therefore set to those of neither an
-    /// available nor a used descriptor on their lap (AVAIL and USED both
-    /// the other lap's wrap counter) before anything is published: the
-    /// driver reads none of them before the one at `used`, which was
-    /// never marked, and this run's first publication (`Release`) makes
-    /// the new flags visible before its own.
+    /// they are. Their AVAIL and USED flags are therefore put back as the
+    /// driver wrote them, available on their lap, before anything is
+    /// published: the driver reads none of them before the one at `used`,
+    /// which was never marked, and this run's first publication
+    /// (`Release`) makes the flags visible before its own. Available, not
+    /// some third state: the record decides whether a later batch
+    /// reached the ring by whether the descriptor at its first position
+    /// is still available (`PackedRecord::recover`), and a batch that
+    /// starts at one of these descriptors and is killed before its
+    /// publication must read as not published.
     pub fn reposition(&mut self, mem: Batch<'_>, avail: Position, used: Position) -> bool {
         let size = self.layout.size;
         if avail.off() >= size || used.off() >= size {
@@ -358,11 +362,11 @@ impl PackedRing {
             };
             let marked = if at.wrap() { AVAIL | USED } else { 0 };
             if flags & (AVAIL | USED) == marked {
-                let neither = flags & !(AVAIL | USED) | if at.wrap() { 0 } else { AVAIL | USED };
+                let available = flags & !(AVAIL | USED) | if at.wrap() { AVAIL } else { USED };
                 if mem
                     .store_u16(
                         self.layout.slot(at.off()) + FLAGS_OFFSET,
-                        neither,
+                        available,
                         Ordering::Relaxed,
                     )
                     .is_err()
@@ -583,7 +587,7 @@ impl Iterator for PackedWalk<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::{HashMap, HashSet};
     use std::sync::Arc;
 
@@ -594,12 +598,12 @@ mod tests {
     use crate::runtime::chain::{ChainBuffers, ChainError, Segment, parse};
     use crate::runtime::guest::test_memory;
 
-    const DESC: u64 = 0x0;
-    const DRIVER_EVENT: u64 = 0x8000;
-    const DEVICE_EVENT: u64 = 0x8004;
+    pub(crate) const DESC: u64 = 0x0;
+    pub(crate) const DRIVER_EVENT: u64 = 0x8000;
+    pub(crate) const DEVICE_EVENT: u64 = 0x8004;
     const TABLES: u64 = 0x9000;
 
-    fn memory() -> Mapped {
+    pub(crate) fn memory() -> Mapped {
         Mapped::new(Arc::new(test_memory(&[(GuestAddress(0), 0x10_0000)])))
     }
 
@@ -616,7 +620,7 @@ mod tests {
     }
 
     /// A small xorshift: reproducible, no dependency.
-    fn rng(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    pub(crate) fn rng(mut seed: u64) -> impl FnMut(u64) -> u64 {
         move |n| {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -629,7 +633,8 @@ mod tests {
     /// lists written with the first descriptor's flags last, the buffer
     /// ID in the last descriptor, used descriptors read in order and
     /// skipped by the length of their list.
-    struct Driver {
+    #[derive(Debug)]
+    pub(crate) struct Driver {
         size: u16,
         avail: Position,
         used: Position,
@@ -639,7 +644,7 @@ mod tests {
     }
 
     impl Driver {
-        fn new(size: u16) -> Self {
+        pub(crate) fn new(size: u16) -> Self {
             Driver {
                 size,
                 avail: Position::START,
@@ -649,7 +654,7 @@ mod tests {
             }
         }
 
-        fn room(&self) -> u16 {
+        pub(crate) fn room(&self) -> u16 {
             self.size - self.lists.values().sum::<u16>()
         }
 
@@ -666,7 +671,7 @@ mod tests {
 
         /// Makes `bufs` (address, length, flags) available as one list;
         /// returns its buffer ID.
-        fn add(&mut self, m: &Mapped, bufs: &[(u64, u32, u16)]) -> u16 {
+        pub(crate) fn add(&mut self, m: &Mapped, bufs: &[(u64, u32, u16)]) -> u16 {
             let n = u16::try_from(bufs.len()).unwrap();
             assert!(n >= 1 && n <= self.room());
             let id = self.free.pop().unwrap();
@@ -714,7 +719,7 @@ mod tests {
         }
 
         /// The next used buffer: its ID and length.
-        fn get_used(&mut self, m: &Mapped) -> Option<(u16, u32)> {
+        pub(crate) fn get_used(&mut self, m: &Mapped) -> Option<(u16, u32)> {
             let at = DESC + 16 * u64::from(self.used.off());
             let flags = m.batch().load_u16(at + 14, Ordering::Acquire).unwrap();
             if (flags & USED != 0) != self.used.wrap() || (flags & AVAIL != 0) != self.used.wrap() {

@@ -203,6 +203,22 @@ impl InflightArea {
         region * usize::from(num_queues)
     }
 
+    /// An area for `num_queues` queues of `queue_size` entries, `packed`
+    /// or split, in a zeroed heap buffer (the daemon maps a memfd).
+    #[cfg(test)]
+    pub(crate) fn on_heap(num_queues: u16, queue_size: u16, packed: bool) -> Arc<Self> {
+        let len = Self::size_for(num_queues, queue_size, packed);
+        let mut buf: Box<[u64]> = vec![0u64; len.div_ceil(8)].into_boxed_slice();
+        let ptr = NonNull::new(buf.as_mut_ptr().cast::<u8>()).expect("a live allocation");
+        // SAFETY: the buffer, 8-aligned and at least `len` bytes, moves
+        // into the area as its keeper (a boxed slice's heap block does not
+        // move with the box).
+        Arc::new(
+            unsafe { Self::new(ptr, len, num_queues, queue_size, Box::new(buf)) }
+                .expect("an area of the size its queues need"),
+        )
+    }
+
     /// Forgets every record (the device was reset: nothing it had taken
     /// is to be resubmitted).
     pub fn clear(&self) {
@@ -429,16 +445,8 @@ impl TrackedQueue {
 mod tests {
     use super::*;
 
-    /// An area in a heap buffer (the daemon maps a memfd).
     fn area(num_queues: u16, queue_size: u16) -> Arc<InflightArea> {
-        let len = queue_region_size(queue_size) * usize::from(num_queues);
-        let mut buf: Box<[u64]> = vec![0u64; len / 8].into_boxed_slice();
-        let ptr = NonNull::new(buf.as_mut_ptr().cast::<u8>()).unwrap();
-        // SAFETY: the buffer, 8-aligned, moves into the area as its keeper
-        // (a boxed slice's heap block does not move with the box).
-        Arc::new(
-            unsafe { InflightArea::new(ptr, len, num_queues, queue_size, Box::new(buf)) }.unwrap(),
-        )
+        InflightArea::on_heap(num_queues, queue_size, false)
     }
 
     #[test]

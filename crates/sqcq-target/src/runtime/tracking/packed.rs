@@ -618,17 +618,8 @@ impl PackedRecord {
 mod tests {
     use super::*;
 
-    /// An area for packed rings in a heap buffer (the daemon maps a
-    /// memfd).
     fn area(num_queues: u16, queue_size: u16) -> Arc<InflightArea> {
-        let len = InflightArea::size_for(num_queues, queue_size, true);
-        let mut buf: Box<[u64]> = vec![0u64; len / 8].into_boxed_slice();
-        let ptr = NonNull::new(buf.as_mut_ptr().cast::<u8>()).unwrap();
-        // SAFETY: the buffer, 8-aligned, moves into the area as its keeper
-        // (a boxed slice's heap block does not move with the box).
-        Arc::new(
-            unsafe { InflightArea::new(ptr, len, num_queues, queue_size, Box::new(buf)) }.unwrap(),
-        )
+        InflightArea::on_heap(num_queues, queue_size, true)
     }
 
     /// A list of `n` descriptors for buffer `id`, told apart by address.
