@@ -233,7 +233,9 @@ start_session() { # device [region]
 
 # Accounts for the finished session of device $1.
 session_done() {
-    local d=$1 st=$2 s=${BSESSION[$d]} r=${BREGION[$d]}
+    local d=$1 st=$2
+    # (a second `local`: the words of one are expanded before d is set)
+    local s=${BSESSION[$d]} r=${BREGION[$d]}
     BPID[d]=
     local ios
     ios=$(python3 - "$OUT/bench/$s.json" <<'EOF' 2>/dev/null

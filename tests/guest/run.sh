@@ -74,11 +74,13 @@ usage: scripts/guest-test.sh [options]
   --backpressure        with --sqcq: sqcqd serves the two disks from files
                         with --max-inflight 4, from a blkio cgroup of its
                         own, and the guest runs fio (QD 64, verify) on the
-                        second disk while the host limits the daemon's I/O
-                        to 200 a second (SQCQ-HOST throttle-on/-off): the
-                        device sets THROTTLE, virtio_scsi holds commands
-                        back (holds= in its statistics line), nothing times
-                        out (spec section "Backpressure")
+                        second disk (with --blk the first, before its other
+                        checks: the second is read-only) while the host
+                        limits the daemon's I/O to 200 a second (SQCQ-HOST
+                        throttle-on/-off): the device sets THROTTLE, the
+                        driver holds requests back (holds= in its statistics
+                        line), nothing times out (spec section
+                        "Backpressure")
   --keep                keep the scratch directory (logs, images)
 Env: SQCQ_GUEST_DAEMON (= --daemon), SQCQD (path of sqcqd),
      SQCQ_GUEST_TIMEOUT_BOOT/_CHECKS/_STALL/_SHUTDOWN (seconds: 90/240/90/30;
@@ -168,6 +170,11 @@ sqcqd)
     fi
     if [ "$rbd" = 1 ] && [ "$blk" = 0 ]; then
         : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun $(rbd_lun lun0) --lun $(rbd_lun lun1),block-size=4096 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+    elif [ "$bp" = 1 ] && [ "$blk" = 1 ]; then
+        # the disks of blk.toml on files (blk_toml ... file)
+        : "${daemon_cmd:="$bin --config {dir}/blk.toml --max-inflight 4 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
+        [ "${#images[@]}" -gt 0 ] || images=(vda.img vdb.img)
+        file_backed=1
     elif [ "$bp" = 1 ]; then
         : "${daemon_cmd:="$bin --socket-path {socket} --num-queues 2 --lun kind=file,path={dir}/lun0.img --lun kind=file,path={dir}/lun1.img,block-size=4096 --max-inflight 4 --stats-file {dir}/stats.json --stats-interval 1 --admin-socket {dir}/admin.sock $daemon_extra"}"
         [ "${#images[@]}" -gt 0 ] || images=(lun0.img lun1.img)
@@ -261,8 +268,8 @@ work="$(mktemp -d /tmp/sqcq-guest.XXXXXX)"
 sock="$work/vhost.sock"
 cg=""
 if [ "$bp" = 1 ]; then
-    [ "$sqcq" = 1 ] && [ "$daemon" = sqcqd ] && [ "$blk" = 0 ] && [ "$rbd" = 0 ] ||
-        { say "--backpressure needs --sqcq and sqcqd (virtio-scsi, file disks)"; exit 2; }
+    [ "$sqcq" = 1 ] && [ "$daemon" = sqcqd ] && [ "$rbd" = 0 ] ||
+        { say "--backpressure needs --sqcq and sqcqd (file disks)"; exit 2; }
     blkio_setup "sqcq-guest-$$" "$work" ||
         { say "--backpressure needs a blkio (v1) or io (v2) cgroup controller for the disk under $work"; exit 1; }
 fi
@@ -274,7 +281,7 @@ if [ "$blk" = 1 ]; then
     sock="$work/blk1.sock"
     # shellcheck source=tests/guest/blk-toml.sh
     source "$here/blk-toml.sh"
-    blk_toml "$work" "$nq" "$([ "$rbd" = 1 ] && echo rbd)" > "$work/blk.toml"
+    blk_toml "$work" "$nq" "$([ "$rbd" = 1 ] && echo rbd)$([ "$bp" = 1 ] && echo file)" > "$work/blk.toml"
 fi
 qemu_pid="" daemon_pid=""
 cleanup() {
@@ -572,9 +579,10 @@ sqcq_host_checks() {
     fi
     if [ "$bp" = 1 ]; then
         local t
+        # the request queues: from vq 2 on virtio-scsi, every vq on blk
         t=$(python3 -c 'import json, sys
-q = [e for e in json.load(open(sys.argv[1]))["queues"] if e["vq"] >= 2]
-print(sum(e["limited"] for e in q), sum(e["throttled"] for e in q))' "$work/stats.json" 2>/dev/null || true)
+q = [e for e in json.load(open(sys.argv[1]))["queues"] if e["vq"] >= int(sys.argv[2])]
+print(sum(e["limited"] for e in q), sum(e["throttled"] for e in q))' "$work/stats.json" "$([ "$blk" = 1 ] && echo 0 || echo 2)" 2>/dev/null || true)
         if [ -n "$t" ] && [ "${t#* }" -gt 0 ]; then
             host_check "$run/bp_throttled" PASS "daemon: request queues at their limit $t times (limited, THROTTLE set)"
         else
