@@ -71,8 +71,8 @@ stage "guest: the same guest and QEMU against sqcqd --no-sqcq: classic virtio"
 g --sqcq --daemon-extra --no-sqcq --only-run1
 stage "guest: the patched virtio_blk with VIRTIO_F_SQCQ_POLL (patches 9-12, QEMU patch 4)"
 g --blk --sqcq --measure --label blk-sqcq
-stage "guest: backpressure on virtio_blk: the SQCQ_POLL blk guest on file disks under the host's I/O limit (sqcqd --max-inflight 4, THROTTLE held back by virtio_blk, patch 11)"
-g --blk --sqcq --backpressure --only-run1
+stage "guest: backpressure on virtio_blk, on packed rings: the SQCQ_POLL blk guest (packed=on, bits 34 and 42) on file disks under the host's I/O limit (sqcqd --max-inflight 4, THROTTLE held back by virtio_blk, patch 11)"
+g --blk --sqcq --packed --backpressure --only-run1
 stage "guest: restart of the SQCQ_POLL virtio_blk guest, and on packed rings (QEMU packed=on, sqcqd --packed: the packed in-flight record)"
 g --restart --sqcq
 g --restart --packed

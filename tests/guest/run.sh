@@ -49,7 +49,8 @@ usage: scripts/guest-test.sh [options]
                         VIRTIO_F_RING_PACKED beside bit 42), and the guest
                         must negotiate both bit 34 (RING_PACKED) and bit 42
                         (the doorbells then follow the Device Area: spec
-                        section 10); virtio-scsi and sqcqd only
+                        section 10); sqcqd only, virtio-scsi or (--blk)
+                        virtio-blk
   --daemon-extra ARGS   more sqcqd options (e.g. --no-sqcq, '--poll ring')
   --measure             run1 counts interrupts, CPU time (guest) and kicks
                         (daemon) per I/O under fio at QD1 and QD32, and
@@ -130,8 +131,8 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$daemon" ] || { [ -n "$daemon_cmd" ] && daemon=custom || daemon=sqcqd; }
 if [ "$packed" = 1 ]; then
-    [ "$sqcq" = 1 ] && [ "$daemon" = sqcqd ] && [ "$blk" = 0 ] ||
-        { echo "guest-test: --packed needs --sqcq and sqcqd (virtio-scsi)" >&2; exit 2; }
+    [ "$sqcq" = 1 ] && [ "$daemon" = sqcqd ] ||
+        { echo "guest-test: --packed needs --sqcq and sqcqd" >&2; exit 2; }
     # sqcqd offers VIRTIO_F_RING_PACKED only when asked
     daemon_extra="${daemon_extra:+$daemon_extra }--packed"
     # measure.txt's default label: sqcq-packed
