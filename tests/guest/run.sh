@@ -282,7 +282,10 @@ if [ "$blk" = 1 ]; then
     sock="$work/blk1.sock"
     # shellcheck source=tests/guest/blk-toml.sh
     source "$here/blk-toml.sh"
-    blk_toml "$work" "$nq" "$([ "$rbd" = 1 ] && echo rbd)$([ "$bp" = 1 ] && echo file)" > "$work/blk.toml"
+    disk_kind=""
+    [ "$rbd" = 1 ] && disk_kind="rbd"
+    [ "$bp" = 1 ] && disk_kind="file"
+    blk_toml "$work" "$nq" "$disk_kind" > "$work/blk.toml"
 fi
 qemu_pid="" daemon_pid=""
 cleanup() {
