@@ -56,7 +56,12 @@
 # initiator). The summary sets QD1's p50 against the cache line round trip
 # measured in the same runs: the physical floor of a polled request, which
 # needs at least one line to go from the initiator to the target and one
-# to come back.
+# to come back. Its last table pairs each run with bdevperf -> SPDK's run
+# of the same repeat when both ran with the vCPUs placed alike (both near
+# or both far), and gives the median and range of those ratios: on a host
+# that moves the vCPUs every few seconds, runs seconds apart compare
+# better than medians of runs minutes apart (--target-half keeps a pair
+# seconds apart).
 # After each repeat's last cells, sqcqd's CPU over IDLE_SECS with no load.
 # SPDK's target is started for each of its runs (its reactor never sleeps
 # and would hold a probe's CPU).
@@ -67,6 +72,9 @@
 #   --qd "1 32"     queue depths
 #   --rw "randread randwrite"
 #   --scaling       2 queues / 2 target threads / 2 jobs instead of 1
+#   --target-half   only bdevperf -> spdk and bdevperf -> sqcqd-ring (the
+#                   target half: the same driver against each target), for
+#                   many short repeats (e.g. --reps 15 --secs 2)
 #   --device T      scsi (default) or blk (adds qemu-storage-daemon)
 #   --disk D        null (default), shm, loop, or a file or block device
 #   --spdk-bdev B   uring (default) or aio: SPDK's bdev for --disk
@@ -83,7 +91,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-reps=3 secs=5 qds="1 32" rws="randread randwrite" scaling=0 out="" device=scsi disk=null spdk_bdev=uring
+reps=3 secs=5 qds="1 32" rws="randread randwrite" scaling=0 half=0 out="" device=scsi disk=null spdk_bdev=uring
 while [ $# -gt 0 ]; do
     case "$1" in
         --reps) reps=$2; shift ;;
@@ -91,6 +99,7 @@ while [ $# -gt 0 ]; do
         --qd) qds=$2; shift ;;
         --rw) rws=$2; shift ;;
         --scaling) scaling=1 ;;
+        --target-half) half=1 ;;
         --device) device=$2; shift ;;
         --disk) disk=$2; shift ;;
         --spdk-bdev) spdk_bdev=$2; shift ;;
@@ -289,11 +298,17 @@ idle_ticks=() auto_idle_ticks=()
 last_rw=${rws##* } last_qd=${qds##* }
 spdk_cells() { # REP RW QD
     cell "$1" bdevperf spdk poll "$2" "$3" -- bdevperf "$2" "$3"
+    [ "$half" = 0 ] || return 0
     cell "$1" sqcq-bench spdk ring-poll "$2" "$3" -- bench ring-poll "$2" "$3"
 }
 sqcqd_cells() { # REP RW QD
     start_sqcqd ring
     cell "$1" bdevperf sqcqd-ring ring "$2" "$3" -- bdevperf "$2" "$3"
+    if [ "$half" = 1 ]; then
+        last_load_idle idle_ticks "$2" "$3"
+        stop_target
+        return 0
+    fi
     cell "$1" sqcq-bench sqcqd-ring ring-poll "$2" "$3" -- bench ring-poll "$2" "$3"
     stop_target
     start_sqcqd kick
@@ -309,7 +324,7 @@ sqcqd_cells() { # REP RW QD
     stop_target
 }
 qsd_cells() { # REP RW QD
-    [ "$device" = blk ] || return 0
+    [ "$device" = blk ] && [ "$half" = 0 ] || return 0
     start_qsd
     cell "$1" sqcq-bench qsd ring-poll "$2" "$3" -- bench ring-poll "$2" "$3"
     stop_target
@@ -341,7 +356,7 @@ for rep in $(seq "$reps"); do
     done; done
 done
 echo "# sqcqd idle after load: ${idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
-echo "# sqcqd --poll auto idle after load: ${auto_idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
+[ "$half" = 1 ] || echo "# sqcqd --poll auto idle after load: ${auto_idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 "$py" - "$tsv" "$far_ns" > "$out/summary.md" << 'EOF'
@@ -401,6 +416,31 @@ for pl in ("all", "near", "far"):
         print("| %s | %d | %s -> %s (%s) | %d | %s | %s | %.2f | %.3f | %s | %.0f | %.0f |" % (
             rw, qd, ini, tgt, mode, len(rs), f"{iops:,.0f}", ratio, med(rs, "lat_us"), p50, floor,
             med(rs, "target_ns_io"), med(rs, "initiator_ns_io")))
+# Paired: each run over the baseline's run of the same repeat (the cells of
+# a repeat's rw/QD ran back to back, seconds apart), when both ran with
+# the vCPUs placed alike; the median of those ratios, with its spread.
+print()
+print("### paired: each run / bdevperf -> SPDK's run of the same repeat, both near or both far")
+print()
+print("| rw | QD | initiator -> target (mode) | pairs (near + far) | ratio (median) | lowest | highest |")
+print("|---|---|---|---|---|---|---|")
+for key in order:
+    rw, qd, ini, tgt, mode = key
+    if ini == "bdevperf" and tgt == "spdk":
+        continue
+    ratios, pls = [], []
+    for r in rows:
+        if (r["rw"], int(r["qd"]), r["initiator"], r["target"], r["mode"]) != key or r["placement"] == "mixed":
+            continue
+        b = [x for x in rows if x["rep"] == r["rep"] and x["rw"] == rw and int(x["qd"]) == qd
+             and x["initiator"] == "bdevperf" and x["target"] == "spdk" and x["placement"] == r["placement"]]
+        if b and float(b[0]["iops"]) > 0 and float(r["iops"]) > 0:
+            ratios.append(float(r["iops"]) / float(b[0]["iops"]))
+            pls.append(r["placement"])
+    if ratios:
+        print("| %s | %d | %s -> %s (%s) | %d (%d + %d) | %.2fx | %.2fx | %.2fx |" % (
+            rw, qd, ini, tgt, mode, len(ratios), pls.count("near"), pls.count("far"),
+            statistics.median(ratios), min(ratios), max(ratios)))
 failed = [r for r in rows if float(r["iops"]) <= 0]
 if failed:
     print()
