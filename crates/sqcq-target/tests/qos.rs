@@ -143,24 +143,24 @@ fn a_device_serves_no_more_than_its_limit() {
         (list[0]["quiesced"].as_bool(), list[1]["quiesced"].as_bool()),
         (Some(true), Some(false))
     );
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let ok = d.rqs[0].read(8, 4096).0.is_ok();
-        tx.send(ok).unwrap();
-        d
-    });
-    assert!(
-        rx.recv_timeout(ms(300)).is_err(),
-        "a quiesced device completed a request"
-    );
+    // Published (and kicked) before the window starts: the device sees it
+    // on the ring for the whole window, and must leave it there.
+    let mut held = d.rqs[0].start_read(8, 4096);
+    let window = Instant::now() + ms(300);
+    while Instant::now() < window {
+        assert!(
+            !d.rqs[0].completed(&mut held),
+            "a quiesced device completed a request"
+        );
+        std::thread::sleep(ms(10));
+    }
     let r = rpc(&admin, "device_resume", json!({"device": 0})).unwrap();
     assert_eq!(r, json!({"was_quiesced": true}));
-    assert_eq!(
-        rx.recv_timeout(WAIT),
-        Ok(true),
+    assert!(
+        d.rqs[0].finish_read(held).is_ok(),
         "resumed, the request completes"
     );
-    drop(reader.join().unwrap());
+    drop(d);
 
     let e = rpc(&admin, "device_set_qos", json!({"device": 0, "iops": -1})).unwrap_err();
     assert_eq!(error_code(&e), -32602, "{e}");

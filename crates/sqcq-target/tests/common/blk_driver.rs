@@ -32,6 +32,12 @@ pub struct BlkDriver {
     _mem: DriverMemory,
 }
 
+/// A request submitted and published, and its completion once reaped.
+pub struct Started {
+    token: u64,
+    done: Option<Completion>,
+}
+
 /// One request queue and its data buffer.
 pub struct BlkRq {
     pub queue: BlkQueue,
@@ -123,11 +129,24 @@ impl BlkDriver {
 impl BlkRq {
     /// Submits `req`, publishes it and waits (bounded) for its completion.
     fn run(&mut self, req: &Request<'_>) -> Result<Done, RequestError> {
+        let started = self.start(req);
+        self.finish(started)
+    }
+
+    /// Submits `req` and publishes it: when this returns the request is on
+    /// the ring for the device to see. Its completion, if it came at once.
+    fn start(&mut self, req: &Request<'_>) -> Started {
         let token = self.next_token;
         self.next_token += 1;
         self.queue.submit(req, token).unwrap();
-        let mut done: Option<Completion> = None;
+        let mut done = None;
         self.queue.publish(|c| done = Some(c)).unwrap();
+        Started { token, done }
+    }
+
+    /// Waits (bounded) for the completion of a started request.
+    fn finish(&mut self, started: Started) -> Result<Done, RequestError> {
+        let Started { token, mut done } = started;
         let deadline = Instant::now() + WAIT;
         while done.is_none() {
             assert!(Instant::now() < deadline, "no completion within {WAIT:?}");
@@ -136,6 +155,30 @@ impl BlkRq {
         let c = done.unwrap();
         assert_eq!(c.token, token);
         c.result
+    }
+
+    /// Starts a read of `len` bytes at `sector` without waiting for it
+    /// (see [`Self::start`]); [`Self::completed`] looks for its
+    /// completion, [`Self::finish_read`] waits for it.
+    pub fn start_read(&mut self, sector: u64, len: u32) -> Started {
+        let data = [Buffer::new(self.buf, len)];
+        self.start(&Request::Read {
+            sector,
+            data: &data,
+        })
+    }
+
+    /// Whether the started request has completed, without waiting.
+    pub fn completed(&mut self, started: &mut Started) -> bool {
+        if started.done.is_none() {
+            let _ = self.queue.reap(|c| started.done = Some(c));
+        }
+        started.done.is_some()
+    }
+
+    /// Waits (bounded) for a started read; its result.
+    pub fn finish_read(&mut self, started: Started) -> Result<Done, RequestError> {
+        self.finish(started)
     }
 
     /// Writes `data` (whole sectors, at most [`BUF_LEN`]) at `sector`.
