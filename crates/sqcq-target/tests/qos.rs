@@ -157,7 +157,7 @@ fn a_device_serves_no_more_than_its_limit() {
     let r = rpc(&admin, "device_resume", json!({"device": 0})).unwrap();
     assert_eq!(r, json!({"was_quiesced": true}));
     assert!(
-        d.rqs[0].finish_read(held).is_ok(),
+        d.rqs[0].finish(held).is_ok(),
         "resumed, the request completes"
     );
     drop(d);

@@ -145,7 +145,7 @@ impl BlkRq {
     }
 
     /// Waits (bounded) for the completion of a started request.
-    fn finish(&mut self, started: Started) -> Result<Done, RequestError> {
+    pub fn finish(&mut self, started: Started) -> Result<Done, RequestError> {
         let Started { token, mut done } = started;
         let deadline = Instant::now() + WAIT;
         while done.is_none() {
@@ -159,7 +159,7 @@ impl BlkRq {
 
     /// Starts a read of `len` bytes at `sector` without waiting for it
     /// (see [`Self::start`]); [`Self::completed`] looks for its
-    /// completion, [`Self::finish_read`] waits for it.
+    /// completion, [`Self::finish`] waits for it.
     pub fn start_read(&mut self, sector: u64, len: u32) -> Started {
         let data = [Buffer::new(self.buf, len)];
         self.start(&Request::Read {
@@ -174,11 +174,6 @@ impl BlkRq {
             let _ = self.queue.reap(|c| started.done = Some(c));
         }
         started.done.is_some()
-    }
-
-    /// Waits (bounded) for a started read; its result.
-    pub fn finish_read(&mut self, started: Started) -> Result<Done, RequestError> {
-        self.finish(started)
     }
 
     /// Writes `data` (whole sectors, at most [`BUF_LEN`]) at `sector`.
