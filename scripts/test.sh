@@ -117,6 +117,7 @@ cargo build --quiet -p sqcq-protocol --no-default-features
 stage "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo clippy -p sqcq-target --features fuzzing --lib --examples --quiet -- -D warnings
+cargo clippy -p sqcq-target --features stage-clock --lib --bins --quiet -- -D warnings
 stage "loom: each fence of the handshake removed in turn must lose a wakeup"
 scripts/check-fences.sh
 stage "spin: the Promela models (NEED_WAKEUP; backpressure; stop, crash and restart; packed rings) and their failing variants"

@@ -65,6 +65,11 @@
 # After each repeat's last cells, sqcqd's CPU over IDLE_SECS with no load.
 # SPDK's target is started for each of its runs (its reactor never sleeps
 # and would hold a probe's CPU).
+# With a stage-clock build of sqcqd in SQCQ_BIN (cargo's --features
+# sqcq-target/stage-clock), each sqcqd run's reports go to
+# stage-clock.tsv and the summary ends with them: sqcqd's nanoseconds per
+# request by stage (docs/benchmarks.md, "The target's time per request,
+# in place").
 #
 # Options:
 #   --reps N        repeats (default 3)
@@ -211,7 +216,7 @@ start_sqcqd() { # POLL
     local lun=kind=null,size=1G
     [ -z "$path" ] || lun=kind=file,path=$path
     setsid "$bin/sqcqd" --socket-path "$run/sqcqd.sock" --device-type "$device" --lun "$lun" --num-queues "$nq" \
-        --workers "$workers" --poll "$1" --poll-cpus "$poll_cpus" > "$run/sqcqd.log" 2>&1 < /dev/null &
+        --workers "$workers" --poll "$1" --poll-cpus "$poll_cpus" >> "$run/sqcqd.log" 2>&1 < /dev/null &
     tpid=$!
     for _ in $(seq 100); do [ -S "$run/sqcqd.sock" ] && break; sleep 0.05; done
     [ -S "$run/sqcqd.sock" ] || { cat "$run/sqcqd.log"; exit 1; }
@@ -275,9 +280,10 @@ print(iops, lat / 1000, p50 / 1000)'
 # (ns), with nothing polling them.
 c2c() { "$bin/sqcq-c2c" --cpus "$tcpu,$icpu" --terse 2>/dev/null || echo 0; }
 cell() { # REP INITIATOR TARGET MODE RW QD -- command
-    local rep=$1 ini=$2 tgt=$3 mode=$4 rw=$5 qd=$6 t0 t1 b0 b1 r iops lat p50 tns ins c0 c1
+    local rep=$1 ini=$2 tgt=$3 mode=$4 rw=$5 qd=$6 t0 t1 b0 b1 r iops lat p50 tns ins c0 c1 l0=0
     shift 7
     [ "$tgt" = spdk ] && { start_spdk; sleep 0.5; }
+    [ -f "$run/sqcqd.log" ] && l0=$(wc -l < "$run/sqcqd.log")
     c0=$pre_c2c
     t0=$(ticks "$tpid") b0=$(busy)
     r=$("$@") || r="0 0 0"
@@ -291,6 +297,14 @@ cell() { # REP INITIATOR TARGET MODE RW QD -- command
         'BEGIN { n = i * s; if (n < 1) n = 1; printf "%.0f %.0f\n", t * 1e9 / hz / n, (b - t) * 1e9 / hz / n }')
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%s\n' "$rep" "$ini" "$tgt" "$mode" "$rw" "$qd" \
         "$iops" "$lat" "$p50" "$tns" "$ins" "$c0" "$c1" | tee -a "$tsv"
+    # A stage-clock build of sqcqd logs where its time goes per request
+    # (runtime/stage_clock.rs): the reports of this run, with its keys.
+    case $tgt in sqcqd*)
+        tail -n +$((l0 + 1)) "$run/sqcqd.log" | sed -n 's/.*stage clock: //p' |
+            while read -r report; do
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$ini" "$tgt" "$mode" "$rw" "$qd" "$c0" "$c1" "$report"
+            done >> "$out/stage-clock.tsv" ;;
+    esac
 }
 
 # ---------------------------------------------------------------- run
@@ -359,7 +373,7 @@ echo "# sqcqd idle after load: ${idle_ticks[*]} ticks of 1/$hz s in $idle_secs s
 [ "$half" = 1 ] || echo "# sqcqd --poll auto idle after load: ${auto_idle_ticks[*]} ticks of 1/$hz s in $idle_secs s (per repeat)"
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$py" - "$tsv" "$far_ns" > "$out/summary.md" << 'EOF'
+"$py" - "$tsv" "$far_ns" "$out/stage-clock.tsv" > "$out/summary.md" << 'EOF'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 far = float(sys.argv[2])
@@ -441,6 +455,32 @@ for key in order:
         print("| %s | %d | %s -> %s (%s) | %d (%d + %d) | %.2fx | %.2fx | %.2fx |" % (
             rw, qd, ini, tgt, mode, len(ratios), pls.count("near"), pls.count("far"),
             statistics.median(ratios), min(ratios), max(ratios)))
+# Where a stage-clock build of sqcqd spent its time per request
+# (runtime/stage_clock.rs): the median of each stage over the reports of
+# a cell's near runs (each report: 2^18 passes of one worker). Every stage
+# includes one read of the clock (clock read).
+import os, re
+if os.path.exists(sys.argv[3]) and os.path.getsize(sys.argv[3]) > 0:
+    cells, names = {}, []
+    for line in open(sys.argv[3]):
+        rep, ini, tgt, mode, rw, qd, c0, c1, report = line.rstrip("\n").split("\t", 8)
+        if placement({"c2c_before_ns": c0, "c2c_after_ns": c1}) != "near":
+            continue
+        per = report.split("ns per request:", 1)[-1]
+        figures = dict((k, float(v)) for k, v in re.findall(r"(\w+)[ =]([0-9.]+)", per) if k != "worker")
+        names = names or [k for k in figures if k != "clock_read_ns"]
+        cells.setdefault((rw, int(qd), ini, tgt, mode), []).append(figures)
+    print()
+    print("### stage clock: sqcqd's ns per request by stage (medians of the reports of near runs; each stage includes one clock read)")
+    print()
+    print("| rw | QD | initiator -> target (mode) | reports | " + " | ".join(names) + " | clock read |")
+    print("|---|---|---|---|" + "---|" * (len(names) + 1))
+    for key in sorted(cells):
+        rw, qd, ini, tgt, mode = key
+        fs = cells[key]
+        col = lambda k: statistics.median(f.get(k, 0) for f in fs)
+        print("| %s | %d | %s -> %s (%s) | %d | " % (rw, qd, ini, tgt, mode, len(fs))
+              + " | ".join("%.1f" % col(k) for k in names) + " | %.1f |" % col("clock_read_ns"))
 failed = [r for r in rows if float(r["iops"]) <= 0]
 if failed:
     print()

@@ -44,6 +44,7 @@ use crate::runtime::queue::{
     wait_readable,
 };
 use crate::runtime::ring::Chain;
+use crate::runtime::stage_clock::{self, Stage};
 use crate::runtime::stream;
 
 /// What a request in flight keeps until it completes.
@@ -503,9 +504,13 @@ impl RequestHandler for BlkQueue {
             }
         };
         match self.parse(mem) {
-            Ok(req) => self.execute(ring, mem, head, req),
+            Ok(req) => {
+                stage_clock::mark(Stage::Header);
+                self.execute(ring, mem, head, req);
+            }
             Err(why) => self.refuse(ring, mem, head, why),
         }
+        stage_clock::mark(Stage::Handled);
     }
 
     fn commit(&mut self, ring: &Vring) {

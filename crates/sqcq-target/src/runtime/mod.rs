@@ -36,6 +36,7 @@ pub(crate) mod ring;
 pub(crate) mod ring_poll;
 pub mod shared_memory;
 pub(crate) mod split;
+pub(crate) mod stage_clock;
 pub(crate) mod stall;
 pub(crate) mod stats;
 pub(crate) mod stoppable;

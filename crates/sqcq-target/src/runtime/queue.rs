@@ -26,6 +26,7 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 
 use crate::runtime::shared_memory::{MemoryView, SharedMemory};
+use crate::runtime::stage_clock::{self, Stage};
 
 use crate::guest_warn;
 use crate::runtime::batch::{Batch, Mapped};
@@ -681,6 +682,7 @@ impl ServedQueue {
         if self.ring.broken {
             return;
         }
+        stage_clock::mark(Stage::Pass);
         self.with_pass(|q, mem| {
             if q.take_available(mem) {
                 q.complete_batch(mem);
@@ -706,8 +708,11 @@ impl ServedQueue {
     /// finished, publishes.
     fn complete_batch(&mut self, mem: Batch<'_>) {
         self.handler.commit(&self.ring);
+        stage_clock::mark(Stage::Committed);
         self.handler.reap(&mut self.ring, mem);
+        stage_clock::mark(Stage::Reaped);
         self.ring.publish(mem);
+        stage_clock::mark(Stage::Published);
     }
 
     /// Completes what finished and publishes (a polled queue with requests
@@ -763,6 +768,7 @@ impl ServedQueue {
             return false;
         }
         let entries = split.entries(mem);
+        stage_clock::mark(Stage::Available);
         // A backstore refuses work at a commit, after a batch: once per
         // batch is enough.
         let saturated = self.handler.commit_retry_in().is_some();
@@ -788,6 +794,7 @@ impl ServedQueue {
             // entries together").
             let n = usize::from(avail.wrapping_sub(split!().next_avail())).min(HEADS_AHEAD);
             let got = split!().read_heads(mem, entries, &mut heads[..n]);
+            stage_clock::mark(Stage::Heads);
             for &head in &heads[..got] {
                 if saturated
                     || ring.backpressure.limit.reached(ring.counters.in_flight())
@@ -825,6 +832,7 @@ impl ServedQueue {
                 break;
             }
         }
+        stage_clock::mark(Stage::Taken);
         true
     }
 
@@ -1019,6 +1027,7 @@ impl Vring {
             d.qos
                 .charge(pass::now(), out.readable_len + out.writable_len);
         }
+        stage_clock::mark(Stage::Chain);
         match parsed {
             Ok(()) => Accepted::Request(head),
             Err(e) => {

@@ -36,6 +36,7 @@ use crate::runtime::metrics::DeviceMetrics;
 use crate::runtime::pass;
 use crate::runtime::queue::{Accepted, Vring};
 use crate::runtime::ring::Chain;
+use crate::runtime::stage_clock::{self, Stage};
 use crate::runtime::stream;
 use crate::scsi::inflight::{Inflight, OpKind, RangeOp, Slot};
 use crate::scsi::queue::{Held, LunQueue, ScsiQueue};
@@ -141,9 +142,13 @@ impl ScsiQueue {
         };
         let mut header = std::mem::take(&mut self.header);
         match self.parse(ring, mem, head, &mut header) {
-            Ok(cmd) => self.execute(ring, mem, &cmd, &header[CMD_REQ_FIXED..]),
+            Ok(cmd) => {
+                stage_clock::mark(Stage::Header);
+                self.execute(ring, mem, &cmd, &header[CMD_REQ_FIXED..]);
+            }
             Err(response) => self.respond_transport(ring, mem, head, response, 0),
         }
+        stage_clock::mark(Stage::Handled);
         self.header = header;
     }
 
@@ -243,6 +248,7 @@ impl ScsiQueue {
             }
             None => execute_absent(cdb, &mut data_in),
         };
+        stage_clock::mark(Stage::Executed);
         let data_len = match result {
             Ok(Completion::Good) => Some(0),
             Ok(Completion::Data { len }) => Some(len),
