@@ -14,6 +14,10 @@
 # requests per batch, instructions per request (the run's total minus
 # that of a run writing the same but making nothing available, over the
 # requests). About a minute per binary.
+#
+# FUNCTIONS=N adds, under each line, the N functions whose own
+# instructions per request (inlined code included, as callgrind_annotate
+# --inclusive=no attributes it) differ most between the two runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "request-cost: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
@@ -25,10 +29,37 @@ REQUESTS=${REQUESTS:-21000}
 work=$(mktemp -d /tmp/sqcq-request-cost.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-total() {
-    valgrind --tool=callgrind --callgrind-out-file="$work/cg" "$@" >"$work/out" 2>"$work/err" ||
+total() { # OUT BIN ARGS...: runs under callgrind into OUT, prints the total
+    local cg=$1
+    shift
+    valgrind --tool=callgrind --callgrind-out-file="$cg" "$@" >"$work/out" 2>"$work/err" ||
         { cat "$work/err" "$work/out" >&2; return 1; }
-    awk '/^totals:/ { print $2; exit }' "$work/cg"
+    awk '/^totals:/ { print $2; exit }' "$cg"
+}
+
+# Instructions by function in a callgrind output, "count<TAB>function",
+# the file part of each entry dropped (inlined code is annotated with the
+# file it came from) and the entries of a function added up.
+by_function() {
+    callgrind_annotate --inclusive=no --auto=no --threshold=100 "$1" 2>/dev/null |
+        awk '/^ *[0-9][0-9,]* \(/ {
+            n = $1; gsub(/,/, "", n)
+            f = $0; sub(/^ *[0-9,]+ \([^)]*\) +/, "", f); sub(/ \[[^]]*\]$/, "", f)
+            if (f ~ /PROGRAM TOTALS/) next
+            i = index(f, ":"); if (i > 0) f = substr(f, i + 1)
+            sum[f] += n
+        } END { for (f in sum) printf "%s\t%s\n", sum[f], f }'
+}
+
+# The N functions whose per-request cost differs most between RUN and BASE.
+top_functions() { # N RUN BASE REQUESTS
+    by_function "$3" > "$work/base.fn"
+    by_function "$2" | awk -F '\t' -v req="$4" '
+        NR == FNR { base[$2] = $1; next }
+        { seen[$2] = 1; d = ($1 - base[$2]) / req; printf "%.1f\t%.1f\t%s\n", d < 0 ? -d : d, d, $2 }
+        END { for (f in base) if (!(f in seen)) printf "%.1f\t%.1f\t%s\n", base[f] / req, -base[f] / req, f }
+        ' "$work/base.fn" - | sort -t "$(printf '\t')" -k1,1gr | head -n "$1" |
+        awk -F '\t' '{ printf "    %10s  %s\n", $2, $3 }'
 }
 
 printf '%-48s %-5s %6s %10s\n' binary dev batch instr/req
@@ -37,10 +68,13 @@ for bin in "$@"; do
     for dev in blk scsi; do
         for batch in 1 21; do
             iters=$((REQUESTS / batch))
-            base=$(total "$bin" "$dev" "$iters" "$batch" empty)
-            run=$(total "$bin" "$dev" "$iters" "$batch")
+            base=$(total "$work/base.cg" "$bin" "$dev" "$iters" "$batch" empty)
+            run=$(total "$work/run.cg" "$bin" "$dev" "$iters" "$batch")
             printf '%-48s %-5s %6s %10s\n' "$bin" "$dev" "$batch" \
                 "$(( (run - base) / (iters * batch) ))"
+            if [ "${FUNCTIONS:-0}" -gt 0 ]; then
+                top_functions "$FUNCTIONS" "$work/run.cg" "$work/base.cg" $((iters * batch))
+            fi
         done
     done
 done
