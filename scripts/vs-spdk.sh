@@ -374,7 +374,7 @@ echo "# sqcqd idle after load: ${idle_ticks[*]} ticks of 1/$hz s in $idle_secs s
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 "$py" - "$tsv" "$far_ns" "$out/stage-clock.tsv" > "$out/summary.md" << 'EOF'
-import csv, statistics, sys
+import csv, os, re, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 far = float(sys.argv[2])
 def placement(r):
@@ -457,9 +457,8 @@ for key in order:
             statistics.median(ratios), min(ratios), max(ratios)))
 # Where a stage-clock build of sqcqd spent its time per request
 # (runtime/stage_clock.rs): the median of each stage over the reports of
-# a cell's near runs (each report: 2^18 passes of one worker). Every stage
-# includes one read of the clock (clock read).
-import os, re
+# a cell's near runs (each report: one worker's REPORT_PASSES passes).
+# Every stage includes one read of the clock (clock read).
 if os.path.exists(sys.argv[3]) and os.path.getsize(sys.argv[3]) > 0:
     cells, names = {}, []
     for line in open(sys.argv[3]):

@@ -26,7 +26,6 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 
 use crate::runtime::shared_memory::{MemoryView, SharedMemory};
-use crate::runtime::stage_clock::{self, Stage};
 
 use crate::guest_warn;
 use crate::runtime::batch::{Batch, Mapped};
@@ -42,6 +41,7 @@ use crate::runtime::ratelimit::RateLimiter;
 use crate::runtime::ring::{Chain, Ring};
 pub use crate::runtime::split::RingConfig;
 use crate::runtime::split::{HEADS_AHEAD, RingError};
+use crate::runtime::stage_clock::{self, Stage};
 use crate::runtime::tracking::{QueueRecord, RecoveredList, Recovery, TrackedQueue};
 
 mod counters;
