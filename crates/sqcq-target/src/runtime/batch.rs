@@ -43,6 +43,16 @@ struct Region {
     host: *mut u8,
 }
 
+impl Region {
+    /// A region that holds no range, not even an empty one (its end is
+    /// before its start).
+    const NONE: Region = Region {
+        start: 1,
+        end: 0,
+        host: std::ptr::null_mut(),
+    };
+}
+
 /// A memory map and the table of its regions, by guest address.
 #[derive(Debug)]
 pub struct Mapped {
@@ -52,8 +62,9 @@ pub struct Mapped {
     /// Host addresses into the mappings of `map`, which this value keeps
     /// alive.
     regions: Box<[Region]>,
-    /// The region of the last lookup, looked at first.
-    last: Cell<usize>,
+    /// A copy of the region of the last lookup, looked at first (one
+    /// that holds no address before the first lookup).
+    last: Cell<Region>,
 }
 
 // SAFETY: the host pointers are addresses of the mappings of `map`, which
@@ -75,7 +86,7 @@ impl Mapped {
             logged: crate::runtime::guest::logging(&map),
             map,
             regions,
-            last: Cell::new(0),
+            last: Cell::new(Region::NONE),
         }
     }
 
@@ -96,12 +107,11 @@ impl Mapped {
     fn host(&self, gpa: u64, len: usize) -> Option<*mut u8> {
         let end = gpa.checked_add(len as u64)?;
         let hit = |r: &Region| r.start <= gpa && end <= r.end;
-        let last = self.last.get();
-        let (i, r) = match self.regions.get(last).filter(|r| hit(r)) {
-            Some(r) => (last, r),
-            None => self.regions.iter().enumerate().find(|(_, r)| hit(r))?,
-        };
-        self.last.set(i);
+        let mut r = self.last.get();
+        if !hit(&r) {
+            r = *self.regions.iter().find(|r| hit(r))?;
+            self.last.set(r);
+        }
         // In bounds: gpa - start < end - start = the region's length.
         Some(r.host.wrapping_add(usize::try_from(gpa - r.start).ok()?))
     }

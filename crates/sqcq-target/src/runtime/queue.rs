@@ -29,7 +29,7 @@ use crate::runtime::shared_memory::{MemoryView, SharedMemory};
 
 use crate::guest_warn;
 use crate::runtime::batch::{Batch, Mapped};
-use crate::runtime::chain::{self, ChainBuffers, ChainError};
+use crate::runtime::chain::{ChainBuffers, ChainError};
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::events::{Event, EventBus};
 use crate::runtime::gather::Gather;
@@ -1010,7 +1010,7 @@ impl Vring {
         in_flight: impl FnOnce(u16) -> bool,
     ) -> Accepted {
         let head = chain.head_index();
-        let parsed = chain::parse(chain, mem, max_segments, out);
+        let parsed = chain.parse(mem, max_segments, out);
         let d = &self.device;
         if in_flight(head) {
             DeviceMetrics::bump(&d.metrics.duplicate_heads);

@@ -9,7 +9,7 @@
 //! (how many descriptors its list took) stays here.
 
 use crate::runtime::batch::Batch;
-use crate::runtime::chain::{Descriptor, HeadWalk};
+use crate::runtime::chain::{self, ChainBuffers, ChainError, Descriptor, HeadWalk};
 use crate::runtime::packed::{self, PackedConfig, PackedRing, PackedWalk};
 use crate::runtime::split::{RingConfig, RingError, SplitRing};
 use crate::runtime::tracking::{PackedRecord, PackedRecovery, RawDesc, RecoveredList};
@@ -34,6 +34,22 @@ impl Chain<'_> {
         match self {
             Chain::Split(w) => w.head_index(),
             Chain::Packed { id, .. } => *id,
+        }
+    }
+}
+
+impl Chain<'_> {
+    /// [`chain::parse`] of the chain's descriptors into `out`.
+    #[inline]
+    pub fn parse(
+        self,
+        mem: Batch<'_>,
+        max_segments: usize,
+        out: &mut ChainBuffers,
+    ) -> Result<(), ChainError> {
+        match self {
+            Chain::Split(w) => w.parse(max_segments, out),
+            Chain::Packed { walk, .. } => chain::parse(walk, mem, max_segments, out),
         }
     }
 }

@@ -19,7 +19,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use crate::guest_warn;
 use crate::runtime::batch::{Batch, Mapped};
-use crate::runtime::chain::{self, ChainBuffers};
+use crate::runtime::chain::ChainBuffers;
 use crate::runtime::eventfd::{PeerEventFd, Signal};
 use crate::runtime::guest::GuestMem;
 use crate::runtime::metrics::DeviceMetrics;
@@ -341,7 +341,7 @@ impl ScsiSession {
             };
             let Some(chain) = chain else { break };
             let head = chain.head_index();
-            let ok = chain::parse(chain, mem, 4, &mut self.control.chain).is_ok()
+            let ok = chain.parse(mem, 4, &mut self.control.chain).is_ok()
                 && self.control.chain.writable_len >= EVENT_SIZE as u64;
             let mut len = 0;
             if ok {
@@ -408,7 +408,7 @@ impl ScsiSession {
             };
             budget -= 1;
             let head = chain.head_index();
-            let parsed = chain::parse(chain, mem, 8, &mut self.control.chain);
+            let parsed = chain.parse(mem, 8, &mut self.control.chain);
             let len = match parsed {
                 Ok(()) => self.control_request(ctx, mem),
                 Err(e) => {
