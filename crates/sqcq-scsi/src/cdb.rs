@@ -217,6 +217,19 @@ pub(crate) fn at(i: usize) -> u16 {
     u16::try_from(i).unwrap_or(u16::MAX)
 }
 
+/// The first 16 bytes of a CDB, little-endian, zeros past its end: the
+/// operand of a [`crate::usage::Usage`]'s `reject` bits.
+fn first_16(cdb: &[u8]) -> u128 {
+    let mut bytes = [0u8; 16];
+    match cdb.first_chunk::<16>() {
+        Some(b) => bytes = *b,
+        None => bytes[..cdb.len()].copy_from_slice(cdb),
+    }
+    u128::from_le_bytes(bytes)
+}
+
+/// The error for the first bit of `cdb` outside its usage data `mask`, or
+/// for NACA; Ok if there is none.
 fn check_reserved(cdb: &[u8], mask: &[u8]) -> Result<(), ScsiError> {
     // Every command checks all its bytes: one pass without branches, and
     // the search for the offending byte only when there is one.
@@ -257,11 +270,15 @@ impl Command {
             Lookup::UnsupportedServiceAction => return Err(ScsiError::cdb_field(1, Some(4))),
         };
         let required = usage.mask.len();
+        let first = first_16(cdb);
         let cdb = cdb.get(..required).ok_or(ScsiError::CdbTooShort {
             len: cdb.len(),
             required,
         })?;
-        check_reserved(cdb, usage.mask)?;
+        if first & usage.reject != 0 {
+            // Some bit is wrong: which one, byte by byte.
+            check_reserved(cdb, usage.mask)?;
+        }
         decode(opcode, sa, Fields(cdb))
     }
 }

@@ -337,3 +337,55 @@ fn persistent_reserve_out_fields() {
     let e = Command::parse(&[0x5f, 0x07, 0, 0, 0, 0, 0, 0, 24, 0]).unwrap_err();
     assert_eq!(field(e), Some(FieldPointer::cdb(1, Some(4))));
 }
+
+/// The one-AND check of a CDB's bits agrees with the byte-by-byte one for
+/// every command, each bit of its CDB set alone and with random others,
+/// CDBs padded or exactly as long as the command.
+#[test]
+fn reject_bits_agree_with_the_byte_check() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut valid, mut invalid) = (0, 0);
+    for u in usage::COMMANDS {
+        let len = u.mask.len();
+        let mut cdbs = Vec::new();
+        for bit in 8..8 * len {
+            let mut cdb = u.mask.to_vec();
+            cdb[1..].fill(0);
+            cdb[bit / 8] ^= 1 << (bit % 8);
+            cdbs.push(cdb);
+        }
+        for _ in 0..200 {
+            let mut cdb: Vec<u8> = (0..len).map(|_| rand().to_le_bytes()[0]).collect();
+            cdb[0] = u.opcode;
+            // Mostly within the mask, so that valid CDBs come up too.
+            if rand() % 2 == 0 {
+                for (b, m) in cdb.iter_mut().zip(u.mask).skip(1) {
+                    *b &= m & !usage::CONTROL;
+                }
+            }
+            cdbs.push(cdb);
+        }
+        for cdb in cdbs {
+            let by_byte = check_reserved(&cdb, u.mask).is_ok();
+            for c in [cdb.clone(), padded(&cdb).to_vec()] {
+                assert_eq!(
+                    first_16(&c) & u.reject == 0,
+                    by_byte,
+                    "{:#04x} {cdb:02x?}",
+                    u.opcode
+                );
+            }
+            if by_byte { valid += 1 } else { invalid += 1 }
+        }
+    }
+    assert!(
+        valid > 100 && invalid > 100,
+        "{valid} valid, {invalid} invalid"
+    );
+}

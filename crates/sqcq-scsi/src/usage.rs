@@ -60,6 +60,24 @@ pub(crate) struct Usage {
     pub(crate) service_action: Option<u8>,
     /// CDB usage data; its length is the CDB length. Byte 0 is the opcode.
     pub(crate) mask: &'static [u8],
+    /// The bits a CDB of this command may not set, byte `i` of the CDB at
+    /// bits `8 * i..8 * i + 8` (little-endian): those outside `mask` after
+    /// the opcode, and NACA in the control byte. One AND of the CDB's
+    /// first 16 bytes with it tells a valid CDB (see [`reject`]).
+    pub(crate) reject: u128,
+}
+
+/// The `reject` bits of a command of usage data `mask` (at most 16 bytes).
+const fn reject(mask: &[u8]) -> u128 {
+    assert!(!mask.is_empty() && mask.len() <= 16);
+    let mut bits = 0u128;
+    let mut i = 1;
+    while i < mask.len() {
+        bits |= ((!mask[i]) as u128) << (8 * i);
+        i += 1;
+    }
+    // NACA = 1 asks for ACA, which this target does not support.
+    bits | ((CONTROL as u128) << (8 * (mask.len() - 1)))
 }
 
 const C: u8 = CONTROL;
@@ -223,6 +241,7 @@ const fn plain(opcode: u8, mask: &'static [u8]) -> Usage {
         opcode,
         service_action: None,
         mask,
+        reject: reject(mask),
     }
 }
 
@@ -231,6 +250,7 @@ const fn with_sa(opcode: u8, sa: u8, mask: &'static [u8]) -> Usage {
         opcode,
         service_action: Some(sa),
         mask,
+        reject: reject(mask),
     }
 }
 

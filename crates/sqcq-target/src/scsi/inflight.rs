@@ -56,6 +56,8 @@ pub struct Slot {
     pub mem: Option<MapPin>,
     /// The request's device-writable buffers (response, data-in).
     pub writable: Vec<Segment>,
+    /// Their bytes in all.
+    pub writable_len: u64,
     /// Length of the response structure.
     pub resp_len: u64,
     /// Data buffer bytes in the transfer direction (for the residual).
@@ -126,6 +128,7 @@ impl Slot {
             old: false,
             mem: None,
             writable: Vec::new(),
+            writable_len: 0,
             resp_len: 0,
             buffer_len: 0,
             transfer: 0,
@@ -189,6 +192,7 @@ impl Inflight {
         slot.error = None;
         slot.ceph_failure = false;
         slot.writable.clear();
+        slot.writable_len = 0;
         slot.iov.clear();
         slot.ranges.clear();
         slot.next_range = 0;

@@ -371,6 +371,7 @@ impl ScsiQueue {
             return;
         };
         slot.writable.extend_from_slice(&self.chain.writable);
+        slot.writable_len = self.chain.writable_len;
         slot.resp_len = self.chain.writable_len.min(resp_len);
         slot.kind = kind;
         slot.io = io_kind;
@@ -620,28 +621,26 @@ fn complete_request(
         // result (a failed read may have written part).
         stream::mark_written(mem, &slot.writable, slot.resp_len, slot.transfer);
     }
-    let writable_len: u64 = slot.writable.iter().map(|s| u64::from(s.len)).sum();
-    if slot.error.is_none() {
-        match slot.kind {
-            OpKind::Read => ring.transferred(slot.transfer, 0),
-            OpKind::Write => ring.transferred(0, slot.transfer),
-            OpKind::Other => {}
+    let (resp, sense, data) = match &slot.error {
+        None => {
+            let data = match slot.kind {
+                OpKind::Read => {
+                    ring.transferred(slot.transfer, 0);
+                    slot.transfer
+                }
+                OpKind::Write => {
+                    ring.transferred(0, slot.transfer);
+                    0
+                }
+                OpKind::Other => 0,
+            };
+            let residual = saturating_u32(slot.buffer_len - slot.transfer);
+            (
+                CmdResp::completed(Status::Good.code(), residual),
+                None,
+                data,
+            )
         }
-    }
-    let (resp, sense, n, data) = match &slot.error {
-        None => (
-            CmdResp::completed(
-                Status::Good.code(),
-                saturating_u32(slot.buffer_len - slot.transfer),
-            ),
-            [0u8; MAX_DESCRIPTOR_SENSE_LEN],
-            0,
-            if slot.kind == OpKind::Read {
-                slot.transfer
-            } else {
-                0
-            },
-        ),
         Some(e) => {
             let d = ring.device();
             d.metrics.count_backstore_failure(slot.ceph_failure);
@@ -660,21 +659,18 @@ fn complete_request(
                 });
             }
             let (status, sense, n) = scsi_failure(e);
-            (
-                CmdResp::completed(status, saturating_u32(slot.buffer_len)),
-                sense,
-                n,
-                0,
-            )
+            let resp = CmdResp::completed(status, saturating_u32(slot.buffer_len));
+            (resp, Some((sense, n)), 0)
         }
     };
+    let sense = sense.as_ref().map_or(&[][..], |(s, n)| &s[..*n]);
     let len = write_response(
         mem,
         &slot.writable,
-        writable_len,
+        slot.writable_len,
         sense_size,
         resp,
-        &sense[..n],
+        sense,
     )
     .map_or(0, |r| r + data);
     ring.complete(mem, head, saturating_u32(len));
