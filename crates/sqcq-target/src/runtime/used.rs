@@ -67,6 +67,7 @@ impl UsedRing {
         event_idx: bool,
         next_used: u16,
     ) -> Self {
+        debug_assert!(size.is_power_of_two(), "a split ring's size");
         UsedRing {
             used,
             avail,
@@ -96,7 +97,10 @@ impl UsedRing {
                 size: self.size,
             });
         }
-        let slot = u64::from(self.next_used.0 % self.size);
+        // A split ring's size is a power of two (checked when the ring is
+        // set up), so this is the index modulo the size without a
+        // division; any size would still give a slot below it.
+        let slot = u64::from(self.next_used.0 & (self.size - 1));
         let at = offset(self.used, USED_RING_HEADER + slot * USED_ELEM_SIZE)?;
         let elem = (u64::from(len) << 32 | u64::from(head)).to_le_bytes();
         // The driver reads the element only after the Release store of
