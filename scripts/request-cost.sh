@@ -58,8 +58,10 @@ top_functions() { # N RUN BASE REQUESTS
         NR == FNR { base[$2] = $1; next }
         { seen[$2] = 1; d = ($1 - base[$2]) / req; printf "%.1f\t%.1f\t%s\n", d < 0 ? -d : d, d, $2 }
         END { for (f in base) if (!(f in seen)) printf "%.1f\t%.1f\t%s\n", base[f] / req, -base[f] / req, f }
-        ' "$work/base.fn" - | sort -t "$(printf '\t')" -k1,1gr | head -n "$1" |
-        awk -F '\t' '{ printf "    %10s  %s\n", $2, $3 }'
+        ' "$work/base.fn" - | sort -t "$(printf '\t')" -k1,1gr |
+        # Reads all its input: `head` would close the pipe early, and
+        # sort's SIGPIPE end the script (pipefail).
+        awk -F '\t' -v n="$1" 'NR <= n { printf "    %10s  %s\n", $2, $3 }'
 }
 
 printf '%-48s %-5s %6s %10s\n' binary dev batch instr/req
