@@ -2,9 +2,9 @@
 # Instructions per request on the request path, counted by callgrind
 # without a clock, threads or wakeups: `examples/request_cost.rs` feeds
 # batches of 4 KiB reads to the fuzzing harness's request queue (a RAM
-# disk, one thread). The count of a build is the same from run to run,
-# so two builds compare exactly (docs/benchmarks.md, "Instructions per
-# request, in process").
+# disk, one thread). The count of a build varies by up to about 10 from
+# run to run, so two builds compare closely (docs/benchmarks.md,
+# "Instructions per request, in process").
 #
 #   scripts/request-cost.sh [EXAMPLE...]
 #

@@ -1,9 +1,11 @@
-//! The request path's instructions per request, counted without a clock,
-//! threads or wakeups: the fuzzing harness's request queue
+//! The request path's instructions per request, counted without threads
+//! or wakeups: the fuzzing harness's request queue
 //! (`sqcq_target::fuzzing::ChainHarness`, a RAM disk, one worker's
 //! `process` and passes on this thread) fed batches of well-formed 4 KiB
-//! reads. Under callgrind the count is the same from run to run, so the
-//! cost of a change (e.g. "QoS costs nothing when off") is the difference
+//! reads. Under callgrind the count varies by up to about 10 from run to
+//! run (reading the clock, and calibrating it, takes a varying number of
+//! instructions under valgrind), so the cost of a
+//! change (e.g. "QoS costs nothing when off") is the difference
 //! between two builds; `scripts/request-cost.sh` runs it.
 //!
 //! ```text
