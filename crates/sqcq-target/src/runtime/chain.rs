@@ -393,12 +393,11 @@ impl HeadWalk<'_> {
     /// [`parse`] of this walk, the walk inlined into the checks' loop:
     /// every split ring's request takes this path. The same result as
     /// `parse(walk)` (a test holds it to that on arbitrary tables) in
-    /// about two thirds of the instructions (docs/benchmarks.md,
-    /// "Instructions per request, in process").
+    /// fewer instructions (docs/benchmarks.md, "Instructions per request,
+    /// in process").
     pub fn parse(self, max_segments: usize, out: &mut ChainBuffers) -> Result<(), ChainError> {
         // A local copy: the compiler keeps its fields in registers, where
         // `self`, passed by reference, would be read and written in memory
-        //
         // at each descriptor.
         let walk = HeadWalk { ..self };
         let mut checks = Checks::new(walk.mem, max_segments, out);

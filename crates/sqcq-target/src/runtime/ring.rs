@@ -36,10 +36,9 @@ impl Chain<'_> {
             Chain::Packed { id, .. } => *id,
         }
     }
-}
 
-impl Chain<'_> {
-    /// [`chain::parse`] of the chain's descriptors into `out`.
+    /// [`chain::parse`] of the chain's descriptors into `out` (a split
+    /// ring's through its walk's own, [`HeadWalk::parse`]).
     #[inline]
     pub fn parse(
         self,
